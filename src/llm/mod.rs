@@ -1,0 +1,199 @@
+//! Language-model providers behind one trait. `openai` speaks OpenAI-compatible Chat Completions
+//! (any such endpoint, including the test double); `offline` is deterministic and needs no network,
+//! the default when nothing is configured. The agent never sees HTTP: it builds a [`ChatRequest`]
+//! and gets a [`ChatResponse`] back.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::model::Usage;
+
+pub mod offline;
+pub mod openai;
+pub mod structured;
+
+/// Which phase of the agent a request belongs to (for logs, metrics and the offline model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Plan,
+    Execute,
+    Synthesize,
+    Compact,
+}
+
+/// Role of a chat message on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// A tool call as the model made it. `arguments` is the parsed JSON object (the raw string when it
+/// was not valid JSON, so the registry can report the error to the model).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: Option<String>,
+    /// Assistant messages: the tool calls it made.
+    pub tool_calls: Vec<ToolCall>,
+    /// Tool messages: the call this answers.
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn system(text: impl Into<String>) -> Self {
+        Self {
+            role: Role::System,
+            content: Some(text.into()),
+            tool_calls: vec![],
+            tool_call_id: None,
+        }
+    }
+    pub fn user(text: impl Into<String>) -> Self {
+        Self {
+            role: Role::User,
+            content: Some(text.into()),
+            tool_calls: vec![],
+            tool_call_id: None,
+        }
+    }
+    pub fn assistant(text: Option<String>, tool_calls: Vec<ToolCall>) -> Self {
+        Self {
+            role: Role::Assistant,
+            content: text,
+            tool_calls,
+            tool_call_id: None,
+        }
+    }
+    pub fn tool(tool_call_id: impl Into<String>, text: impl Into<String>) -> Self {
+        Self {
+            role: Role::Tool,
+            content: Some(text.into()),
+            tool_calls: vec![],
+            tool_call_id: Some(tool_call_id.into()),
+        }
+    }
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+}
+
+/// Structured output: the reply must be JSON matching `schema` (sent as
+/// `response_format: {type: "json_schema", json_schema: {name, strict: true, schema}}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: String,
+    pub schema: Value,
+}
+
+/// Facts about the request that are not sent on the wire; the offline model reads them instead of
+/// parsing prose.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestHints {
+    /// The user's query of the run.
+    pub query: String,
+    /// Execute phase: the item's description and the tools it should use.
+    pub item_description: Option<String>,
+    pub required_tools: Vec<String>,
+    /// Synthesize phase: each item's description and result.
+    pub step_outputs: Vec<(String, String)>,
+    /// Plan phase: the current todo list when refining (id, description, status).
+    pub existing_items: Vec<(String, String, String)>,
+    /// Upper bound of plan items.
+    pub max_items: u32,
+}
+
+/// One model call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    pub phase: Phase,
+    /// Model name; the provider's default when `None`.
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    pub tools: Vec<ToolSpec>,
+    pub response_format: Option<JsonSchemaFormat>,
+    pub hints: RequestHints,
+}
+
+/// The model's reply.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatResponse {
+    pub content: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    /// Usage of this call (`llm_calls` = HTTP calls that returned a reply, retries included).
+    pub usage: Usage,
+    pub finish_reason: Option<String>,
+}
+
+/// Why a model call failed after retries.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    /// 429/5xx/timeout/connection error still failing after the configured retries.
+    #[error("the model provider is unavailable: {0}")]
+    Unavailable(String),
+    /// A 4xx the provider will keep answering (bad key, unknown model, bad request).
+    #[error("the model provider rejected the request ({status}): {body}")]
+    Rejected { status: u16, body: String },
+    /// The reply could not be understood (not a chat completion).
+    #[error("the model's reply could not be read: {0}")]
+    BadReply(String),
+    /// The reply did not match the requested JSON schema, even after the repair attempt.
+    #[error("the model's {schema} reply is not valid: {error}; it returned: {returned}")]
+    InvalidStructured {
+        schema: String,
+        error: String,
+        returned: String,
+    },
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl LlmError {
+    /// Stable code for `ERROR` observations and run errors.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "llm_unavailable",
+            Self::Rejected { .. } => "llm_rejected",
+            Self::BadReply(_) => "llm_bad_reply",
+            Self::InvalidStructured { .. } => "llm_invalid_output",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A chat-completion backend.
+#[async_trait]
+pub trait LlmProvider: Send + Sync + 'static {
+    /// Provider name (`openai`, `offline`).
+    fn name(&self) -> &'static str;
+
+    /// True for the offline model: every run says it is not a real model.
+    fn is_offline(&self) -> bool {
+        false
+    }
+
+    /// One model call, with transient errors retried inside.
+    ///
+    /// # Errors
+    /// [`LlmError`] after retries are exhausted or for a permanent rejection.
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError>;
+}

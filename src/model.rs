@@ -1,0 +1,731 @@
+//! Domain types shared by every layer: threads, runs, todo items, messages, observations and
+//! suspensions, plus the small enums and validated ids built once at the edge ("parse, don't
+//! validate"). Nothing here does I/O. JSON shapes are camelCase, as the public contract requires.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// The tenant every request belongs to when no API keys are configured.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// A new server-made id: UUIDv7, so ids sort by creation time.
+pub fn new_id() -> Uuid {
+    Uuid::now_v7()
+}
+
+/// Why a client-supplied id was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidId(pub String);
+
+fn check_id(kind: &str, s: &str, max: usize, extra: &[char]) -> Result<(), InvalidId> {
+    if s.is_empty() || s.len() > max {
+        return Err(InvalidId(format!(
+            "{kind} must be 1 to {max} characters long"
+        )));
+    }
+    if !s.chars().all(|c| {
+        c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.' || extra.contains(&c)
+    }) {
+        let allowed: String = extra.iter().collect();
+        return Err(InvalidId(format!(
+            "{kind} may contain only letters, digits and `_.-{allowed}`"
+        )));
+    }
+    Ok(())
+}
+
+/// A thread id: client-chosen or a server-made UUIDv7; 1–128 characters of `A-Za-z0-9_.:-`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, ToSchema)]
+#[serde(transparent)]
+pub struct ThreadId(String);
+
+impl ThreadId {
+    /// Validate a client-supplied id.
+    ///
+    /// # Errors
+    /// When the id is empty, too long or has characters outside the allowed set.
+    pub fn parse(s: &str) -> Result<Self, InvalidId> {
+        check_id("threadId", s, 128, &[':'])?;
+        Ok(Self(s.to_owned()))
+    }
+    /// A fresh server-made id.
+    pub fn generate() -> Self {
+        Self(new_id().to_string())
+    }
+    /// Wrap an id read back from the store (already validated when it was written).
+    pub fn from_stored(s: String) -> Self {
+        Self(s)
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ThreadId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        ThreadId::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A todo item id as the model wrote it: 1–64 characters of `A-Za-z0-9_.-`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, ToSchema)]
+#[serde(transparent)]
+pub struct ItemId(String);
+
+impl ItemId {
+    /// # Errors
+    /// When the id is empty, longer than 64 characters or has other characters.
+    pub fn parse(s: &str) -> Result<Self, InvalidId> {
+        check_id("item id", s, 64, &[])?;
+        Ok(Self(s.to_owned()))
+    }
+    pub fn from_stored(s: String) -> Self {
+        Self(s)
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ItemId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ItemId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        ItemId::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+macro_rules! string_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+        pub enum $name {
+            $($(#[$vm])* #[serde(rename = $text)] $variant),+
+        }
+        impl $name {
+            /// The stable text used on the wire and in the database.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $text),+ }
+            }
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$name] = &[$(Self::$variant),+];
+        }
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok(Self::$variant),)+
+                    other => Err(format!(
+                        "unknown {} `{}` (expected one of: {})",
+                        stringify!($name), other, [$($text),+].join(", ")
+                    )),
+                }
+            }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+string_enum! {
+    /// Lifecycle of a run. `queued` → `running` → (`suspended` ↔ `running`) → `completed` | `failed`
+    /// | `cancelled`.
+    RunStatus {
+        Queued => "queued",
+        Running => "running",
+        Suspended => "suspended",
+        Completed => "completed",
+        Failed => "failed",
+        Cancelled => "cancelled",
+    }
+}
+
+impl RunStatus {
+    /// A run in a terminal status never changes again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+    /// Queued, running and suspended runs occupy their thread.
+    pub fn is_active(self) -> bool {
+        !self.is_terminal()
+    }
+}
+
+string_enum! {
+    /// Thread status, derived from its runs: `busy` while a run is queued or running, `suspended`
+    /// while one waits for a person, `error` when the latest run failed, else `idle`.
+    ThreadStatus {
+        Idle => "idle",
+        Busy => "busy",
+        Suspended => "suspended",
+        Error => "error",
+    }
+}
+
+string_enum! {
+    /// What happens to a query posted while another run of the thread is active.
+    MultitaskStrategy {
+        /// Answer 409.
+        Reject => "reject",
+        /// Run after the active runs (the default).
+        Enqueue => "enqueue",
+        /// Cancel the active run at its next safe point, keep its progress, then run.
+        Interrupt => "interrupt",
+    }
+}
+
+string_enum! {
+    /// Status of a todo item (the seed's statuses).
+    ItemStatus {
+        Pending => "pending",
+        InProgress => "in_progress",
+        Completed => "completed",
+        Failed => "failed",
+        Cancelled => "cancelled",
+        Waiting => "waiting",
+    }
+}
+
+impl ItemStatus {
+    /// Completed, failed and cancelled items are never executed again.
+    pub fn is_done(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+}
+
+string_enum! {
+    /// Whether an item is executed with tools or by reasoning alone.
+    StepType {
+        Tool => "tool",
+        Reasoning => "reasoning",
+    }
+}
+
+string_enum! {
+    /// TAEF: how strictly an item's `requiredTools` are enforced.
+    ToolValidationMode {
+        /// The item fails (after retries) unless every required tool was called.
+        Strict => "strict",
+        /// A skipped required tool is recorded but the item still completes.
+        Advisory => "advisory",
+    }
+}
+
+string_enum! {
+    /// TAEF outcome for an item.
+    ValidationStatus {
+        Pending => "pending",
+        Passed => "passed",
+        Failed => "failed",
+        Skipped => "skipped",
+    }
+}
+
+string_enum! {
+    /// Role of a conversation message.
+    MessageRole {
+        User => "user",
+        Assistant => "assistant",
+        Tool => "tool",
+        System => "system",
+    }
+}
+
+string_enum! {
+    /// Every observation type the service emits.
+    ObservationType {
+        RunStarted => "RUN_STARTED",
+        Intent => "INTENT",
+        Title => "TITLE",
+        Plan => "PLAN",
+        PlanUpdate => "PLAN_UPDATE",
+        ItemStatusChange => "ITEM_STATUS_CHANGE",
+        Thoughts => "THOUGHTS",
+        ToolCall => "TOOL_CALL",
+        ToolExecution => "TOOL_EXECUTION",
+        AgentSuspended => "AGENT_SUSPENDED",
+        AgentResumed => "AGENT_RESUMED",
+        Synthesis => "SYNTHESIS",
+        FinalResponse => "FINAL_RESPONSE",
+        Error => "ERROR",
+        RunCompleted => "RUN_COMPLETED",
+        RunFailed => "RUN_FAILED",
+        RunCancelled => "RUN_CANCELLED",
+    }
+}
+
+impl ObservationType {
+    /// Observations that end a run's stream: the run finished, failed, was cancelled or waits for
+    /// a person.
+    pub fn ends_run_stream(self) -> bool {
+        matches!(
+            self,
+            Self::RunCompleted | Self::RunFailed | Self::RunCancelled | Self::AgentSuspended
+        )
+    }
+}
+
+string_enum! {
+    /// What a suspension asks of a person.
+    SuspensionKind {
+        /// Approve (or edit, reject, answer instead of) a tool call before it runs.
+        Approval => "approval",
+        /// Answer a question (`ask_user`).
+        Input => "input",
+    }
+}
+
+string_enum! {
+    /// Lifecycle of a suspension; `pending` → one of the others, exactly once.
+    SuspensionStatus {
+        Pending => "pending",
+        Resolved => "resolved",
+        Expired => "expired",
+        Cancelled => "cancelled",
+    }
+}
+
+string_enum! {
+    /// A person's answer to a suspension.
+    Decision {
+        Approve => "approve",
+        Reject => "reject",
+        Edit => "edit",
+        Respond => "respond",
+    }
+}
+
+/// Token usage, summed per item and per run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    /// Model calls made (including retries that returned a reply).
+    pub llm_calls: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.total_tokens += other.total_tokens;
+        self.llm_calls += other.llm_calls;
+    }
+}
+
+/// Why a run or item failed: a stable code and a human message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorInfo {
+    pub code: String,
+    pub message: String,
+}
+
+/// Persona: a name and per-phase prompt fragments.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Persona {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub prompts: PersonaPrompts,
+}
+
+/// Prompt fragments a persona adds to each phase.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PersonaPrompts {
+    #[serde(default)]
+    pub planning: Option<String>,
+    #[serde(default)]
+    pub execution: Option<String>,
+    #[serde(default)]
+    pub synthesis: Option<String>,
+}
+
+/// Agent configuration on a thread; a run's `config` overrides it field by field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Provider name (`openai`, `offline`); the server's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Model name sent to the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persona: Option<Persona>,
+    /// Model calls per item (ReAct iterations); default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 50)]
+    pub max_iterations: Option<u32>,
+    /// Items a plan may hold; the server's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 100)]
+    pub max_items: Option<u32>,
+    /// Enabled tool names; default: every registered tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// Tool names whose every call waits for a person's decision before it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_approval: Option<Vec<String>>,
+    /// How long a suspension waits before it is resolved as a rejection; none = forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspension_ttl_seconds: Option<u64>,
+}
+
+impl AgentConfig {
+    /// `self` with every field `over` sets replacing ours.
+    pub fn overlay(&self, over: &AgentConfig) -> AgentConfig {
+        AgentConfig {
+            provider: over.provider.clone().or_else(|| self.provider.clone()),
+            model: over.model.clone().or_else(|| self.model.clone()),
+            system_prompt: over
+                .system_prompt
+                .clone()
+                .or_else(|| self.system_prompt.clone()),
+            persona: over.persona.clone().or_else(|| self.persona.clone()),
+            max_iterations: over.max_iterations.or(self.max_iterations),
+            max_items: over.max_items.or(self.max_items),
+            tools: over.tools.clone().or_else(|| self.tools.clone()),
+            require_approval: over
+                .require_approval
+                .clone()
+                .or_else(|| self.require_approval.clone()),
+            suspension_ttl_seconds: over.suspension_ttl_seconds.or(self.suspension_ttl_seconds),
+        }
+    }
+
+    /// Check ranges a type cannot express.
+    ///
+    /// # Errors
+    /// A message naming the field that is out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(n) = self.max_iterations
+            && !(1..=50).contains(&n)
+        {
+            return Err("config.maxIterations must be between 1 and 50".into());
+        }
+        if let Some(n) = self.max_items
+            && !(1..=100).contains(&n)
+        {
+            return Err("config.maxItems must be between 1 and 100".into());
+        }
+        Ok(())
+    }
+}
+
+/// A thread as stored and as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Thread {
+    pub thread_id: ThreadId,
+    #[serde(skip)]
+    pub tenant: String,
+    pub status: ThreadStatus,
+    pub metadata: Value,
+    pub config: AgentConfig,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One tool call the model asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCallRecord {
+    /// The model's tool call id.
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// The journaled outcome of one tool call: written before the next model call, so a run resumed
+/// after a crash never executes it again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolResultRecord {
+    pub tool_call_id: String,
+    pub name: String,
+    /// `success`, `error`, `rejected` or `responded`.
+    pub status: String,
+    pub output: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One message of an item's ReAct conversation, kept on the item so execution can continue from
+/// exactly where it stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationMessage {
+    pub role: MessageRole,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// One todo item of a plan: a row of its own, so a status change is one small write.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TodoItem {
+    pub id: ItemId,
+    /// Order in the plan (0-based).
+    pub position: i64,
+    pub description: String,
+    pub status: ItemStatus,
+    pub dependencies: Vec<ItemId>,
+    pub step_type: StepType,
+    pub required_tools: Vec<String>,
+    pub tool_validation_mode: ToolValidationMode,
+    pub validation_status: ValidationStatus,
+    #[serde(default)]
+    pub expected_outcome: Option<String>,
+    /// Tool calls the model asked for, in order.
+    pub tool_calls: Vec<ToolCallRecord>,
+    /// Tool calls that were executed (or answered by a person), in order.
+    pub actual_tool_calls: Vec<ToolCallRecord>,
+    pub tool_results: Vec<ToolResultRecord>,
+    /// The model's reasoning text, turn by turn.
+    pub thoughts: Vec<String>,
+    /// The item's answer.
+    pub result: Option<String>,
+    pub error: Option<ErrorInfo>,
+    /// Execution attempts (TAEF strict retries count here).
+    pub attempts: u32,
+    pub usage: Usage,
+    /// The ReAct conversation so far (not part of the public state view).
+    #[serde(skip)]
+    pub conversation: Vec<ConversationMessage>,
+    /// The run that last touched the item.
+    #[serde(skip)]
+    pub run_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+/// Thread-level agent state fields (the rest of `PESAgentStateData` is derived from rows).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStateRow {
+    pub intent: Option<String>,
+    pub title: Option<String>,
+    pub plan: Option<String>,
+    pub current_step_id: Option<String>,
+    /// Bumped on every change; optimistic-concurrency token.
+    pub version: i64,
+}
+
+/// A run of a query on a thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Run {
+    pub run_id: Uuid,
+    pub thread_id: ThreadId,
+    #[serde(skip)]
+    pub tenant: String,
+    pub status: RunStatus,
+    pub query: String,
+    /// Per-run overrides of the thread's config.
+    pub config: AgentConfig,
+    pub multitask_strategy: MultitaskStrategy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub ended_at: Option<DateTime<Utc>>,
+    pub usage: Usage,
+    #[serde(default)]
+    pub error: Option<ErrorInfo>,
+    #[serde(default)]
+    pub final_response: Option<Value>,
+    /// The pending suspension this run waits on, when suspended.
+    #[serde(default)]
+    pub suspension: Option<Value>,
+    /// Lease attempt counter; every write of a worker is fenced by it.
+    pub attempt: i64,
+    /// Where the agent is: `new`, `planning`, `executing`, `synthesizing`, `done`.
+    #[serde(skip)]
+    pub phase: String,
+    /// A cancel was asked for and the worker has not yet acted on it.
+    #[serde(skip)]
+    pub cancel_requested: bool,
+    /// The thread's last observation `seq` when the run was created: the run's own observations
+    /// all come after it.
+    #[serde(skip)]
+    pub start_seq: i64,
+}
+
+/// A message of the thread's conversation history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Message {
+    pub id: Uuid,
+    pub thread_id: ThreadId,
+    #[serde(default)]
+    pub run_id: Option<Uuid>,
+    pub role: MessageRole,
+    pub content: String,
+    #[serde(default)]
+    pub item_id: Option<String>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// One entry of the append-only observation log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Observation {
+    pub id: Uuid,
+    /// Gap-free, per-thread, strictly increasing; the SSE `id:`.
+    pub seq: i64,
+    pub thread_id: ThreadId,
+    #[serde(skip)]
+    pub tenant: String,
+    pub run_id: Option<Uuid>,
+    /// Null for run-level observations, the item id for item-level ones, another observation's id
+    /// for nested ones.
+    pub parent_id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: ObservationType,
+    pub title: String,
+    pub content: Value,
+    pub created_at: DateTime<Utc>,
+}
+
+/// An observation before it is committed (the store assigns `seq`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewObservation {
+    pub id: Uuid,
+    pub run_id: Option<Uuid>,
+    pub parent_id: Option<String>,
+    pub kind: ObservationType,
+    pub title: String,
+    pub content: Value,
+}
+
+impl NewObservation {
+    /// A run-level or item-level observation with a fresh id.
+    pub fn new(
+        run_id: Uuid,
+        parent_id: Option<String>,
+        kind: ObservationType,
+        title: impl Into<String>,
+        content: Value,
+    ) -> Self {
+        Self {
+            id: new_id(),
+            run_id: Some(run_id),
+            parent_id,
+            kind,
+            title: title.into(),
+            content,
+        }
+    }
+}
+
+/// A pause for a person: a tool call waiting for approval, or a question waiting for an answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Suspension {
+    pub suspension_id: Uuid,
+    pub thread_id: ThreadId,
+    #[serde(skip)]
+    pub tenant: String,
+    pub run_id: Uuid,
+    pub item_id: ItemId,
+    pub kind: SuspensionKind,
+    pub tool_call: ToolCallRecord,
+    pub allowed_decisions: Vec<Decision>,
+    #[serde(default)]
+    pub question: Option<String>,
+    #[serde(default)]
+    pub input_schema: Option<Value>,
+    /// The item's conversation up to the call.
+    pub iteration_state: Value,
+    /// Results of other calls of the same model turn that already ran.
+    pub partial_tool_results: Vec<ToolResultRecord>,
+    pub status: SuspensionStatus,
+    #[serde(default)]
+    pub decision: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    #[serde(default)]
+    pub resolved_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_reject_bad_characters_and_lengths() {
+        assert!(ThreadId::parse("t-1.a:b_c").is_ok());
+        assert!(ThreadId::parse("").is_err());
+        assert!(ThreadId::parse("a b").is_err());
+        assert!(ThreadId::parse(&"x".repeat(129)).is_err());
+        assert!(ItemId::parse("step-1").is_ok());
+        assert!(ItemId::parse("step:1").is_err());
+        assert!(ItemId::parse(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn enums_round_trip_through_their_text() {
+        for s in RunStatus::ALL {
+            assert_eq!(s.as_str().parse::<RunStatus>().unwrap(), *s);
+        }
+        for t in ObservationType::ALL {
+            let json = serde_json::to_string(t).unwrap();
+            assert_eq!(json, format!("\"{}\"", t.as_str()));
+        }
+        assert!("nope".parse::<Decision>().is_err());
+    }
+
+    #[test]
+    fn run_config_overrides_thread_config_field_by_field() {
+        let thread = AgentConfig {
+            model: Some("a".into()),
+            max_iterations: Some(3),
+            ..Default::default()
+        };
+        let run = AgentConfig {
+            model: Some("b".into()),
+            ..Default::default()
+        };
+        let merged = thread.overlay(&run);
+        assert_eq!(merged.model.as_deref(), Some("b"));
+        assert_eq!(merged.max_iterations, Some(3));
+    }
+}

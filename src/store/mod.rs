@@ -1,0 +1,350 @@
+//! All persistence. The [`Store`] trait is the only door to the database; Postgres
+//! ([`postgres::PgStore`]) is the production backend and the coordination engine between replicas,
+//! SQLite ([`sqlite::SqliteStore`]) the embedded default for one process. Both pass one
+//! conformance suite (`tests/api/store.rs`).
+//!
+//! Invariants every backend keeps:
+//! - an observation and the state change it reports commit in one transaction ([`Store::apply`]);
+//! - observation `seq` is gap-free and strictly increasing per thread, assigned at commit;
+//! - every write a worker makes for a run is fenced by the run's lease `attempt`: a write that
+//!   matches no row means the lease was lost, and [`StoreError::LeaseLost`] tells the worker to stop;
+//! - no transaction is held open across an LLM or tool call (the trait has no way to do so).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::model::{
+    AgentConfig, AgentStateRow, ErrorInfo, ItemId, Message, MultitaskStrategy, NewObservation,
+    Observation, ObservationType, Run, RunStatus, Suspension, Thread, ThreadId, TodoItem, Usage,
+};
+
+pub mod postgres;
+pub mod sqlite;
+
+/// Result of a store operation.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// What can go wrong in the store, already translated from database errors where it happens.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("a thread with this id already exists")]
+    ThreadExists,
+    #[error("thread not found")]
+    ThreadNotFound,
+    #[error("run not found")]
+    RunNotFound,
+    #[error("suspension not found")]
+    SuspensionNotFound,
+    /// `multitaskStrategy: reject` and the thread has a queued, running or suspended run.
+    #[error("the thread already has an active run ({active_run})")]
+    ThreadBusy { active_run: Uuid },
+    /// The fenced run is no longer ours (its attempt moved on, it ended, or it was deleted).
+    #[error("the run's lease was lost")]
+    LeaseLost,
+    /// The operation conflicts with the current state (e.g. cancelling a finished run).
+    #[error("{0}")]
+    Conflict(String),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("stored data could not be decoded: {0}")]
+    Decode(String),
+}
+
+/// Identifies the lease a worker holds on a run. Every write for the run checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub run_id: Uuid,
+    pub attempt: i64,
+}
+
+/// Where a list page starts: the last item of the previous page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageCursor {
+    pub created_at: DateTime<Utc>,
+    /// Thread id or run/message id (as text) of the last item seen; ties on `created_at` break on it.
+    pub id: String,
+}
+
+/// What to change on a thread; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadPatch {
+    pub metadata: Option<Value>,
+    pub config: Option<AgentConfig>,
+}
+
+/// A query to run.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub tenant: String,
+    pub thread_id: ThreadId,
+    pub query: String,
+    pub config: AgentConfig,
+    pub strategy: MultitaskStrategy,
+    pub idempotency_key: Option<String>,
+    /// Create the thread (empty metadata and config) when it does not exist.
+    pub create_thread: bool,
+}
+
+/// What [`Store::create_run`] did.
+#[derive(Debug, Clone)]
+pub struct CreatedRun {
+    pub run: Run,
+    /// False when an earlier run with the same idempotency key was returned instead.
+    pub created: bool,
+    /// Observations committed on the way (e.g. `RUN_CANCELLED` of runs an `interrupt` displaced).
+    pub observations: Vec<Observation>,
+}
+
+/// What [`Store::cancel_run`] did.
+#[derive(Debug, Clone)]
+pub struct CancelledRun {
+    /// The run after the change: `cancelled` when it was queued or suspended; still `running` with
+    /// its cancel flag set when a worker holds it (the worker cancels at its next safe point).
+    pub run: Run,
+    pub observations: Vec<Observation>,
+}
+
+/// Filters of the observation log.
+#[derive(Debug, Clone, Default)]
+pub struct ObservationQuery {
+    /// Only `seq > after`.
+    pub after: i64,
+    pub limit: u32,
+    pub types: Option<Vec<ObservationType>>,
+    pub parent_id: Option<String>,
+    pub run_id: Option<Uuid>,
+}
+
+/// Changes to a run's own row, applied under its fence.
+#[derive(Debug, Clone, Default)]
+pub struct RunUpdate {
+    pub status: Option<RunStatus>,
+    pub phase: Option<String>,
+    pub usage: Option<Usage>,
+    pub error: Option<ErrorInfo>,
+    pub final_response: Option<Value>,
+    /// Set `ended_at` to now (with a terminal status).
+    pub ended: bool,
+}
+
+/// One state change inside a [`Batch`].
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Replace the thread-level agent fields (the store bumps `version`).
+    SetAgentState(AgentStateRow),
+    /// Insert or replace one todo item row.
+    UpsertItem(Box<TodoItem>),
+    /// Remove one todo item row (a plan update dropped it).
+    DeleteItem(ItemId),
+    /// Append to the thread's conversation history.
+    AppendMessage(Message),
+    /// Change the fenced run's row.
+    UpdateRun(RunUpdate),
+    /// Record a new pending suspension (the run moves to `suspended` through `UpdateRun`).
+    InsertSuspension(Box<Suspension>),
+}
+
+/// State changes and the observations that report them, committed together or not at all.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub tenant: String,
+    pub thread_id: ThreadId,
+    pub ops: Vec<Op>,
+    pub observations: Vec<NewObservation>,
+}
+
+impl Batch {
+    pub fn new(tenant: impl Into<String>, thread_id: ThreadId) -> Self {
+        Self {
+            tenant: tenant.into(),
+            thread_id,
+            ops: Vec::new(),
+            observations: Vec::new(),
+        }
+    }
+    pub fn op(&mut self, op: Op) -> &mut Self {
+        self.ops.push(op);
+        self
+    }
+    pub fn observe(&mut self, obs: NewObservation) -> &mut Self {
+        self.observations.push(obs);
+        self
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.observations.is_empty()
+    }
+}
+
+/// What [`Store::apply`] committed.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The batch's observations with their `seq`, in order.
+    pub observations: Vec<Observation>,
+    /// Someone asked to cancel the run; the worker should stop at its next safe point.
+    pub cancel_requested: bool,
+}
+
+/// The agent-facing view of a thread: thread-level fields, the todo list in plan order, and the
+/// pending suspension if any.
+#[derive(Debug, Clone)]
+pub struct AgentSnapshot {
+    pub state: AgentStateRow,
+    pub items: Vec<TodoItem>,
+    pub pending_suspension: Option<Suspension>,
+}
+
+/// The persistence contract. Implementations are cheap to clone behind an `Arc`.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Backend name for logs and metrics (`postgres`, `sqlite`).
+    fn backend(&self) -> &'static str;
+
+    /// Apply pending migrations (idempotent; safe with several replicas starting at once).
+    async fn migrate(&self) -> StoreResult<()>;
+
+    /// Store reachable and migrations applied.
+    async fn ready(&self) -> StoreResult<()>;
+
+    // ----- threads -------------------------------------------------------------------------
+
+    /// # Errors
+    /// [`StoreError::ThreadExists`] when the tenant already has a thread with this id.
+    async fn create_thread(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        metadata: Value,
+        config: AgentConfig,
+    ) -> StoreResult<Thread>;
+
+    async fn get_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<Option<Thread>>;
+
+    /// Newest first (`created_at` desc, then id desc); at most `limit` rows after `cursor`.
+    async fn list_threads(
+        &self,
+        tenant: &str,
+        limit: u32,
+        cursor: Option<&PageCursor>,
+    ) -> StoreResult<Vec<Thread>>;
+
+    /// `None` when the thread does not exist.
+    async fn update_thread(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        patch: ThreadPatch,
+    ) -> StoreResult<Option<Thread>>;
+
+    /// Delete the thread and everything it owns; false when it did not exist.
+    async fn delete_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<bool>;
+
+    /// `None` when the thread does not exist.
+    async fn agent_snapshot(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> StoreResult<Option<AgentSnapshot>>;
+
+    /// Conversation history, oldest first; `None` when the thread does not exist.
+    async fn list_messages(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        limit: u32,
+        cursor: Option<&PageCursor>,
+    ) -> StoreResult<Option<Vec<Message>>>;
+
+    // ----- runs ----------------------------------------------------------------------------
+
+    /// Enqueue a run, applying the idempotency key and the multitask strategy atomically.
+    ///
+    /// # Errors
+    /// [`StoreError::ThreadNotFound`] (unless `create_thread`), [`StoreError::ThreadBusy`] for
+    /// `reject` while a run is active.
+    async fn create_run(&self, new: NewRun) -> StoreResult<CreatedRun>;
+
+    async fn get_run(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        run_id: Uuid,
+    ) -> StoreResult<Option<Run>>;
+
+    /// Newest first; `None` when the thread does not exist.
+    async fn list_runs(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        limit: u32,
+        cursor: Option<&PageCursor>,
+    ) -> StoreResult<Option<Vec<Run>>>;
+
+    /// Cancel a queued, running or suspended run.
+    ///
+    /// # Errors
+    /// [`StoreError::RunNotFound`]; [`StoreError::Conflict`] when the run already ended.
+    async fn cancel_run(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        run_id: Uuid,
+    ) -> StoreResult<CancelledRun>;
+
+    // ----- worker --------------------------------------------------------------------------
+
+    /// Claim the next runnable run: the oldest queued run of a thread that has no running or
+    /// suspended run, or a running run whose lease expired. The claim bumps `attempt`, sets the
+    /// lease owner and expiry and moves the run to `running`.
+    async fn claim_run(&self, owner: &str, lease: Duration) -> StoreResult<Option<Run>>;
+
+    /// Extend the lease; returns whether a cancel was requested.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] when the fence no longer matches a running run.
+    async fn heartbeat(&self, fence: Fence, lease: Duration) -> StoreResult<bool>;
+
+    /// Give a run back to the queue (graceful shutdown): `queued`, lease cleared.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] when the fence no longer matches.
+    async fn release_run(&self, fence: Fence) -> StoreResult<()>;
+
+    /// Commit a batch under the run's fence, extending its lease.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] (nothing is written) when the fence does not match a running run.
+    async fn apply(&self, fence: Fence, lease: Duration, batch: Batch) -> StoreResult<Applied>;
+
+    // ----- observations --------------------------------------------------------------------
+
+    /// Observations in `seq` order; `None` when the thread does not exist.
+    async fn list_observations(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        query: &ObservationQuery,
+    ) -> StoreResult<Option<Vec<Observation>>>;
+
+    // ----- suspensions ---------------------------------------------------------------------
+
+    /// Pending suspensions of a thread (all of them with `include_resolved`), oldest first;
+    /// `None` when the thread does not exist.
+    async fn list_suspensions(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        include_resolved: bool,
+    ) -> StoreResult<Option<Vec<Suspension>>>;
+
+    async fn get_suspension(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+    ) -> StoreResult<Option<Suspension>>;
+}

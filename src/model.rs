@@ -394,6 +394,9 @@ pub struct AgentConfig {
     /// How long a suspension waits before it is resolved as a rejection; none = forever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspension_ttl_seconds: Option<u64>,
+    /// TAEF mode for items with `requiredTools`; default `strict`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_validation_mode: Option<ToolValidationMode>,
 }
 
 impl AgentConfig {
@@ -415,6 +418,7 @@ impl AgentConfig {
                 .clone()
                 .or_else(|| self.require_approval.clone()),
             suspension_ttl_seconds: over.suspension_ttl_seconds.or(self.suspension_ttl_seconds),
+            tool_validation_mode: over.tool_validation_mode.or(self.tool_validation_mode),
         }
     }
 

@@ -1,12 +1,28 @@
 //! pes-server: durable Plan-Execute-Synthesize agents behind an HTTP API.
 //!
 //! Crate map:
-//! - [`model`]: domain types shared by every layer;
+//! - [`app`]: start-up and shutdown ([`App::build`], [`App::run_until_stopped`]);
+//! - [`config`]: every setting (flag + `PES_*` environment variable);
+//! - [`http`]: routers per resource, problem+json errors, SSE;
+//! - [`agent`]: the PES engine, pure logic over traits;
+//! - [`worker`]: claims runs under a lease and drives the engine;
+//! - [`events`]: in-process fan-out of committed observations;
 //! - [`store`]: all SQL, behind the [`store::Store`] trait (Postgres and SQLite);
 //! - [`llm`]: model providers (`openai`, `offline`);
-//! - [`tools`]: the tool registry and built-in tools.
+//! - [`tools`]: the tool registry and built-in tools;
+//! - [`model`]: domain types shared by every layer.
 
+pub mod agent;
+pub mod app;
+pub mod config;
+pub mod events;
+pub mod http;
 pub mod llm;
 pub mod model;
 pub mod store;
+pub mod telemetry;
 pub mod tools;
+pub mod worker;
+
+pub use app::App;
+pub use config::Config;

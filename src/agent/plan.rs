@@ -1,0 +1,384 @@
+//! Plans as the model writes them, their validation (ids, dependencies, cycles, tools, size) and
+//! how a new list is merged into the existing todo list: for a refinement on a follow-up query and
+//! for `update_plan` during execution. Items that already started are frozen: a plan change never
+//! rewrites or removes them.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::model::{
+    ItemId, ItemStatus, StepType, TodoItem, ToolValidationMode, Usage, ValidationStatus,
+};
+
+/// The `pes_plan` reply.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanReply {
+    pub title: String,
+    pub intent: String,
+    pub plan: String,
+    pub todo_list: Vec<PlannedItem>,
+}
+
+/// One item as the model wrote it (unvalidated).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedItem {
+    pub id: String,
+    pub description: String,
+    #[serde(default = "default_step_type")]
+    pub step_type: String,
+    #[serde(default)]
+    pub required_tools: Vec<String>,
+    #[serde(default)]
+    pub expected_outcome: String,
+    #[serde(default)]
+    pub dependencies: Vec<String>,
+}
+
+fn default_step_type() -> String {
+    "reasoning".into()
+}
+
+/// A planned item that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidItem {
+    pub id: ItemId,
+    pub description: String,
+    pub step_type: StepType,
+    pub required_tools: Vec<String>,
+    pub expected_outcome: Option<String>,
+    pub dependencies: Vec<ItemId>,
+}
+
+/// Validate a todo list against the frozen items it may depend on, the tools that exist and the
+/// size limit. Every problem is listed, so one repair request can fix them all.
+///
+/// # Errors
+/// The list of problems, each a sentence the model can act on.
+pub fn validate(
+    planned: &[PlannedItem],
+    frozen: &[TodoItem],
+    known_tools: &[String],
+    max_items: usize,
+) -> Result<Vec<ValidItem>, Vec<String>> {
+    let mut errors = Vec::new();
+    if planned.is_empty() && frozen.is_empty() {
+        errors.push("todoList is empty: plan at least one item".to_owned());
+    }
+    let fresh = planned
+        .iter()
+        .filter(|p| !frozen.iter().any(|f| f.id.as_str() == p.id))
+        .count();
+    if fresh > max_items {
+        errors.push(format!("too many items: {fresh} (at most {max_items})"));
+    }
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(planned.len());
+    let all_ids: HashSet<&str> = planned
+        .iter()
+        .map(|p| p.id.as_str())
+        .chain(frozen.iter().map(|f| f.id.as_str()))
+        .collect();
+    for p in planned {
+        let id = match ItemId::parse(&p.id) {
+            Ok(id) => id,
+            Err(e) => {
+                errors.push(format!("item id `{}` is invalid: {e}", p.id));
+                continue;
+            }
+        };
+        if !seen.insert(p.id.clone()) {
+            errors.push(format!("item id `{}` is used twice", p.id));
+        }
+        if p.description.trim().is_empty() {
+            errors.push(format!("item `{}` has an empty description", p.id));
+        }
+        let step_type = match p.step_type.parse::<StepType>() {
+            Ok(t) => t,
+            Err(_) => {
+                errors.push(format!(
+                    "item `{}` has stepType `{}`: use `tool` or `reasoning`",
+                    p.id, p.step_type
+                ));
+                StepType::Reasoning
+            }
+        };
+        for t in &p.required_tools {
+            if !known_tools.iter().any(|k| k == t) {
+                errors.push(format!(
+                    "item `{}` requires unknown tool `{t}` (available: {})",
+                    p.id,
+                    if known_tools.is_empty() { "none".to_owned() } else { known_tools.join(", ") }
+                ));
+            }
+        }
+        let mut deps = Vec::new();
+        for d in &p.dependencies {
+            if d == &p.id {
+                errors.push(format!("item `{}` depends on itself", p.id));
+            } else if !all_ids.contains(d.as_str()) {
+                errors.push(format!("item `{}` depends on unknown item `{d}`", p.id));
+            } else if let Ok(d) = ItemId::parse(d) {
+                if !deps.contains(&d) {
+                    deps.push(d);
+                }
+            }
+        }
+        out.push(ValidItem {
+            id,
+            description: p.description.trim().to_owned(),
+            step_type,
+            required_tools: p.required_tools.clone(),
+            expected_outcome: Some(p.expected_outcome.trim().to_owned()).filter(|s| !s.is_empty()),
+            dependencies: deps,
+        });
+    }
+    if let Some(cycle) = find_cycle(&out) {
+        errors.push(format!("dependencies form a cycle: {}", cycle.join(" → ")));
+    }
+    if errors.is_empty() { Ok(out) } else { Err(errors) }
+}
+
+/// A dependency cycle among the items, as the ids along it, if there is one.
+fn find_cycle(items: &[ValidItem]) -> Option<Vec<String>> {
+    let deps: HashMap<&str, Vec<&str>> = items
+        .iter()
+        .map(|i| (i.id.as_str(), i.dependencies.iter().map(ItemId::as_str).collect()))
+        .collect();
+    // 0 = unvisited, 1 = on the stack, 2 = done
+    let mut mark: HashMap<&str, u8> = HashMap::new();
+    fn visit<'a>(
+        n: &'a str,
+        deps: &HashMap<&'a str, Vec<&'a str>>,
+        mark: &mut HashMap<&'a str, u8>,
+        stack: &mut Vec<&'a str>,
+    ) -> Option<Vec<String>> {
+        match mark.get(n) {
+            Some(2) => return None,
+            Some(1) => {
+                let start = stack.iter().position(|s| *s == n).unwrap_or(0);
+                let mut cycle: Vec<String> = stack[start..].iter().map(|s| s.to_string()).collect();
+                cycle.push(n.to_owned());
+                return Some(cycle);
+            }
+            _ => {}
+        }
+        mark.insert(n, 1);
+        stack.push(n);
+        for d in deps.get(n).map(Vec::as_slice).unwrap_or(&[]) {
+            if deps.contains_key(d)
+                && let Some(c) = visit(d, deps, mark, stack)
+            {
+                return Some(c);
+            }
+        }
+        stack.pop();
+        mark.insert(n, 2);
+        None
+    }
+    for i in items {
+        let mut stack = Vec::new();
+        if let Some(c) = visit(i.id.as_str(), &deps, &mut mark, &mut stack) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+/// What merging a new list into the todo list changed.
+#[derive(Debug, Clone, Default)]
+pub struct PlanDiff {
+    /// The whole todo list after the merge, in plan order.
+    pub items: Vec<TodoItem>,
+    pub added: Vec<ItemId>,
+    pub changed: Vec<ItemId>,
+    pub removed: Vec<ItemId>,
+    /// Items of the new list that had already started and were left as they are.
+    pub frozen: Vec<ItemId>,
+    /// Items whose row must be written (new, changed or moved).
+    pub dirty: Vec<ItemId>,
+}
+
+impl PlanDiff {
+    /// `PLAN_UPDATE` content: `{added, changed, removed, todoList}`.
+    pub fn observation_content(&self) -> Value {
+        json!({
+            "added": self.added,
+            "changed": self.changed,
+            "removed": self.removed,
+            "todoList": self.items,
+        })
+    }
+}
+
+/// A fresh pending item from a validated plan entry.
+pub fn new_item(v: &ValidItem, mode: ToolValidationMode) -> TodoItem {
+    let now = Utc::now();
+    TodoItem {
+        id: v.id.clone(),
+        position: 0,
+        description: v.description.clone(),
+        status: ItemStatus::Pending,
+        dependencies: v.dependencies.clone(),
+        step_type: v.step_type,
+        required_tools: v.required_tools.clone(),
+        tool_validation_mode: mode,
+        validation_status: if v.required_tools.is_empty() {
+            ValidationStatus::Skipped
+        } else {
+            ValidationStatus::Pending
+        },
+        expected_outcome: v.expected_outcome.clone(),
+        tool_calls: vec![],
+        actual_tool_calls: vec![],
+        tool_results: vec![],
+        thoughts: vec![],
+        result: None,
+        error: None,
+        attempts: 0,
+        usage: Usage::default(),
+        conversation: vec![],
+        run_id: None,
+        created_at: now,
+        updated_at: now,
+        started_at: None,
+        completed_at: None,
+    }
+}
+
+/// Merge `planned` into `existing`. Pending items are replaced by the new list (kept ids keep
+/// their row, changed fields are updated, missing ones removed); items that started or finished
+/// are frozen and stay, in their place, whatever the new list says of them.
+pub fn merge(existing: &[TodoItem], planned: &[ValidItem], mode: ToolValidationMode) -> PlanDiff {
+    let mut diff = PlanDiff::default();
+    let in_new: HashSet<&str> = planned.iter().map(|p| p.id.as_str()).collect();
+    let by_id: HashMap<&str, &TodoItem> = existing.iter().map(|i| (i.id.as_str(), i)).collect();
+    let mut items: Vec<TodoItem> = Vec::new();
+
+    // Frozen items the new list does not mention keep their relative order, first.
+    for it in existing {
+        if it.status != ItemStatus::Pending && !in_new.contains(it.id.as_str()) {
+            items.push(it.clone());
+        }
+    }
+    for p in planned {
+        match by_id.get(p.id.as_str()) {
+            Some(old) if old.status != ItemStatus::Pending => {
+                diff.frozen.push(p.id.clone());
+                items.push((*old).clone());
+            }
+            Some(old) => {
+                let mut it = (*old).clone();
+                let differs = it.description != p.description
+                    || it.step_type != p.step_type
+                    || it.required_tools != p.required_tools
+                    || it.expected_outcome != p.expected_outcome
+                    || it.dependencies != p.dependencies;
+                if differs {
+                    it.description = p.description.clone();
+                    it.step_type = p.step_type;
+                    it.required_tools = p.required_tools.clone();
+                    it.expected_outcome = p.expected_outcome.clone();
+                    it.dependencies = p.dependencies.clone();
+                    it.validation_status = if it.required_tools.is_empty() {
+                        ValidationStatus::Skipped
+                    } else {
+                        ValidationStatus::Pending
+                    };
+                    it.updated_at = Utc::now();
+                    diff.changed.push(it.id.clone());
+                    diff.dirty.push(it.id.clone());
+                }
+                items.push(it);
+            }
+            None => {
+                diff.added.push(p.id.clone());
+                diff.dirty.push(p.id.clone());
+                items.push(new_item(p, mode));
+            }
+        }
+    }
+    for it in existing {
+        if it.status == ItemStatus::Pending && !in_new.contains(it.id.as_str()) {
+            diff.removed.push(it.id.clone());
+        }
+    }
+    for (pos, it) in items.iter_mut().enumerate() {
+        let pos = pos as i64;
+        if it.position != pos {
+            it.position = pos;
+            if !diff.dirty.contains(&it.id) {
+                diff.dirty.push(it.id.clone());
+            }
+        }
+    }
+    diff.items = items;
+    diff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(id: &str, deps: &[&str]) -> PlannedItem {
+        PlannedItem {
+            id: id.into(),
+            description: format!("do {id}"),
+            step_type: "reasoning".into(),
+            required_tools: vec![],
+            expected_outcome: String::new(),
+            dependencies: deps.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn unknown_dependencies_cycles_and_bad_ids_are_all_reported() {
+        let errs = validate(
+            &[p("a", &["b"]), p("b", &["a"]), p("c", &["zz"]), p("bad id", &[])],
+            &[],
+            &[],
+            10,
+        )
+        .unwrap_err();
+        let all = errs.join("\n");
+        assert!(all.contains("unknown item `zz`"), "{all}");
+        assert!(all.contains("cycle"), "{all}");
+        assert!(all.contains("`bad id` is invalid"), "{all}");
+    }
+
+    #[test]
+    fn unknown_required_tools_and_size_are_rejected() {
+        let mut item = p("a", &[]);
+        item.required_tools = vec!["nope".into()];
+        let errs = validate(&[item, p("b", &[])], &[], &["calculator".into()], 1).unwrap_err();
+        let all = errs.join("\n");
+        assert!(all.contains("unknown tool `nope`"), "{all}");
+        assert!(all.contains("too many items"), "{all}");
+    }
+
+    #[test]
+    fn merge_keeps_started_items_and_reports_changes() {
+        let valid = validate(&[p("a", &[]), p("b", &["a"])], &[], &[], 10).unwrap();
+        let mut first = merge(&[], &valid, ToolValidationMode::Strict).items;
+        first[0].status = ItemStatus::Completed;
+        // the new list changes a completed item (ignored), changes b, drops nothing, adds c
+        let mut a2 = p("a", &[]);
+        a2.description = "rewritten".into();
+        let mut b2 = p("b", &["a"]);
+        b2.description = "changed".into();
+        let valid2 = validate(&[a2, b2, p("c", &["b"])], &first[..1], &[], 10).unwrap();
+        let d = merge(&first, &valid2, ToolValidationMode::Strict);
+        assert_eq!(d.items[0].description, "do a");
+        assert_eq!(d.items[0].status, ItemStatus::Completed);
+        assert_eq!(d.changed, vec![ItemId::parse("b").unwrap()]);
+        assert_eq!(d.added, vec![ItemId::parse("c").unwrap()]);
+        assert!(d.removed.is_empty());
+        assert_eq!(d.frozen, vec![ItemId::parse("a").unwrap()]);
+        let d2 = merge(&d.items, &validate(&[p("a", &[])], &[], &[], 10).unwrap(), ToolValidationMode::Strict);
+        assert_eq!(d2.removed.len(), 2);
+    }
+}

@@ -1,0 +1,208 @@
+//! Start-up and shutdown: [`App::build`] connects and migrates the store, builds the engine, binds
+//! the listener (port 0 picks a free one) and prepares the worker; [`App::run_until_stopped`]
+//! serves until the shutdown token fires, then drains: the worker stops claiming, runs in flight
+//! get `PES_SHUTDOWN_GRACE_SECONDS` to finish, and whatever is still running is released so
+//! another replica resumes it at once.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::agent::{Engine, EngineSettings};
+use crate::config::{Config, ProviderKind};
+use crate::events::EventBus;
+use crate::http::{self, AppState};
+use crate::llm::LlmProvider;
+use crate::llm::offline::OfflineProvider;
+use crate::llm::openai::{OpenAiConfig, OpenAiProvider};
+use crate::store::Store;
+use crate::store::postgres::PgStore;
+use crate::store::sqlite::SqliteStore;
+use crate::tools::ToolRegistry;
+use crate::worker::{RunRegistry, Worker, WorkerSettings};
+
+/// Open the store `url` names: `postgres://…` or `sqlite://…`.
+///
+/// # Errors
+/// An unsupported scheme, or the database cannot be reached or created.
+pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Arc<dyn Store>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PgStore::connect(url, max_connections).await.context("connecting to Postgres")?))
+    } else if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url).await.context("opening the SQLite store")?))
+    } else {
+        anyhow::bail!("PES_DATABASE_URL must start with postgres:// or sqlite:// (got `{url}`)")
+    }
+}
+
+/// The model providers this configuration makes available, and the default one's name.
+///
+/// # Errors
+/// When the OpenAI-compatible client cannot be built.
+pub fn build_providers(config: &Config) -> anyhow::Result<(HashMap<String, Arc<dyn LlmProvider>>, String)> {
+    let mut providers: HashMap<String, Arc<dyn LlmProvider>> = HashMap::new();
+    providers.insert("offline".into(), Arc::new(OfflineProvider::new()));
+    let default = config.provider();
+    if default == ProviderKind::Openai || config.llm_base_url.is_some() || config.api_key().is_some() {
+        let cfg = OpenAiConfig {
+            base_url: config
+                .llm_base_url
+                .clone()
+                .unwrap_or_else(|| "https://api.openai.com/v1".into()),
+            api_key: config.api_key(),
+            default_model: config.llm_model.clone().unwrap_or_else(|| "gpt-4o-mini".into()),
+            timeout: Duration::from_secs(config.llm_timeout_seconds.max(1)),
+            max_retries: config.llm_max_retries,
+            ..OpenAiConfig::default()
+        };
+        providers.insert("openai".into(), Arc::new(OpenAiProvider::new(cfg)?));
+    }
+    let name = match default {
+        ProviderKind::Openai => "openai",
+        ProviderKind::Offline => "offline",
+    };
+    if name == "offline" {
+        warn!(
+            "no model is configured: runs use the OFFLINE model, a deterministic stand-in that is \
+             not a real LLM. Set PES_LLM_BASE_URL and/or PES_LLM_API_KEY to use a real model."
+        );
+    }
+    Ok((providers, name.to_owned()))
+}
+
+/// A built, bound, not yet serving service.
+pub struct App {
+    listener: TcpListener,
+    addr: SocketAddr,
+    state: AppState,
+    worker: Worker,
+    hard_stop: CancellationToken,
+    grace: Duration,
+}
+
+impl App {
+    /// Connect, migrate, build the engine and bind.
+    ///
+    /// # Errors
+    /// The store cannot be opened or migrated, a provider cannot be built, or the address cannot
+    /// be bound.
+    pub async fn build(config: Config) -> anyhow::Result<App> {
+        let store = connect_store(&config.database_url, config.database_max_connections).await?;
+        store.migrate().await.context("applying migrations")?;
+        let (providers, default_provider) = build_providers(&config)?;
+        let tools = ToolRegistry::with_builtins()
+            .with_timeout(Duration::from_secs(config.tool_timeout_seconds.max(1)));
+        let engine = Arc::new(Engine::new(
+            providers,
+            tools,
+            EngineSettings {
+                default_provider,
+                max_items: config.max_items.max(1),
+                max_iterations: config.max_iterations.max(1),
+                step_output_chars: config.step_output_chars,
+                strict_retries: config.strict_retries,
+                ..EngineSettings::default()
+            },
+        ));
+        let api_keys: HashMap<String, String> = config.parsed_api_keys().into_iter().collect();
+        if api_keys.is_empty() {
+            warn!("PES_API_KEYS is not set: the API accepts requests without authentication");
+        }
+        let listener = TcpListener::bind(config.bind)
+            .await
+            .with_context(|| format!("binding {}", config.bind))?;
+        let addr = listener.local_addr()?;
+        let bus = EventBus::new();
+        let wake = Arc::new(Notify::new());
+        let registry = RunRegistry::default();
+        let hard_stop = CancellationToken::new();
+        let worker = Worker::new(
+            store.clone(),
+            bus.clone(),
+            engine.clone(),
+            WorkerSettings {
+                owner: format!("{}-{}", hostname(), crate::model::new_id()),
+                lease: config.lease(),
+                concurrency: config.worker_concurrency.max(1),
+                poll_interval: Duration::from_millis(config.poll_interval_ms.max(10)),
+            },
+            wake.clone(),
+            registry.clone(),
+            hard_stop.clone(),
+        );
+        let grace = Duration::from_secs(config.shutdown_grace_seconds);
+        let state = AppState {
+            store,
+            bus,
+            engine,
+            shutdown: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            worker_wake: wake,
+            runs: registry,
+            metrics: worker.metrics(),
+            api_keys: Arc::new(api_keys),
+            config: Arc::new(config),
+        };
+        Ok(App { listener, addr, state, worker, hard_stop, grace })
+    }
+
+    /// The bound port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Cancel it to shut the service down gracefully.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.state.shutdown.clone()
+    }
+
+    /// Serve and run agents until the shutdown token fires, then drain.
+    ///
+    /// # Errors
+    /// The server failed.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let App { listener, addr, state, worker, hard_stop, grace } = self;
+        info!(%addr, store = state.store.backend(), "pes-server listening");
+        let shutdown = state.shutdown.clone();
+        let tracker = state.tracker.clone();
+        let worker_task = tokio::spawn(worker.run(shutdown.clone()));
+        let router = http::router(state);
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+            .await
+            .context("serving HTTP")?;
+        info!("shutting down: no new runs are claimed");
+        let mut worker_task = worker_task;
+        if tokio::time::timeout(grace, &mut worker_task).await.is_err() {
+            warn!(?grace, "runs still in flight after the grace period: releasing them");
+            hard_stop.cancel();
+            let _ = worker_task.await;
+        }
+        tracker.close();
+        tracker.wait().await;
+        info!("stopped");
+        Ok(())
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_owned()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "pes".into())
+}

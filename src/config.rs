@@ -1,0 +1,216 @@
+//! Every setting of the service: a command-line flag and a `PES_*` environment variable each, with
+//! the default and the reason in the doc comment (which is also what `pes-server --help` prints).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Durable Plan-Execute-Synthesize agents behind an HTTP API.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "pes-server", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub config: Config,
+}
+
+/// What to do; serving is the default.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API and run agents (the default).
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Print the OpenAPI document and exit.
+    Openapi,
+}
+
+/// Which model provider serves runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProviderKind {
+    /// Any OpenAI-compatible Chat Completions endpoint.
+    Openai,
+    /// Deterministic, no network; not a real model.
+    Offline,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Service configuration.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    /// Listen address (`127.0.0.1:0` picks a free port).
+    #[arg(long, env = "PES_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: SocketAddr,
+
+    /// `postgres://…` selects Postgres; `sqlite://…` the embedded store (file and folder created
+    /// when missing).
+    #[arg(long, env = "PES_DATABASE_URL", default_value = "sqlite://pes-data/pes.db")]
+    pub database_url: String,
+
+    /// Database connections per process (Postgres).
+    #[arg(long, env = "PES_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
+    pub database_max_connections: u32,
+
+    /// `openai` or `offline`; default: `openai` when a base URL or an API key is set, else
+    /// `offline`.
+    #[arg(long, env = "PES_LLM_PROVIDER", value_enum)]
+    pub llm_provider: Option<ProviderKind>,
+
+    /// OpenAI-compatible base URL; the service appends `/chat/completions`.
+    #[arg(long, env = "PES_LLM_BASE_URL")]
+    pub llm_base_url: Option<String>,
+
+    /// Bearer key for the provider (falls back to `OPENAI_API_KEY`).
+    #[arg(long, env = "PES_LLM_API_KEY", hide_env_values = true)]
+    pub llm_api_key: Option<String>,
+
+    /// Model name sent to the provider (default `gpt-4o-mini` for `openai`).
+    #[arg(long, env = "PES_LLM_MODEL")]
+    pub llm_model: Option<String>,
+
+    /// Seconds one model call may take before it is retried.
+    #[arg(long, env = "PES_LLM_TIMEOUT_SECONDS", default_value_t = 120)]
+    pub llm_timeout_seconds: u64,
+
+    /// Retries of a transient provider error (429, 5xx, timeout).
+    #[arg(long, env = "PES_LLM_MAX_RETRIES", default_value_t = 3)]
+    pub llm_max_retries: u32,
+
+    /// Comma-separated `key` or `key:tenant`; unset means no authentication (warned at start).
+    #[arg(long, env = "PES_API_KEYS", hide_env_values = true)]
+    pub api_keys: Option<String>,
+
+    /// Runs one process drives at once.
+    #[arg(long, env = "PES_WORKER_CONCURRENCY", default_value_t = 64)]
+    pub worker_concurrency: usize,
+
+    /// Run lease; heartbeats every third of it; an expired lease is re-claimed by any replica.
+    #[arg(long, env = "PES_LEASE_SECONDS", default_value_t = 30)]
+    pub lease_seconds: u64,
+
+    /// How often an idle worker looks for work it was not woken for (milliseconds).
+    #[arg(long, env = "PES_POLL_INTERVAL_MS", default_value_t = 1000)]
+    pub poll_interval_ms: u64,
+
+    /// Seconds in-flight work may take to finish after SIGTERM before leases are released.
+    #[arg(long, env = "PES_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
+    pub shutdown_grace_seconds: u64,
+
+    /// Largest request body in bytes.
+    #[arg(long, env = "PES_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Largest query in characters.
+    #[arg(long, env = "PES_MAX_QUERY_CHARS", default_value_t = 32 * 1024)]
+    pub max_query_chars: usize,
+
+    /// Items a plan may hold unless the thread's `maxItems` says otherwise.
+    #[arg(long, env = "PES_MAX_ITEMS", default_value_t = 20)]
+    pub max_items: u32,
+
+    /// Model calls per item unless the thread's `maxIterations` says otherwise.
+    #[arg(long, env = "PES_MAX_ITERATIONS", default_value_t = 5)]
+    pub max_iterations: u32,
+
+    /// Characters of an item's output passed to later items and to synthesis.
+    #[arg(long, env = "PES_STEP_OUTPUT_CHARS", default_value_t = 2000)]
+    pub step_output_chars: usize,
+
+    /// Seconds one tool call may take.
+    #[arg(long, env = "PES_TOOL_TIMEOUT_SECONDS", default_value_t = 60)]
+    pub tool_timeout_seconds: u64,
+
+    /// TAEF strict mode: retries of an item that skipped a required tool, before it fails.
+    #[arg(long, env = "PES_STRICT_RETRIES", default_value_t = 2)]
+    pub strict_retries: u32,
+
+    /// Seconds between SSE keep-alive comments.
+    #[arg(long, env = "PES_SSE_KEEPALIVE_SECONDS", default_value_t = 15)]
+    pub sse_keepalive_seconds: u64,
+
+    /// Default suspension expiry in seconds when a thread sets none (0 = never).
+    #[arg(long, env = "PES_SUSPENSION_TTL_SECONDS", default_value_t = 0)]
+    pub suspension_ttl_seconds: u64,
+
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "PES_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Log filter (`RUST_LOG` syntax); `RUST_LOG` is used when this is unset.
+    #[arg(long, env = "PES_LOG")]
+    pub log: Option<String>,
+}
+
+impl Config {
+    /// Parse from the process's environment only (no flags); for tests and embedding.
+    pub fn from_env() -> Self {
+        Cli::parse_from(["pes-server"]).config
+    }
+
+    /// The provider that serves runs, per the precedence of the DESIGN table.
+    pub fn provider(&self) -> ProviderKind {
+        self.llm_provider.unwrap_or(
+            if self.llm_base_url.is_some() || self.api_key().is_some() {
+                ProviderKind::Openai
+            } else {
+                ProviderKind::Offline
+            },
+        )
+    }
+
+    /// `PES_LLM_API_KEY`, else `OPENAI_API_KEY`.
+    pub fn api_key(&self) -> Option<String> {
+        self.llm_api_key
+            .clone()
+            .or_else(|| std::env::var("OPENAI_API_KEY").ok())
+            .filter(|k| !k.is_empty())
+    }
+
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.lease_seconds.max(1))
+    }
+
+    /// API keys as `(key, tenant)`; a key without a tenant belongs to the default tenant.
+    pub fn parsed_api_keys(&self) -> Vec<(String, String)> {
+        self.api_keys
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|entry| match entry.split_once(':') {
+                Some((k, t)) if !t.is_empty() => (k.to_owned(), t.to_owned()),
+                _ => (
+                    entry.trim_end_matches(':').to_owned(),
+                    crate::model::DEFAULT_TENANT.to_owned(),
+                ),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_parse_with_and_without_tenant() {
+        let mut c = Cli::parse_from(["pes-server"]).config;
+        c.api_keys = Some("k1, k2:acme,".into());
+        assert_eq!(
+            c.parsed_api_keys(),
+            vec![
+                ("k1".to_owned(), "default".to_owned()),
+                ("k2".to_owned(), "acme".to_owned())
+            ]
+        );
+    }
+}

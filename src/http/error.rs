@@ -1,0 +1,242 @@
+//! One error type for every handler, mapped once to a status and an RFC 9457 problem+json body
+//! with a stable `code`. Internal errors are logged with their cause and answered with a generic
+//! body; extractor rejections (bad JSON, wrong content type, oversized body, bad query or path)
+//! speak the same shape.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use utoipa::ToSchema;
+
+use crate::store::StoreError;
+
+/// An RFC 9457 problem details body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the problem type (`urn:pes:problem:<code>`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// Stable machine-readable code, e.g. `thread_not_found`.
+    pub code: String,
+}
+
+/// Every way a request can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Validation(String),
+    #[error("{detail}")]
+    NotFound { code: &'static str, detail: String },
+    #[error("{detail}")]
+    Conflict { code: &'static str, detail: String },
+    #[error("the request body is larger than the limit (PES_MAX_BODY_BYTES)")]
+    PayloadTooLarge,
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("a valid API key is required: send `Authorization: Bearer <key>`")]
+    Unauthorized,
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    #[error("method {0} is not allowed here")]
+    MethodNotAllowed(String),
+    #[error("the service is not ready: {0}")]
+    Unavailable(String),
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn thread_not_found() -> Self {
+        Self::NotFound { code: "thread_not_found", detail: "thread not found".into() }
+    }
+    pub fn run_not_found() -> Self {
+        Self::NotFound { code: "run_not_found", detail: "run not found".into() }
+    }
+    pub fn suspension_not_found() -> Self {
+        Self::NotFound { code: "suspension_not_found", detail: "suspension not found".into() }
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request", "Bad request"),
+            Self::Validation(_) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "Invalid request")
+            }
+            Self::NotFound { code, .. } => (StatusCode::NOT_FOUND, code, "Not found"),
+            Self::Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
+            Self::PayloadTooLarge => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "Payload too large")
+            }
+            Self::UnsupportedMediaType(_) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "Unsupported media type",
+            ),
+            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            Self::RouteNotFound(_) => (StatusCode::NOT_FOUND, "route_not_found", "Not found"),
+            Self::MethodNotAllowed(_) => {
+                (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed")
+            }
+            Self::Unavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable")
+            }
+            Self::Internal(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "Internal server error")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code, title) = self.parts();
+        let detail = match &self {
+            Self::Internal(cause) => {
+                tracing::error!(cause = %cause, "internal error");
+                "an internal error occurred; it has been logged".to_owned()
+            }
+            other => other.to_string(),
+        };
+        let body = Problem {
+            kind: format!("urn:pes:problem:{code}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail,
+            code: code.to_owned(),
+        };
+        let mut resp = (status, axum::Json(body)).into_response();
+        resp.headers_mut().insert(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/problem+json"),
+        );
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        resp
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::ThreadExists => Self::Conflict {
+                code: "thread_exists",
+                detail: "a thread with this id already exists".into(),
+            },
+            StoreError::ThreadNotFound => Self::thread_not_found(),
+            StoreError::RunNotFound => Self::run_not_found(),
+            StoreError::SuspensionNotFound => Self::suspension_not_found(),
+            StoreError::ThreadBusy { active_run } => Self::Conflict {
+                code: "thread_busy",
+                detail: format!(
+                    "the thread has an active run ({active_run}) and multitaskStrategy is `reject`"
+                ),
+            },
+            StoreError::Conflict(detail) => Self::Conflict { code: "conflict", detail },
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        match r {
+            JsonRejection::MissingJsonContentType(_) => Self::UnsupportedMediaType(
+                "expected a body with `Content-Type: application/json`".into(),
+            ),
+            JsonRejection::JsonDataError(e) => Self::Validation(e.body_text()),
+            JsonRejection::JsonSyntaxError(e) => {
+                Self::BadRequest(format!("malformed JSON: {}", e.body_text()))
+            }
+            JsonRejection::BytesRejection(e) => {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    Self::PayloadTooLarge
+                } else {
+                    Self::BadRequest(e.body_text())
+                }
+            }
+            other => Self::BadRequest(other.body_text()),
+        }
+    }
+}
+
+/// `Json` whose rejections are problem+json.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AppJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for AppJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Self(v)),
+            Err(r) => Err(r.into()),
+        }
+    }
+}
+
+impl<T: Serialize> IntoResponse for AppJson<T> {
+    fn into_response(self) -> Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+/// `Query` whose rejections are problem+json.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AppQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for AppQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Self(v)),
+            Err(QueryRejection::FailedToDeserializeQueryString(e)) => {
+                Err(ApiError::Validation(format!("invalid query string: {}", e.body_text())))
+            }
+            Err(e) => Err(ApiError::BadRequest(e.body_text())),
+        }
+    }
+}
+
+/// `Path` whose rejections are problem+json.
+#[derive(Debug, Clone)]
+pub struct AppPath<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for AppPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Self(v)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => {
+                Err(ApiError::NotFound { code: "not_found", detail: e.body_text() })
+            }
+            Err(e) => Err(ApiError::BadRequest(e.body_text())),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The HTTP API: one router per resource, assembled with its OpenAPI document by
+//! [`router`] (a pure factory: no I/O, so tests can `oneshot` it). Cross-cutting pieces live here:
+//! the shared [`AppState`], API-key authentication that resolves the tenant, the problem+json
+//! fallbacks for unknown routes and methods, and page cursors.
+
+pub mod error;
+pub mod health;
+pub mod runs;
+pub mod sse;
+pub mod suspensions;
+pub mod threads;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::agent::Engine;
+use crate::config::Config;
+use crate::events::EventBus;
+use crate::model::{DEFAULT_TENANT, ThreadId};
+use crate::store::{PageCursor, Store};
+use crate::worker::{RunRegistry, WorkerMetrics};
+pub use error::{ApiError, AppJson, AppPath, AppQuery, Problem};
+
+/// Cheap, cloneable handles every handler may use.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub bus: EventBus,
+    pub config: Arc<Config>,
+    pub engine: Arc<Engine>,
+    /// Fires when the service shuts down: SSE streams end with it.
+    pub shutdown: CancellationToken,
+    pub tracker: TaskTracker,
+    /// Wakes the worker when a run may have become runnable.
+    pub worker_wake: Arc<Notify>,
+    pub runs: RunRegistry,
+    pub metrics: Arc<WorkerMetrics>,
+    /// API key → tenant; empty when authentication is off.
+    pub api_keys: Arc<HashMap<String, String>>,
+}
+
+/// The tenant of the request, resolved from its API key (the default tenant when keys are off).
+#[derive(Debug, Clone)]
+pub struct Tenant(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<Tenant>()
+            .cloned()
+            .unwrap_or_else(|| Tenant(DEFAULT_TENANT.to_owned())))
+    }
+}
+
+async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    if state.api_keys.is_empty() {
+        return next.run(req).await;
+    }
+    let key = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    match key.and_then(|k| state.api_keys.get(k)) {
+        Some(tenant) => {
+            req.extensions_mut().insert(Tenant(tenant.clone()));
+            next.run(req).await
+        }
+        None => ApiError::Unauthorized.into_response(),
+    }
+}
+
+/// A thread id from the path; an id that cannot exist is simply not found.
+pub fn parse_thread_id(raw: &str) -> Result<ThreadId, ApiError> {
+    ThreadId::parse(raw).map_err(|_| ApiError::thread_not_found())
+}
+
+/// Opaque page cursor: hex of `<created_at micros>:<id>`.
+pub fn encode_cursor(created_at: DateTime<Utc>, id: &str) -> String {
+    let raw = format!("{}:{}", created_at.timestamp_micros(), id);
+    raw.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// # Errors
+/// 422 when the cursor was not made by [`encode_cursor`].
+pub fn decode_cursor(cursor: &str) -> Result<PageCursor, ApiError> {
+    let bad = || ApiError::Validation("invalid cursor".into());
+    if cursor.len() % 2 != 0 || cursor.len() > 1024 {
+        return Err(bad());
+    }
+    let bytes: Result<Vec<u8>, _> = (0..cursor.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&cursor[i..i + 2], 16))
+        .collect();
+    let text = String::from_utf8(bytes.map_err(|_| bad())?).map_err(|_| bad())?;
+    let (micros, id) = text.split_once(':').ok_or_else(bad)?;
+    let micros: i64 = micros.parse().map_err(|_| bad())?;
+    let created_at = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
+    Ok(PageCursor { created_at, id: id.to_owned() })
+}
+
+/// Page size from a `limit` parameter: 1..=200, default 50.
+pub fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
+    match limit {
+        None => Ok(50),
+        Some(n) if (1..=200).contains(&n) => Ok(n),
+        Some(_) => Err(ApiError::Validation("limit must be between 1 and 200".into())),
+    }
+}
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "pes-server",
+        description = "Durable Plan-Execute-Synthesize agents on threads, with an SSE observation stream.",
+        license(name = "Apache-2.0")
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    components(schemas(Problem)),
+    tags(
+        (name = "threads", description = "Threads, their agent state and history"),
+        (name = "runs", description = "Runs of queries on threads"),
+        (name = "observations", description = "The observation log and its SSE stream"),
+        (name = "suspensions", description = "Pauses for a person"),
+        (name = "health", description = "Liveness, readiness, metrics")
+    )
+)]
+struct ApiDoc;
+
+fn v1_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .merge(threads::router())
+        .merge(runs::router())
+        .merge(sse::router())
+        .merge(suspensions::router())
+}
+
+/// The OpenAPI document (also committed as `openapi/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut api) = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi())
+        .merge(v1_routes())
+        .merge(health::router())
+        .split_for_parts();
+    health::document_extra_routes(&mut api);
+    api
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::RouteNotFound(format!("{} {}", req.method(), req.uri().path()))
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::MethodNotAllowed(req.method().to_string())
+}
+
+/// The whole HTTP surface. Pure: builds routes, does no I/O.
+pub fn router(state: AppState) -> Router {
+    let v1 = v1_routes().layer(axum::middleware::from_fn_with_state(state.clone(), authenticate));
+    let (router, _) = OpenApiRouter::new().merge(v1).merge(health::router()).split_for_parts();
+    let api = openapi();
+    let max_body = state.config.max_body_bytes;
+    router
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &Request| {
+                let route = req
+                    .extensions()
+                    .get::<axum::extract::MatchedPath>()
+                    .map(|p| p.as_str().to_owned())
+                    .unwrap_or_else(|| "unmatched".into());
+                tracing::info_span!("request", method = %req.method(), route = %route)
+            }),
+        )
+        .with_state(state)
+}

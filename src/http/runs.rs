@@ -1,0 +1,291 @@
+//! Runs: post a query (202, or a stream of the run's observations with
+//! `Accept: text/event-stream`), wait for a run, list, read and cancel runs.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::sse::{StreamSpec, observation_sse};
+use super::threads::{Page, PageParams, check_config};
+use super::{
+    ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, decode_cursor, encode_cursor,
+    page_limit, parse_thread_id,
+};
+use crate::model::{AgentConfig, MultitaskStrategy, Run, RunStatus, ThreadId};
+use crate::store::NewRun;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_run, list_runs))
+        .routes(routes!(wait_run))
+        .routes(routes!(get_run))
+        .routes(routes!(cancel_run))
+}
+
+/// What to do when the thread does not exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum IfNotExists {
+    /// Create the thread.
+    Create,
+    /// Answer 404 (the default).
+    Reject,
+}
+
+/// Body of `POST /v1/threads/{threadId}/runs` and `…/runs/wait`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateRun {
+    /// The user's query.
+    pub query: String,
+    /// Per-run overrides of the thread's config.
+    #[serde(default)]
+    pub config: Option<AgentConfig>,
+    /// What to do while another run of the thread is active; default `enqueue`.
+    #[serde(default)]
+    pub multitask_strategy: Option<MultitaskStrategy>,
+    #[serde(default)]
+    pub if_not_exists: Option<IfNotExists>,
+    /// A repeated key on the same thread returns the first run (200) instead of a new one.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+async fn enqueue(
+    state: &AppState,
+    tenant: String,
+    thread_id: ThreadId,
+    body: CreateRun,
+) -> Result<(Run, bool), ApiError> {
+    let query = body.query.trim().to_owned();
+    if query.is_empty() {
+        return Err(ApiError::Validation("query must not be empty".into()));
+    }
+    if query.chars().count() > state.config.max_query_chars {
+        return Err(ApiError::Validation(format!(
+            "query is longer than {} characters (PES_MAX_QUERY_CHARS)",
+            state.config.max_query_chars
+        )));
+    }
+    if let Some(k) = &body.idempotency_key
+        && (k.is_empty() || k.len() > 256)
+    {
+        return Err(ApiError::Validation("idempotencyKey must be 1 to 256 characters".into()));
+    }
+    let config = body.config.unwrap_or_default();
+    check_config(state, &config)?;
+    let strategy = body.multitask_strategy.unwrap_or(MultitaskStrategy::Enqueue);
+    let created = state
+        .store
+        .create_run(NewRun {
+            tenant,
+            thread_id,
+            query,
+            config,
+            strategy,
+            idempotency_key: body.idempotency_key,
+            create_thread: body.if_not_exists == Some(IfNotExists::Create),
+        })
+        .await?;
+    state.bus.publish(&created.observations);
+    if created.created && strategy == MultitaskStrategy::Interrupt {
+        // The store flagged the running run; if this process drives it, stop it now rather than
+        // at its next heartbeat.
+        let runs = state.store.list_runs(&created.run.tenant, &created.run.thread_id, 20, None).await?;
+        for r in runs.unwrap_or_default() {
+            if r.status == RunStatus::Running && r.run_id != created.run.run_id {
+                state.runs.cancel(r.run_id);
+            }
+        }
+    }
+    if created.created {
+        state.worker_wake.notify_one();
+    }
+    Ok((created.run, created.created))
+}
+
+fn wants_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+/// Post a query: enqueue a run. With `Accept: text/event-stream` the response streams the run's
+/// observations until it completes, fails, is cancelled or suspends.
+#[utoipa::path(post, path = "/v1/threads/{threadId}/runs", tag = "runs", request_body = CreateRun,
+    params(("threadId" = String, Path, description = "Thread id")),
+    responses(
+        (status = 202, description = "Enqueued", body = Run),
+        (status = 200, description = "The run already created with this idempotency key (or, with `Accept: text/event-stream`, the run's observations as SSE)", body = Run),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another run is active and multitaskStrategy is `reject`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn create_run(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+    headers: HeaderMap,
+    AppJson(body): AppJson<CreateRun>,
+) -> Result<Response, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let (run, created) = enqueue(&state, tenant.clone(), id.clone(), body).await?;
+    if wants_event_stream(&headers) {
+        let spec = StreamSpec {
+            tenant,
+            thread_id: id,
+            after: run.start_seq,
+            types: None,
+            parent_id: None,
+            run_id: Some(run.run_id),
+            until_run_end: true,
+        };
+        return Ok(observation_sse(&state, spec).into_response());
+    }
+    let status = if created { StatusCode::ACCEPTED } else { StatusCode::OK };
+    Ok((status, AppJson(run)).into_response())
+}
+
+/// Wait until a run completes, fails, is cancelled or suspends, then return it.
+pub(crate) async fn wait_for_run(
+    state: &AppState,
+    tenant: &str,
+    thread_id: &ThreadId,
+    run_id: Uuid,
+) -> Result<Run, ApiError> {
+    let mut rx = state.bus.subscribe(tenant, thread_id);
+    loop {
+        let run = state
+            .store
+            .get_run(tenant, thread_id, run_id)
+            .await?
+            .ok_or_else(ApiError::run_not_found)?;
+        if run.status.is_terminal() || run.status == RunStatus::Suspended {
+            return Ok(run);
+        }
+        // Re-check on any observation of the run that may end it, or every second in case the
+        // run is driven by another replica.
+        let deadline = tokio::time::sleep(Duration::from_secs(1));
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = state.shutdown.cancelled() => {
+                    return Err(ApiError::Unavailable("the service is shutting down".into()));
+                }
+                _ = &mut deadline => break,
+                msg = rx.recv() => match msg {
+                    Ok(o) if o.run_id == Some(run_id) && o.kind.ends_run_stream() => break,
+                    Ok(_) => {}
+                    Err(_) => break,
+                },
+            }
+        }
+    }
+}
+
+/// Post a query and answer when its run completes, fails, is cancelled or suspends.
+#[utoipa::path(post, path = "/v1/threads/{threadId}/runs/wait", tag = "runs", request_body = CreateRun,
+    params(("threadId" = String, Path, description = "Thread id")),
+    responses(
+        (status = 200, description = "The run, ended or suspended, with its final response", body = Run),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another run is active and multitaskStrategy is `reject`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn wait_run(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+    AppJson(body): AppJson<CreateRun>,
+) -> Result<AppJson<Run>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let (run, _) = enqueue(&state, tenant.clone(), id.clone(), body).await?;
+    Ok(AppJson(wait_for_run(&state, &tenant, &id, run.run_id).await?))
+}
+
+/// List a thread's runs, newest first.
+#[utoipa::path(get, path = "/v1/threads/{threadId}/runs", tag = "runs",
+    params(("threadId" = String, Path, description = "Thread id"), PageParams),
+    responses(
+        (status = 200, description = "A page of runs", body = Page<Run>),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn list_runs(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+    AppQuery(params): AppQuery<PageParams>,
+) -> Result<AppJson<Page<Run>>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let limit = page_limit(params.limit)?;
+    let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
+    let mut items = state
+        .store
+        .list_runs(&tenant, &id, limit + 1, cursor.as_ref())
+        .await?
+        .ok_or_else(ApiError::thread_not_found)?;
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|r| encode_cursor(r.created_at, &r.run_id.to_string()))
+    } else {
+        None
+    };
+    Ok(AppJson(Page { items, next_cursor }))
+}
+
+fn parse_run_id(raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|_| ApiError::run_not_found())
+}
+
+/// Read one run.
+#[utoipa::path(get, path = "/v1/threads/{threadId}/runs/{runId}", tag = "runs",
+    params(("threadId" = String, Path, description = "Thread id"), ("runId" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "The run", body = Run),
+        (status = 404, description = "No such thread or run", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn get_run(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath((thread_id, run_id)): AppPath<(String, String)>,
+) -> Result<AppJson<Run>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let run_id = parse_run_id(&run_id)?;
+    let run = state.store.get_run(&tenant, &id, run_id).await?.ok_or_else(ApiError::run_not_found)?;
+    Ok(AppJson(run))
+}
+
+/// Cancel a queued, running or suspended run. A running run stops at its next safe point, with
+/// its in-flight model or tool call abandoned.
+#[utoipa::path(post, path = "/v1/threads/{threadId}/runs/{runId}/cancel", tag = "runs",
+    params(("threadId" = String, Path, description = "Thread id"), ("runId" = String, Path, description = "Run id")),
+    responses(
+        (status = 202, description = "Cancelled, or cancelling", body = Run),
+        (status = 404, description = "No such thread or run", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The run already ended", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn cancel_run(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath((thread_id, run_id)): AppPath<(String, String)>,
+) -> Result<(StatusCode, AppJson<Run>), ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let run_id = parse_run_id(&run_id)?;
+    let cancelled = state.store.cancel_run(&tenant, &id, run_id).await?;
+    state.bus.publish(&cancelled.observations);
+    if cancelled.run.status == RunStatus::Running {
+        state.runs.cancel(run_id);
+    }
+    state.worker_wake.notify_one();
+    Ok((StatusCode::ACCEPTED, AppJson(cancelled.run)))
+}
+

@@ -1,0 +1,298 @@
+//! The observation log over HTTP: as JSON pages, and as a Server-Sent Events stream that replays
+//! from the store everything after `Last-Event-ID` (or `?after=`) and then continues live with no
+//! gap and no duplicate, however long the client was away.
+//!
+//! How the stream stays exact: it subscribes to the in-process bus *before* it reads the table, and
+//! tracks the last `seq` it has accounted for. A bus message with the next `seq` is delivered
+//! directly; anything else (a gap, a lag, an observation committed by another replica) makes it
+//! re-read the table after its last `seq`. The table is the truth; the bus is only a fast path.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use futures::StreamExt;
+use serde::Deserialize;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use super::threads::Page;
+use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
+use crate::model::{Observation, ObservationType, ThreadId};
+use crate::store::ObservationQuery;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_observations)).routes(routes!(events))
+}
+
+/// Rows read from the table per query while replaying.
+const REPLAY_PAGE: u32 = 500;
+
+/// What a stream shows.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    pub tenant: String,
+    pub thread_id: ThreadId,
+    /// Only observations with `seq > after`.
+    pub after: i64,
+    pub types: Option<Vec<ObservationType>>,
+    pub parent_id: Option<String>,
+    pub run_id: Option<Uuid>,
+    /// End the stream after the run's completion, failure, cancellation or suspension.
+    pub until_run_end: bool,
+}
+
+impl StreamSpec {
+    fn matches(&self, o: &Observation) -> bool {
+        self.types.as_ref().is_none_or(|t| t.contains(&o.kind))
+            && self.parent_id.as_ref().is_none_or(|p| o.parent_id.as_ref() == Some(p))
+            && self.run_id.is_none_or(|r| o.run_id == Some(r))
+    }
+
+    fn ends_with(&self, o: &Observation) -> bool {
+        self.until_run_end && self.run_id == o.run_id && o.kind.ends_run_stream()
+    }
+}
+
+fn to_event(o: &Observation) -> Event {
+    Event::default()
+        .id(o.seq.to_string())
+        .event(o.kind.as_str())
+        .data(serde_json::to_string(o).unwrap_or_else(|_| "{}".into()))
+}
+
+/// Whether the stream goes on.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+struct Producer {
+    state: AppState,
+    spec: StreamSpec,
+    tx: mpsc::Sender<Event>,
+    last: i64,
+}
+
+impl Producer {
+    async fn send(&mut self, o: &Observation) -> Flow {
+        if self.spec.matches(o) && self.tx.send(to_event(o)).await.is_err() {
+            return Flow::Stop;
+        }
+        if self.spec.ends_with(o) { Flow::Stop } else { Flow::Continue }
+    }
+
+    /// Deliver everything after `last` from the table. `seen` is a `seq` known to be committed
+    /// (a bus message that revealed a gap): everything up to it has been accounted for afterwards.
+    async fn catch_up(&mut self, seen: Option<i64>) -> Flow {
+        loop {
+            let query = ObservationQuery {
+                after: self.last,
+                limit: REPLAY_PAGE,
+                types: self.spec.types.clone(),
+                parent_id: self.spec.parent_id.clone(),
+                run_id: self.spec.run_id,
+            };
+            let page = match self.state.store.list_observations(&self.spec.tenant, &self.spec.thread_id, &query).await {
+                Ok(Some(p)) => p,
+                Ok(None) => return Flow::Stop, // the thread was deleted
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading observations for a stream failed; ending it");
+                    return Flow::Stop;
+                }
+            };
+            let full = page.len() as u32 == REPLAY_PAGE;
+            for o in &page {
+                self.last = o.seq;
+                if let Flow::Stop = self.send(o).await {
+                    return Flow::Stop;
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        if let Some(s) = seen {
+            self.last = self.last.max(s);
+        }
+        Flow::Continue
+    }
+
+    async fn run(mut self, mut rx: broadcast::Receiver<Arc<Observation>>) {
+        if let Flow::Stop = self.catch_up(None).await {
+            return;
+        }
+        loop {
+            let msg = tokio::select! {
+                _ = self.state.shutdown.cancelled() => return,
+                _ = self.tx.closed() => return,
+                msg = rx.recv() => msg,
+            };
+            let flow = match msg {
+                Ok(o) if o.seq <= self.last => Flow::Continue,
+                Ok(o) if o.seq == self.last + 1 => {
+                    self.last = o.seq;
+                    self.send(&o).await
+                }
+                Ok(o) => self.catch_up(Some(o.seq)).await,
+                Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up(None).await,
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            if let Flow::Stop = flow {
+                return;
+            }
+        }
+    }
+}
+
+/// An SSE response streaming the observations `spec` selects.
+pub fn observation_sse(
+    state: &AppState,
+    spec: StreamSpec,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
+    let (tx, rx) = mpsc::channel(64);
+    let bus_rx = state.bus.subscribe(&spec.tenant, &spec.thread_id);
+    let producer = Producer { state: state.clone(), last: spec.after, spec, tx };
+    state.tracker.spawn(producer.run(bus_rx));
+    let keepalive = Duration::from_secs(state.config.sse_keepalive_seconds.max(1));
+    Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(keepalive).text("keep-alive"))
+}
+
+fn parse_types(raw: Option<&str>) -> Result<Option<Vec<ObservationType>>, ApiError> {
+    let Some(raw) = raw.filter(|s| !s.trim().is_empty()) else {
+        return Ok(None);
+    };
+    raw.split(',')
+        .map(|t| t.trim().parse::<ObservationType>().map_err(ApiError::Validation))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// Filters of `GET /v1/threads/{threadId}/observations`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObservationParams {
+    /// Only observations with a larger `seq` (default 0).
+    pub after: Option<i64>,
+    /// 1–1000, default 100.
+    pub limit: Option<u32>,
+    /// Comma-separated observation types.
+    #[serde(rename = "type")]
+    #[param(rename = "type")]
+    pub kind: Option<String>,
+    pub parent_id: Option<String>,
+    pub run_id: Option<Uuid>,
+}
+
+/// The observation log as JSON, in `seq` order; `nextCursor` is the `seq` to pass as `after`.
+#[utoipa::path(get, path = "/v1/threads/{threadId}/observations", tag = "observations",
+    params(("threadId" = String, Path, description = "Thread id"), ObservationParams),
+    responses(
+        (status = 200, description = "A page of observations", body = Page<Observation>),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid filter", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn list_observations(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+    AppQuery(params): AppQuery<ObservationParams>,
+) -> Result<AppJson<Page<Observation>>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let limit = match params.limit {
+        None => 100,
+        Some(n) if (1..=1000).contains(&n) => n,
+        Some(_) => return Err(ApiError::Validation("limit must be between 1 and 1000".into())),
+    };
+    let after = params.after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::Validation("after must not be negative".into()));
+    }
+    let query = ObservationQuery {
+        after,
+        limit: limit + 1,
+        types: parse_types(params.kind.as_deref())?,
+        parent_id: params.parent_id,
+        run_id: params.run_id,
+    };
+    let mut items = state
+        .store
+        .list_observations(&tenant, &id, &query)
+        .await?
+        .ok_or_else(ApiError::thread_not_found)?;
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|o| o.seq.to_string())
+    } else {
+        None
+    };
+    Ok(AppJson(Page { items, next_cursor }))
+}
+
+/// Parameters of the SSE stream.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EventParams {
+    /// Replay after this `seq` (the `Last-Event-ID` header wins when both are given).
+    pub after: Option<i64>,
+    /// Comma-separated observation types.
+    pub types: Option<String>,
+    pub parent_id: Option<String>,
+    /// Ephemeral token deltas (accepted; providers do not stream tokens yet).
+    pub tokens: Option<bool>,
+}
+
+/// The thread's observations as Server-Sent Events: `id: <seq>`, `event: <type>`,
+/// `data: <observation JSON>`; a `: keep-alive` comment every 15 s.
+#[utoipa::path(get, path = "/v1/threads/{threadId}/events", tag = "observations",
+    params(
+        ("threadId" = String, Path, description = "Thread id"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Replay after this seq"),
+        EventParams
+    ),
+    responses(
+        (status = 200, description = "The event stream", content_type = "text/event-stream", body = String),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn events(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+    headers: HeaderMap,
+    AppQuery(params): AppQuery<EventParams>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let header_after = match headers.get("last-event-id") {
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| ApiError::Validation("Last-Event-ID must be a seq (an integer ≥ 0)".into()))?,
+        ),
+        None => None,
+    };
+    if params.after.is_some_and(|a| a < 0) {
+        return Err(ApiError::Validation("after must not be negative".into()));
+    }
+    let types = parse_types(params.types.as_deref())?;
+    state.store.get_thread(&tenant, &id).await?.ok_or_else(ApiError::thread_not_found)?;
+    let spec = StreamSpec {
+        tenant,
+        thread_id: id,
+        after: header_after.or(params.after).unwrap_or(0),
+        types,
+        parent_id: params.parent_id,
+        run_id: None,
+        until_run_end: false,
+    };
+    Ok(observation_sse(&state, spec))
+}

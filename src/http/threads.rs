@@ -1,0 +1,295 @@
+//! Threads: create, list, read, update, delete; the agent state (seed field names) and the
+//! conversation history.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{
+    ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, decode_cursor, encode_cursor,
+    page_limit, parse_thread_id,
+};
+use crate::model::{AgentConfig, ItemStatus, Message, Thread, ThreadId, TodoItem};
+use crate::store::ThreadPatch;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_thread, list_threads))
+        .routes(routes!(get_thread, patch_thread, delete_thread))
+        .routes(routes!(get_state))
+        .routes(routes!(list_messages))
+}
+
+/// Body of `POST /v1/threads`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateThread {
+    /// Client-chosen id (1–128 characters of `A-Za-z0-9_.:-`); a UUIDv7 when absent.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub thread_id: Option<ThreadId>,
+    /// Any JSON object.
+    #[serde(default)]
+    pub metadata: Option<Value>,
+    #[serde(default)]
+    pub config: Option<AgentConfig>,
+}
+
+/// Body of `PATCH /v1/threads/{threadId}`: fields present replace the stored ones.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpdateThread {
+    #[serde(default)]
+    pub metadata: Option<Value>,
+    #[serde(default)]
+    pub config: Option<AgentConfig>,
+}
+
+/// A page of items.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Page<T: ToSchema> {
+    pub items: Vec<T>,
+    /// Pass as `cursor` to get the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Pagination parameters.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct PageParams {
+    /// 1–200, default 50.
+    pub limit: Option<u32>,
+    /// `nextCursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// `PESAgentStateData` of a thread, with the seed's field names.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStateView {
+    #[schema(value_type = String)]
+    pub thread_id: ThreadId,
+    pub intent: Option<String>,
+    pub title: Option<String>,
+    pub plan: Option<String>,
+    pub todo_list: Vec<TodoItem>,
+    pub current_step_id: Option<String>,
+    pub is_paused: bool,
+    /// The pending suspension: `{suspensionId, itemId, toolCall, iterationState, partialToolResults, …}`.
+    pub suspension: Option<Value>,
+    /// Result of each completed item, by item id.
+    pub step_outputs: serde_json::Map<String, Value>,
+    /// Remote-agent tasks in flight (none until A2A delegation exists).
+    pub pending_a2a_tasks: Vec<Value>,
+    /// Bumped on every change of the thread-level fields.
+    pub version: i64,
+}
+
+/// Validate a config against what the service has (providers, tools) and its ranges.
+pub(crate) fn check_config(state: &AppState, cfg: &AgentConfig) -> Result<(), ApiError> {
+    cfg.validate().map_err(ApiError::Validation)?;
+    if let Some(p) = &cfg.provider
+        && !state.engine.provider_names().contains(p)
+    {
+        return Err(ApiError::Validation(format!(
+            "config.provider `{p}` is not configured (available: {})",
+            state.engine.provider_names().join(", ")
+        )));
+    }
+    let known = state.engine.tools().names();
+    for (field, list) in [("tools", &cfg.tools), ("requireApproval", &cfg.require_approval)] {
+        for name in list.iter().flatten() {
+            if !known.contains(name) {
+                return Err(ApiError::Validation(format!(
+                    "config.{field} names unknown tool `{name}` (available: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_metadata(metadata: &Option<Value>) -> Result<(), ApiError> {
+    match metadata {
+        Some(Value::Object(_)) | None => Ok(()),
+        Some(_) => Err(ApiError::Validation("metadata must be a JSON object".into())),
+    }
+}
+
+/// Create a thread.
+#[utoipa::path(post, path = "/v1/threads", tag = "threads", request_body = CreateThread,
+    responses(
+        (status = 201, description = "Created", body = Thread),
+        (status = 409, description = "A thread with this id exists", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn create_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppJson(body): AppJson<CreateThread>,
+) -> Result<(StatusCode, AppJson<Thread>), ApiError> {
+    check_metadata(&body.metadata)?;
+    let config = body.config.unwrap_or_default();
+    check_config(&state, &config)?;
+    let id = body.thread_id.unwrap_or_else(ThreadId::generate);
+    let metadata = body.metadata.unwrap_or_else(|| Value::Object(Default::default()));
+    let thread = state.store.create_thread(&tenant, &id, metadata, config).await?;
+    Ok((StatusCode::CREATED, AppJson(thread)))
+}
+
+/// List threads, newest first.
+#[utoipa::path(get, path = "/v1/threads", tag = "threads", params(PageParams),
+    responses((status = 200, description = "A page of threads", body = Page<Thread>)))]
+pub async fn list_threads(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppQuery(params): AppQuery<PageParams>,
+) -> Result<AppJson<Page<Thread>>, ApiError> {
+    let limit = page_limit(params.limit)?;
+    let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
+    let mut items = state.store.list_threads(&tenant, limit + 1, cursor.as_ref()).await?;
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|t| encode_cursor(t.created_at, t.thread_id.as_str()))
+    } else {
+        None
+    };
+    Ok(AppJson(Page { items, next_cursor }))
+}
+
+/// Read a thread.
+#[utoipa::path(get, path = "/v1/threads/{threadId}", tag = "threads",
+    params(("threadId" = String, Path, description = "Thread id")),
+    responses(
+        (status = 200, description = "The thread", body = Thread),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn get_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+) -> Result<AppJson<Thread>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let thread = state.store.get_thread(&tenant, &id).await?.ok_or_else(ApiError::thread_not_found)?;
+    Ok(AppJson(thread))
+}
+
+/// Update a thread's metadata and/or config.
+#[utoipa::path(patch, path = "/v1/threads/{threadId}", tag = "threads", request_body = UpdateThread,
+    params(("threadId" = String, Path, description = "Thread id")),
+    responses(
+        (status = 200, description = "The updated thread", body = Thread),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn patch_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+    AppJson(body): AppJson<UpdateThread>,
+) -> Result<AppJson<Thread>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    check_metadata(&body.metadata)?;
+    if let Some(cfg) = &body.config {
+        check_config(&state, cfg)?;
+    }
+    let patch = ThreadPatch { metadata: body.metadata, config: body.config };
+    let thread =
+        state.store.update_thread(&tenant, &id, patch).await?.ok_or_else(ApiError::thread_not_found)?;
+    Ok(AppJson(thread))
+}
+
+/// Delete a thread with its runs, state, messages, suspensions and observations.
+#[utoipa::path(delete, path = "/v1/threads/{threadId}", tag = "threads",
+    params(("threadId" = String, Path, description = "Thread id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn delete_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+) -> Result<StatusCode, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    if state.store.delete_thread(&tenant, &id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::thread_not_found())
+    }
+}
+
+/// The agent state of a thread (`PESAgentStateData`).
+#[utoipa::path(get, path = "/v1/threads/{threadId}/state", tag = "threads",
+    params(("threadId" = String, Path, description = "Thread id")),
+    responses(
+        (status = 200, description = "The agent state", body = AgentStateView),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn get_state(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+) -> Result<AppJson<AgentStateView>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let snap =
+        state.store.agent_snapshot(&tenant, &id).await?.ok_or_else(ApiError::thread_not_found)?;
+    let step_outputs = snap
+        .items
+        .iter()
+        .filter(|i| i.status == ItemStatus::Completed)
+        .map(|i| (i.id.to_string(), Value::String(i.result.clone().unwrap_or_default())))
+        .collect();
+    let suspension = snap.pending_suspension.as_ref().map(|s| {
+        serde_json::to_value(s).unwrap_or(Value::Null)
+    });
+    Ok(AppJson(AgentStateView {
+        thread_id: id,
+        intent: snap.state.intent,
+        title: snap.state.title,
+        plan: snap.state.plan,
+        current_step_id: snap.state.current_step_id,
+        is_paused: suspension.is_some(),
+        suspension,
+        step_outputs,
+        pending_a2a_tasks: vec![],
+        version: snap.state.version,
+        todo_list: snap.items,
+    }))
+}
+
+/// Conversation history, oldest first.
+#[utoipa::path(get, path = "/v1/threads/{threadId}/messages", tag = "threads",
+    params(("threadId" = String, Path, description = "Thread id"), PageParams),
+    responses(
+        (status = 200, description = "A page of messages", body = Page<Message>),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn list_messages(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+    AppQuery(params): AppQuery<PageParams>,
+) -> Result<AppJson<Page<Message>>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let limit = page_limit(params.limit)?;
+    let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
+    let mut items = state
+        .store
+        .list_messages(&tenant, &id, limit + 1, cursor.as_ref())
+        .await?
+        .ok_or_else(ApiError::thread_not_found)?;
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|m| encode_cursor(m.created_at, &m.id.to_string()))
+    } else {
+        None
+    };
+    Ok(AppJson(Page { items, next_cursor }))
+}

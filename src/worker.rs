@@ -1,0 +1,319 @@
+//! The run worker: claims queued runs under a lease, heartbeats, drives the engine and publishes
+//! what it commits. Its unit of work is [`Worker::try_run_next`], so tests can drive it one run at
+//! a time; [`Worker::run`] is the trivial loop around it.
+//!
+//! Every write is fenced by the run's lease `attempt`. A worker that loses its lease stops touching
+//! the run at once; one that is shut down releases the run so another worker takes it over.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, error, info, info_span, warn};
+use uuid::Uuid;
+
+use crate::agent::{Engine, EngineError, Journal, RunEnd, RunInput, Signals};
+use crate::events::EventBus;
+use crate::model::{MessageRole, Run};
+use crate::store::{Batch, Fence, Store, StoreError};
+
+/// Cancel tokens of the runs this process drives, so a cancel request reaches the run at once.
+#[derive(Clone, Default)]
+pub struct RunRegistry {
+    inner: Arc<Mutex<HashMap<Uuid, CancellationToken>>>,
+}
+
+impl RunRegistry {
+    fn insert(&self, run_id: Uuid, token: CancellationToken) {
+        self.inner.lock().expect("registry lock").insert(run_id, token);
+    }
+    fn remove(&self, run_id: Uuid) {
+        self.inner.lock().expect("registry lock").remove(&run_id);
+    }
+    /// Cancel a run driven here; false when this process does not drive it.
+    pub fn cancel(&self, run_id: Uuid) -> bool {
+        match self.inner.lock().expect("registry lock").get(&run_id) {
+            Some(t) => {
+                t.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+    /// Runs driven by this process right now.
+    pub fn len(&self) -> usize {
+        self.inner.lock().expect("registry lock").len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Counters exported on `/metrics`.
+#[derive(Default)]
+pub struct WorkerMetrics {
+    pub runs_claimed: AtomicU64,
+    pub runs_completed: AtomicU64,
+    pub runs_failed: AtomicU64,
+    pub runs_cancelled: AtomicU64,
+    pub runs_suspended: AtomicU64,
+    pub runs_released: AtomicU64,
+    pub leases_lost: AtomicU64,
+    pub commits: AtomicU64,
+}
+
+/// What one call of [`Worker::try_run_next`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing was runnable.
+    Idle,
+    /// A run was driven until it ended this way.
+    Ran(Uuid, RunEnd),
+    /// A run was given back (shutdown), or lost to another worker, or hit a store error.
+    Stopped(Uuid),
+}
+
+/// Settings of the worker.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub owner: String,
+    pub lease: Duration,
+    pub concurrency: usize,
+    pub poll_interval: Duration,
+}
+
+/// Claims and drives runs.
+#[derive(Clone)]
+pub struct Worker {
+    store: Arc<dyn Store>,
+    bus: EventBus,
+    engine: Arc<Engine>,
+    settings: WorkerSettings,
+    wake: Arc<Notify>,
+    registry: RunRegistry,
+    metrics: Arc<WorkerMetrics>,
+    /// Cancelled when in-flight runs must stop (after the shutdown grace period).
+    hard_stop: CancellationToken,
+}
+
+struct WorkerJournal {
+    store: Arc<dyn Store>,
+    bus: EventBus,
+    fence: Fence,
+    lease: Duration,
+    cancel: CancellationToken,
+    metrics: Arc<WorkerMetrics>,
+}
+
+#[async_trait]
+impl Journal for WorkerJournal {
+    async fn commit(&self, batch: Batch) -> Result<(), EngineError> {
+        match self.store.apply(self.fence, self.lease, batch).await {
+            Ok(applied) => {
+                self.metrics.commits.fetch_add(1, Ordering::Relaxed);
+                self.bus.publish(&applied.observations);
+                if applied.cancel_requested {
+                    self.cancel.cancel();
+                }
+                Ok(())
+            }
+            Err(StoreError::LeaseLost) => Err(EngineError::LeaseLost),
+            Err(e) => Err(EngineError::Store(e.to_string())),
+        }
+    }
+}
+
+impl Worker {
+    /// A worker over the store; `wake` is notified whenever a run may have become runnable.
+    pub fn new(
+        store: Arc<dyn Store>,
+        bus: EventBus,
+        engine: Arc<Engine>,
+        settings: WorkerSettings,
+        wake: Arc<Notify>,
+        registry: RunRegistry,
+        hard_stop: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            bus,
+            engine,
+            settings,
+            wake,
+            registry,
+            metrics: Arc::new(WorkerMetrics::default()),
+            hard_stop,
+        }
+    }
+
+    pub fn metrics(&self) -> Arc<WorkerMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Claim one runnable run and drive it until it ends, suspends or stops.
+    ///
+    /// # Errors
+    /// A store error while claiming.
+    pub async fn try_run_next(&self) -> Result<Outcome, StoreError> {
+        match self.store.claim_run(&self.settings.owner, self.settings.lease).await? {
+            None => Ok(Outcome::Idle),
+            Some(run) => Ok(self.drive(run).await),
+        }
+    }
+
+    /// Claim and drive runs, up to `concurrency` at once, until `stop_claiming` fires; then wait
+    /// for the runs in flight (they stop by themselves when `hard_stop` fires).
+    pub async fn run(self, stop_claiming: CancellationToken) {
+        let permits = Arc::new(Semaphore::new(self.settings.concurrency.max(1)));
+        let tracker = TaskTracker::new();
+        loop {
+            let permit = tokio::select! {
+                _ = stop_claiming.cancelled() => break,
+                p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+            };
+            let claimed = tokio::select! {
+                _ = stop_claiming.cancelled() => break,
+                c = self.store.claim_run(&self.settings.owner, self.settings.lease) => c,
+            };
+            match claimed {
+                Ok(Some(run)) => {
+                    let me = self.clone();
+                    tracker.spawn(async move {
+                        let _permit = permit;
+                        me.drive(run).await;
+                        // The thread may have a queued run that can start now.
+                        me.wake.notify_one();
+                    });
+                }
+                Ok(None) => {
+                    drop(permit);
+                    tokio::select! {
+                        _ = stop_claiming.cancelled() => break,
+                        _ = self.wake.notified() => {}
+                        _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                    }
+                }
+                Err(e) => {
+                    drop(permit);
+                    error!(error = %e, "claiming a run failed; retrying");
+                    tokio::select! {
+                        _ = stop_claiming.cancelled() => break,
+                        _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                    }
+                }
+            }
+        }
+        tracker.close();
+        tracker.wait().await;
+    }
+
+    async fn drive(&self, run: Run) -> Outcome {
+        let run_id = run.run_id;
+        let span = info_span!("run", %run_id, thread_id = %run.thread_id, attempt = run.attempt);
+        self.metrics.runs_claimed.fetch_add(1, Ordering::Relaxed);
+        let outcome = self.drive_inner(run).instrument(span).await;
+        match outcome {
+            Outcome::Ran(_, RunEnd::Completed) => &self.metrics.runs_completed,
+            Outcome::Ran(_, RunEnd::Failed) => &self.metrics.runs_failed,
+            Outcome::Ran(_, RunEnd::Cancelled) => &self.metrics.runs_cancelled,
+            Outcome::Ran(_, RunEnd::Suspended) => &self.metrics.runs_suspended,
+            _ => &self.metrics.runs_released,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        outcome
+    }
+
+    async fn drive_inner(&self, run: Run) -> Outcome {
+        let run_id = run.run_id;
+        let fence = Fence { run_id, attempt: run.attempt };
+        let signals = Signals {
+            cancel: CancellationToken::new(),
+            shutdown: self.hard_stop.child_token(),
+        };
+        if run.cancel_requested {
+            signals.cancel.cancel();
+        }
+        let input = match self.load(run).await {
+            Ok(Some(input)) => input,
+            Ok(None) => return Outcome::Stopped(run_id),
+            Err(e) => {
+                error!(error = %e, "loading the run failed");
+                return Outcome::Stopped(run_id);
+            }
+        };
+        self.registry.insert(run_id, signals.cancel.clone());
+        let journal = WorkerJournal {
+            store: self.store.clone(),
+            bus: self.bus.clone(),
+            fence,
+            lease: self.settings.lease,
+            cancel: signals.cancel.clone(),
+            metrics: self.metrics.clone(),
+        };
+        let heartbeat = self.heartbeat(fence, signals.clone());
+        let result = tokio::select! {
+            r = self.engine.drive(input, &journal, &signals) => r,
+            _ = heartbeat => Err(EngineError::LeaseLost),
+        };
+        self.registry.remove(run_id);
+        match result {
+            Ok(end) => {
+                info!(?end, "run ended");
+                Outcome::Ran(run_id, end)
+            }
+            Err(EngineError::Stopped) => {
+                match self.store.release_run(fence).await {
+                    Ok(()) => info!("run released for another worker"),
+                    Err(e) => warn!(error = %e, "releasing the run failed; its lease will expire"),
+                }
+                Outcome::Stopped(run_id)
+            }
+            Err(EngineError::LeaseLost) => {
+                self.metrics.leases_lost.fetch_add(1, Ordering::Relaxed);
+                warn!("lease lost; another worker owns the run now");
+                Outcome::Stopped(run_id)
+            }
+            Err(EngineError::Store(e)) => {
+                error!(error = %e, "store error; the run is retried when its lease expires");
+                Outcome::Stopped(run_id)
+            }
+        }
+    }
+
+    /// Renew the lease every third of its length; resolves only when the lease is lost.
+    async fn heartbeat(&self, fence: Fence, signals: Signals) {
+        let period = self.settings.lease / 3;
+        loop {
+            tokio::time::sleep(period).await;
+            match self.store.heartbeat(fence, self.settings.lease).await {
+                Ok(true) => signals.cancel.cancel(),
+                Ok(false) => {}
+                Err(StoreError::LeaseLost) => return,
+                Err(e) => warn!(error = %e, "heartbeat failed; retrying"),
+            }
+        }
+    }
+
+    async fn load(&self, run: Run) -> Result<Option<RunInput>, StoreError> {
+        let Some(thread) = self.store.get_thread(&run.tenant, &run.thread_id).await? else {
+            return Ok(None);
+        };
+        let Some(snapshot) = self.store.agent_snapshot(&run.tenant, &run.thread_id).await? else {
+            return Ok(None);
+        };
+        let history = self
+            .store
+            .list_messages(&run.tenant, &run.thread_id, 1000, None)
+            .await?
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m.run_id != Some(run.run_id) && m.role != MessageRole::Tool)
+            .collect();
+        Ok(Some(RunInput { run, thread, snapshot, history }))
+    }
+}

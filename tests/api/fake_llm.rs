@@ -1,0 +1,202 @@
+//! A fake OpenAI-compatible Chat Completions server over real HTTP: scripted replies per phase
+//! (plan, execute, synthesis), a sensible default for anything unscripted, and a log of every
+//! request for assertions.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+/// One scripted reply.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// Assistant content that is this JSON (serialized to a string).
+    Json(Value),
+    /// Plain assistant text.
+    Text(String),
+    /// Tool calls: (name, arguments).
+    ToolCalls(Vec<(String, Value)>),
+    /// An HTTP error status with a body and an optional Retry-After.
+    Status(u16, String, Option<String>),
+    /// Wait, then reply.
+    Delay(Duration, Box<Reply>),
+}
+
+#[derive(Default)]
+struct Inner {
+    plan: VecDeque<Reply>,
+    execute: VecDeque<Reply>,
+    synthesis: VecDeque<Reply>,
+    requests: Vec<Value>,
+    calls: u64,
+}
+
+/// The fake server; cheap to clone.
+#[derive(Clone)]
+pub struct FakeLlm {
+    pub url: String,
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// Phase of a request, from its `response_format`.
+pub fn phase_of(req: &Value) -> &'static str {
+    match req["response_format"]["json_schema"]["name"].as_str() {
+        Some("pes_plan") => "plan",
+        Some("pes_synthesis") => "synthesis",
+        _ => {
+            // A provider fallback without response_format still carries the schema in the prompt.
+            let text = req["messages"].to_string();
+            if req["tools"].is_null() && text.contains("todoList") && text.contains("JSON Schema") {
+                "plan"
+            } else if req["tools"].is_null() && text.contains("JSON Schema") {
+                "synthesis"
+            } else {
+                "execute"
+            }
+        }
+    }
+}
+
+impl FakeLlm {
+    pub async fn start() -> FakeLlm {
+        let inner = Arc::new(Mutex::new(Inner::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/v1/chat/completions", post(handle)).with_state(inner.clone());
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        FakeLlm { url: format!("http://{addr}/v1"), inner }
+    }
+
+    /// Queue a reply for the next request of `phase` (`plan`, `execute`, `synthesis`).
+    pub fn push(&self, phase: &str, reply: Reply) -> &Self {
+        let mut g = self.inner.lock().unwrap();
+        match phase {
+            "plan" => g.plan.push_back(reply),
+            "execute" => g.execute.push_back(reply),
+            "synthesis" => g.synthesis.push_back(reply),
+            other => panic!("unknown phase {other}"),
+        }
+        self
+    }
+
+    /// Every request received, in order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+
+    /// Requests of one phase.
+    pub fn requests_of(&self, phase: &str) -> Vec<Value> {
+        self.requests().into_iter().filter(|r| phase_of(r) == phase).collect()
+    }
+}
+
+/// A plan reply with the given items: (id, description, requiredTools, dependencies).
+pub fn plan(items: &[(&str, &str, &[&str], &[&str])]) -> Reply {
+    Reply::Json(json!({
+        "title": "Test plan",
+        "intent": "Answer the test query",
+        "plan": "Do the items in order",
+        "todoList": items.iter().map(|(id, desc, tools, deps)| json!({
+            "id": id,
+            "description": desc,
+            "stepType": if tools.is_empty() { "reasoning" } else { "tool" },
+            "requiredTools": tools,
+            "expectedOutcome": "a result",
+            "dependencies": deps,
+        })).collect::<Vec<_>>(),
+    }))
+}
+
+fn default_reply(phase: &str, req: &Value) -> Reply {
+    match phase {
+        "plan" => plan(&[
+            ("s1", "Compute 2+2", &["calculator"], &[]),
+            ("s2", "Explain the result", &[], &["s1"]),
+        ]),
+        "synthesis" => Reply::Json(json!({"response": "final answer", "sources": [], "suggestions": ["ask again"]})),
+        _ => {
+            let messages = req["messages"].as_array().cloned().unwrap_or_default();
+            let last = messages.last().cloned().unwrap_or(Value::Null);
+            if last["role"] == "tool" {
+                return Reply::Text(format!("tool said {}", last["content"].as_str().unwrap_or("")));
+            }
+            let brief = messages.get(1).map(|m| m["content"].as_str().unwrap_or("").to_owned()).unwrap_or_default();
+            let has_calc = req["tools"].as_array().is_some_and(|t| t.iter().any(|t| t["function"]["name"] == "calculator"));
+            if has_calc && brief.contains("Required tools: calculator") {
+                Reply::ToolCalls(vec![("calculator".into(), json!({"expression": "2+2"}))])
+            } else {
+                Reply::Text("done".into())
+            }
+        }
+    }
+}
+
+fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
+    let finish = if tool_calls.is_empty() { "stop" } else { "tool_calls" };
+    let mut message = json!({"role": "assistant", "content": content});
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    json!({
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    })
+}
+
+async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) -> Response {
+    let phase = phase_of(&req);
+    let (reply, n) = {
+        let mut g = inner.lock().unwrap();
+        g.requests.push(req.clone());
+        g.calls += 1;
+        let q = match phase {
+            "plan" => &mut g.plan,
+            "synthesis" => &mut g.synthesis,
+            _ => &mut g.execute,
+        };
+        (q.pop_front().unwrap_or_else(|| default_reply(phase, &req)), g.calls)
+    };
+    render(reply, n).await
+}
+
+async fn render(reply: Reply, n: u64) -> Response {
+    let mut reply = reply;
+    while let Reply::Delay(d, inner) = reply {
+        tokio::time::sleep(d).await;
+        reply = *inner;
+    }
+    match reply {
+        Reply::Json(v) => Json(completion(Some(v.to_string()), vec![])).into_response(),
+        Reply::Text(t) => Json(completion(Some(t), vec![])).into_response(),
+        Reply::ToolCalls(calls) => {
+            let calls = calls
+                .into_iter()
+                .enumerate()
+                .map(|(i, (name, args))| json!({
+                    "id": format!("call_{n}_{i}"),
+                    "type": "function",
+                    "function": {"name": name, "arguments": args.to_string()}
+                }))
+                .collect();
+            Json(completion(None, calls)).into_response()
+        }
+        Reply::Status(code, body, retry_after) => {
+            let mut headers = HeaderMap::new();
+            if let Some(ra) = retry_after {
+                headers.insert("retry-after", HeaderValue::from_str(&ra).unwrap());
+            }
+            (StatusCode::from_u16(code).unwrap(), headers, body).into_response()
+        }
+        Reply::Delay(..) => unreachable!(),
+    }
+}

@@ -1,0 +1,254 @@
+//! Spawning the app on port 0 against a fresh database, and small HTTP and SSE clients.
+
+use std::time::Duration;
+
+use clap::Parser;
+use futures::StreamExt;
+use pes_server::App;
+use pes_server::config::{Cli, Config, ProviderKind};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::db;
+use crate::fake_llm::FakeLlm;
+
+/// Which store a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// A running app.
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub token: CancellationToken,
+    pub handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub database_url: String,
+}
+
+/// A config for tests: port 0, the fake LLM (or offline), fast polling.
+pub fn test_config(database_url: &str, llm: Option<&FakeLlm>) -> Config {
+    let mut c = Cli::parse_from(["pes-server"]).config;
+    c.bind = "127.0.0.1:0".parse().unwrap();
+    c.database_url = database_url.to_owned();
+    c.database_max_connections = 5;
+    c.api_keys = None;
+    c.poll_interval_ms = 50;
+    c.shutdown_grace_seconds = 5;
+    match llm {
+        Some(f) => {
+            c.llm_provider = Some(ProviderKind::Openai);
+            c.llm_base_url = Some(f.url.clone());
+            c.llm_api_key = Some("test-key".into());
+            c.llm_model = Some("fake-model".into());
+            c.llm_max_retries = 3;
+            c.llm_timeout_seconds = 10;
+        }
+        None => {
+            c.llm_provider = Some(ProviderKind::Offline);
+            c.llm_base_url = None;
+            c.llm_api_key = None;
+        }
+    }
+    c
+}
+
+pub async fn database_url(backend: Backend) -> String {
+    match backend {
+        Backend::Postgres => db::fresh_postgres_url().await,
+        Backend::Sqlite => db::fresh_sqlite_url(),
+    }
+}
+
+/// Spawn the app on a fresh database of `backend`.
+pub async fn spawn(backend: Backend, llm: Option<&FakeLlm>) -> TestApp {
+    spawn_with(backend, llm, |_| {}).await
+}
+
+pub async fn spawn_with(backend: Backend, llm: Option<&FakeLlm>, tweak: impl FnOnce(&mut Config)) -> TestApp {
+    let url = database_url(backend).await;
+    let mut config = test_config(&url, llm);
+    tweak(&mut config);
+    spawn_config(config).await
+}
+
+pub async fn spawn_config(config: Config) -> TestApp {
+    let database_url = config.database_url.clone();
+    let app = App::build(config).await.expect("app builds");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let token = app.shutdown_token();
+    let handle = tokio::spawn(app.run_until_stopped());
+    TestApp {
+        base,
+        client: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
+        token,
+        handle,
+        database_url,
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self.client.post(self.url(path)).json(&body).send().await.unwrap();
+        read(r).await
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.client.get(self.url(path)).send().await.unwrap();
+        read(r).await
+    }
+
+    /// Create a thread and return its id.
+    pub async fn thread(&self, body: Value) -> String {
+        let (status, t) = self.post("/v1/threads", body).await;
+        assert_eq!(status, 201, "{t}");
+        t["threadId"].as_str().unwrap().to_owned()
+    }
+
+    /// Post a query and wait for the run to end or suspend.
+    pub async fn run_wait(&self, thread: &str, query: &str) -> Value {
+        let (status, run) =
+            self.post(&format!("/v1/threads/{thread}/runs/wait"), serde_json::json!({"query": query})).await;
+        assert_eq!(status, 200, "{run}");
+        run
+    }
+
+    /// Every observation of a thread, in order.
+    pub async fn observations(&self, thread: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut after = 0;
+        loop {
+            let (status, page) = self.get(&format!("/v1/threads/{thread}/observations?after={after}&limit=1000")).await;
+            assert_eq!(status, 200, "{page}");
+            let items = page["items"].as_array().unwrap().clone();
+            out.extend(items);
+            match page["nextCursor"].as_str() {
+                Some(c) => after = c.parse().unwrap(),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Poll a run until `pred` holds, with a deadline (never a bare sleep).
+    pub async fn wait_run(&self, thread: &str, run_id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, run) = self.get(&format!("/v1/threads/{thread}/runs/{run_id}")).await;
+            if pred(&run) {
+                return run;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "run never reached the condition: {run}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn stop(self) {
+        self.token.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.handle).await;
+    }
+}
+
+pub async fn read(r: reqwest::Response) -> (u16, Value) {
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, v)
+}
+
+/// One SSE frame.
+#[derive(Debug, Clone, Default)]
+pub struct Frame {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+    pub comment: bool,
+}
+
+/// A minimal SSE reader over a streaming response.
+pub struct SseReader {
+    stream: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buf: String,
+}
+
+impl SseReader {
+    pub fn new(r: reqwest::Response) -> Self {
+        assert_eq!(r.status().as_u16(), 200);
+        let ct = r.headers().get("content-type").unwrap().to_str().unwrap().to_owned();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        Self { stream: r.bytes_stream().boxed(), buf: String::new() }
+    }
+
+    /// The next frame, or None at the end of the stream; panics after `timeout`.
+    pub async fn next(&mut self, timeout: Duration) -> Option<Frame> {
+        loop {
+            if let Some(pos) = self.buf.find("\n\n") {
+                let raw: String = self.buf.drain(..pos + 2).collect();
+                let mut f = Frame::default();
+                for line in raw.lines() {
+                    if let Some(rest) = line.strip_prefix(':') {
+                        let _ = rest;
+                        f.comment = true;
+                    } else if let Some(v) = line.strip_prefix("id:") {
+                        f.id = Some(v.trim().to_owned());
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        f.event = Some(v.trim().to_owned());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        if !f.data.is_empty() {
+                            f.data.push('\n');
+                        }
+                        f.data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                    }
+                }
+                return Some(f);
+            }
+            match tokio::time::timeout(timeout, self.stream.next()).await {
+                Err(_) => panic!("no SSE frame within {timeout:?}; buffer: {}", self.buf),
+                Ok(None) => return None,
+                Ok(Some(chunk)) => self.buf.push_str(&String::from_utf8_lossy(&chunk.unwrap())),
+            }
+        }
+    }
+
+    /// Observations (data frames) until one of type `until` arrives (inclusive).
+    pub async fn until(&mut self, until: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        loop {
+            let f = self.next(Duration::from_secs(30)).await.unwrap_or_else(|| panic!("stream ended before {until}"));
+            if f.comment {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&f.data).unwrap();
+            assert_eq!(f.id.as_deref(), Some(v["seq"].to_string().as_str()));
+            assert_eq!(f.event.as_deref(), v["type"].as_str());
+            let done = v["type"] == until;
+            out.push(v);
+            if done {
+                return out;
+            }
+        }
+    }
+}
+
+/// Run a test body on both stores.
+#[macro_export]
+macro_rules! both_stores {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$body($crate::helpers::Backend::Postgres).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$body($crate::helpers::Backend::Sqlite).await
+            }
+        }
+    };
+}

@@ -62,10 +62,13 @@ impl Default for OpenAiConfig {
 /// Why an [`OpenAiProvider`] could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenAiConfigError {
+    /// The base URL is not an http(s) URL.
     #[error("the LLM base URL `{0}` must start with http:// or https://")]
     BadBaseUrl(String),
+    /// No default model was given.
     #[error("the default model name is empty")]
     EmptyModel,
+    /// The HTTP client could not be built (e.g. no TLS backend).
     #[error("could not build the HTTP client: {0}")]
     Client(#[from] reqwest::Error),
 }
@@ -459,10 +462,13 @@ mod tests {
         )
     }
 
+    type Seen = (Value, Option<String>);
+
     #[derive(Clone, Default)]
     struct Fake {
         script: Arc<Mutex<VecDeque<Scripted>>>,
-        seen: Arc<Mutex<Vec<(Value, Option<String>)>>>,
+        /// Each request's body and `Authorization` header.
+        seen: Arc<Mutex<Vec<Seen>>>,
     }
 
     impl Fake {
@@ -487,6 +493,10 @@ mod tests {
         let Some(s) = next else {
             return (AxStatus::INTERNAL_SERVER_ERROR, "script exhausted").into_response();
         };
+        if s.status == 0 {
+            // Never answer: the client's timeout must fire.
+            std::future::pending::<()>().await;
+        }
         let mut resp = (AxStatus::from_u16(s.status).unwrap(), s.body).into_response();
         resp.headers_mut()
             .insert("content-type", "application/json".parse().unwrap());
@@ -680,6 +690,26 @@ mod tests {
         let (fake, url) = serve(vec![limited, ok_text("ok")]).await;
         let r = provider(&url, 1).complete(request()).await.unwrap();
         assert_eq!(r.content.as_deref(), Some("ok"));
+        assert_eq!(fake.requests().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_attempt_is_retried() {
+        let hang = Scripted {
+            status: 0,
+            headers: vec![],
+            body: String::new(),
+        };
+        let (fake, url) = serve(vec![hang, ok_text("late but fine")]).await;
+        let p = OpenAiProvider::new(OpenAiConfig {
+            timeout: Duration::from_millis(300),
+            ..provider(&url, 1).cfg
+        })
+        .unwrap();
+        let r = p.complete(request()).await.unwrap();
+        assert_eq!(r.content.as_deref(), Some("late but fine"));
+        // The timed-out attempt got no reply, so only one call is counted.
+        assert_eq!(r.usage.llm_calls, 1);
         assert_eq!(fake.requests().len(), 2);
     }
 

@@ -83,7 +83,9 @@ pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(30);
 /// `output` is `{"error": "<message>"}`, so the model always gets a readable tool result.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutcome {
+    /// The tool's output, or `{"error": "<message>"}` when it failed.
     pub output: Value,
+    /// Why the call failed; `None` on success.
     pub error: Option<ToolError>,
 }
 
@@ -104,6 +106,7 @@ impl ToolOutcome {
         }
     }
 
+    /// True when the tool ran and returned an output.
     pub fn is_success(&self) -> bool {
         self.error.is_none()
     }
@@ -246,6 +249,9 @@ impl ToolRegistry {
     /// Validate and run one call, bounded by the registry's timeout. Never panics and never
     /// returns an error: an unknown tool, bad arguments, a tool error, a timeout or a panicking
     /// tool all become a failed [`ToolOutcome`] the model can read.
+    ///
+    /// The caller checks [`Tool::blocking`] first: a blocking tool (`ask_user`) suspends the run
+    /// instead of being invoked (invoking it anyway yields an error outcome).
     pub async fn invoke(&self, name: &str, args: Value, ctx: &ToolContext) -> ToolOutcome {
         if let Err(e) = self.validate(name, &args) {
             return ToolOutcome::failure(e);

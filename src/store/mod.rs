@@ -23,6 +23,7 @@ use crate::model::{
 };
 
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 
 /// Result of a store operation.

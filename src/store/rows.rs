@@ -1,0 +1,437 @@
+//! Row mapping shared by both backends. SQL stays per backend; what a row *means* is decided once
+//! here: each backend implements [`Cols`] (how it decodes one primitive column: Postgres has native
+//! `UUID`/`TIMESTAMPTZ`/`JSONB`, SQLite keeps them as text) and the `*_from_row` functions build the
+//! domain types from it. Bad stored data becomes [`StoreError::Decode`], never a panic.
+//!
+//! Also here: the fixed-width SQLite timestamp format, JSON encoding helpers and the observations
+//! the store itself writes (`RUN_CANCELLED`).
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+use sqlx::sqlite::SqliteRow;
+use uuid::Uuid;
+
+use super::{StoreError, StoreResult};
+use crate::model::{
+    AgentStateRow, ItemId, Message, NewObservation, Observation, ObservationType, Run, RunStatus,
+    Suspension, Thread, ThreadId, TodoItem,
+};
+
+/// SQLite timestamp format: fixed width, UTC, microseconds, so text order is time order.
+pub(crate) const SQLITE_TS_FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
+
+/// Format a timestamp for a SQLite TEXT column.
+pub(crate) fn ts_text(t: DateTime<Utc>) -> String {
+    t.format(SQLITE_TS_FORMAT).to_string()
+}
+
+/// Parse a timestamp written by [`ts_text`] (RFC 3339 is accepted too).
+pub(crate) fn parse_ts_text(s: &str) -> StoreResult<DateTime<Utc>> {
+    NaiveDateTime::parse_from_str(s, SQLITE_TS_FORMAT)
+        .map(|n| n.and_utc())
+        .or_else(|_| DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc)))
+        .map_err(|e| StoreError::Decode(format!("bad timestamp `{s}`: {e}")))
+}
+
+/// Now, at the precision both backends store (microseconds).
+pub(crate) fn now_micros() -> DateTime<Utc> {
+    Utc::now().trunc_subsecs(6)
+}
+
+/// A timestamp at stored precision, so what a caller passed in equals what it reads back.
+pub(crate) fn micros(t: DateTime<Utc>) -> DateTime<Utc> {
+    t.trunc_subsecs(6)
+}
+
+/// Serialize a value for a JSON column.
+pub(crate) fn to_json<T: Serialize + ?Sized>(v: &T) -> StoreResult<Value> {
+    serde_json::to_value(v).map_err(|e| StoreError::Decode(format!("cannot encode JSON: {e}")))
+}
+
+/// Serialize an optional value for a nullable JSON column.
+pub(crate) fn opt_json<T: Serialize>(v: Option<&T>) -> StoreResult<Option<Value>> {
+    v.map(to_json).transpose()
+}
+
+fn from_json<T: DeserializeOwned>(col: &str, v: Value) -> StoreResult<T> {
+    serde_json::from_value(v).map_err(|e| StoreError::Decode(format!("column {col}: {e}")))
+}
+
+fn parse_enum<T: FromStr<Err = String>>(col: &str, s: &str) -> StoreResult<T> {
+    s.parse()
+        .map_err(|e: String| StoreError::Decode(format!("column {col}: {e}")))
+}
+
+fn decode_err(col: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Decode(format!("column {col}: {e}"))
+}
+
+/// How one backend decodes a primitive column. The mapping functions below are written once
+/// against this trait.
+pub(crate) trait Cols {
+    fn text(&self, col: &str) -> StoreResult<String>;
+    fn opt_text(&self, col: &str) -> StoreResult<Option<String>>;
+    fn int(&self, col: &str) -> StoreResult<i64>;
+    fn boolean(&self, col: &str) -> StoreResult<bool>;
+    fn uuid(&self, col: &str) -> StoreResult<Uuid>;
+    fn opt_uuid(&self, col: &str) -> StoreResult<Option<Uuid>>;
+    fn ts(&self, col: &str) -> StoreResult<DateTime<Utc>>;
+    fn opt_ts(&self, col: &str) -> StoreResult<Option<DateTime<Utc>>>;
+    fn json(&self, col: &str) -> StoreResult<Value>;
+    fn opt_json(&self, col: &str) -> StoreResult<Option<Value>>;
+
+    /// A JSON column decoded into a type.
+    fn typed<T: DeserializeOwned>(&self, col: &str) -> StoreResult<T> {
+        from_json(col, self.json(col)?)
+    }
+    /// A nullable JSON column decoded into a type.
+    fn opt_typed<T: DeserializeOwned>(&self, col: &str) -> StoreResult<Option<T>> {
+        self.opt_json(col)?.map(|v| from_json(col, v)).transpose()
+    }
+    /// A text column holding one of a string enum's values.
+    fn enumeration<T: FromStr<Err = String>>(&self, col: &str) -> StoreResult<T> {
+        parse_enum(col, &self.text(col)?)
+    }
+}
+
+impl Cols for PgRow {
+    fn text(&self, col: &str) -> StoreResult<String> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn opt_text(&self, col: &str) -> StoreResult<Option<String>> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn int(&self, col: &str) -> StoreResult<i64> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn boolean(&self, col: &str) -> StoreResult<bool> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn uuid(&self, col: &str) -> StoreResult<Uuid> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn opt_uuid(&self, col: &str) -> StoreResult<Option<Uuid>> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn ts(&self, col: &str) -> StoreResult<DateTime<Utc>> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn opt_ts(&self, col: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn json(&self, col: &str) -> StoreResult<Value> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn opt_json(&self, col: &str) -> StoreResult<Option<Value>> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+}
+
+impl Cols for SqliteRow {
+    fn text(&self, col: &str) -> StoreResult<String> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn opt_text(&self, col: &str) -> StoreResult<Option<String>> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn int(&self, col: &str) -> StoreResult<i64> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn boolean(&self, col: &str) -> StoreResult<bool> {
+        self.try_get(col).map_err(|e| decode_err(col, e))
+    }
+    fn uuid(&self, col: &str) -> StoreResult<Uuid> {
+        let s = self.text(col)?;
+        Uuid::parse_str(&s).map_err(|e| decode_err(col, e))
+    }
+    fn opt_uuid(&self, col: &str) -> StoreResult<Option<Uuid>> {
+        self.opt_text(col)?
+            .map(|s| Uuid::parse_str(&s).map_err(|e| decode_err(col, e)))
+            .transpose()
+    }
+    fn ts(&self, col: &str) -> StoreResult<DateTime<Utc>> {
+        parse_ts_text(&self.text(col)?).map_err(|e| decode_err(col, e))
+    }
+    fn opt_ts(&self, col: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        self.opt_text(col)?
+            .map(|s| parse_ts_text(&s).map_err(|e| decode_err(col, e)))
+            .transpose()
+    }
+    fn json(&self, col: &str) -> StoreResult<Value> {
+        serde_json::from_str(&self.text(col)?).map_err(|e| decode_err(col, e))
+    }
+    fn opt_json(&self, col: &str) -> StoreResult<Option<Value>> {
+        self.opt_text(col)?
+            .map(|s| serde_json::from_str(&s).map_err(|e| decode_err(col, e)))
+            .transpose()
+    }
+}
+
+/// A `threads` row plus a derived `status` column.
+pub(crate) fn thread_from_row(r: &impl Cols) -> StoreResult<Thread> {
+    Ok(Thread {
+        thread_id: ThreadId::from_stored(r.text("thread_id")?),
+        tenant: r.text("tenant")?,
+        status: r.enumeration("status")?,
+        metadata: r.json("metadata")?,
+        config: r.typed("config")?,
+        created_at: r.ts("created_at")?,
+        updated_at: r.ts("updated_at")?,
+    })
+}
+
+/// An `agent_state` row.
+pub(crate) fn agent_state_from_row(r: &impl Cols) -> StoreResult<AgentStateRow> {
+    Ok(AgentStateRow {
+        intent: r.opt_text("intent")?,
+        title: r.opt_text("title")?,
+        plan: r.opt_text("plan")?,
+        current_step_id: r.opt_text("current_step_id")?,
+        version: r.int("version")?,
+    })
+}
+
+/// A `todo_items` row.
+pub(crate) fn item_from_row(r: &impl Cols) -> StoreResult<TodoItem> {
+    let attempts = r.int("attempts")?;
+    Ok(TodoItem {
+        id: ItemId::from_stored(r.text("item_id")?),
+        position: r.int("position")?,
+        description: r.text("description")?,
+        status: r.enumeration("status")?,
+        dependencies: r.typed("dependencies")?,
+        step_type: r.enumeration("step_type")?,
+        required_tools: r.typed("required_tools")?,
+        tool_validation_mode: r.enumeration("tool_validation_mode")?,
+        validation_status: r.enumeration("validation_status")?,
+        expected_outcome: r.opt_text("expected_outcome")?,
+        tool_calls: r.typed("tool_calls")?,
+        actual_tool_calls: r.typed("actual_tool_calls")?,
+        tool_results: r.typed("tool_results")?,
+        thoughts: r.typed("thoughts")?,
+        result: r.opt_text("result")?,
+        error: r.opt_typed("error")?,
+        attempts: u32::try_from(attempts).map_err(|e| decode_err("attempts", e))?,
+        usage: r.typed("usage")?,
+        conversation: r.typed("conversation")?,
+        run_id: r.opt_uuid("run_id")?,
+        created_at: r.ts("created_at")?,
+        updated_at: r.ts("updated_at")?,
+        started_at: r.opt_ts("started_at")?,
+        completed_at: r.opt_ts("completed_at")?,
+    })
+}
+
+/// A `runs` row; `suspension` is left empty (see [`attach_suspensions`]).
+pub(crate) fn run_from_row(r: &impl Cols) -> StoreResult<Run> {
+    Ok(Run {
+        run_id: r.uuid("run_id")?,
+        thread_id: ThreadId::from_stored(r.text("thread_id")?),
+        tenant: r.text("tenant")?,
+        status: r.enumeration("status")?,
+        query: r.text("query")?,
+        config: r.typed("config")?,
+        multitask_strategy: r.enumeration("multitask_strategy")?,
+        idempotency_key: r.opt_text("idempotency_key")?,
+        created_at: r.ts("created_at")?,
+        started_at: r.opt_ts("started_at")?,
+        ended_at: r.opt_ts("ended_at")?,
+        usage: r.typed("usage")?,
+        error: r.opt_typed("error")?,
+        final_response: r.opt_json("final_response")?,
+        suspension: None,
+        attempt: r.int("attempt")?,
+        phase: r.text("phase")?,
+        cancel_requested: r.boolean("cancel_requested")?,
+        start_seq: r.int("start_seq")?,
+    })
+}
+
+/// A `messages` row.
+pub(crate) fn message_from_row(r: &impl Cols) -> StoreResult<Message> {
+    Ok(Message {
+        id: r.uuid("id")?,
+        thread_id: ThreadId::from_stored(r.text("thread_id")?),
+        run_id: r.opt_uuid("run_id")?,
+        role: r.enumeration("role")?,
+        content: r.text("content")?,
+        item_id: r.opt_text("item_id")?,
+        tool_call_id: r.opt_text("tool_call_id")?,
+        created_at: r.ts("created_at")?,
+    })
+}
+
+/// An `observations` row.
+pub(crate) fn observation_from_row(r: &impl Cols) -> StoreResult<Observation> {
+    Ok(Observation {
+        id: r.uuid("id")?,
+        seq: r.int("seq")?,
+        thread_id: ThreadId::from_stored(r.text("thread_id")?),
+        tenant: r.text("tenant")?,
+        run_id: r.opt_uuid("run_id")?,
+        parent_id: r.opt_text("parent_id")?,
+        kind: r.enumeration("type")?,
+        title: r.text("title")?,
+        content: r.json("content")?,
+        created_at: r.ts("created_at")?,
+    })
+}
+
+/// A `suspensions` row.
+pub(crate) fn suspension_from_row(r: &impl Cols) -> StoreResult<Suspension> {
+    Ok(Suspension {
+        suspension_id: r.uuid("suspension_id")?,
+        thread_id: ThreadId::from_stored(r.text("thread_id")?),
+        tenant: r.text("tenant")?,
+        run_id: r.uuid("run_id")?,
+        item_id: ItemId::from_stored(r.text("item_id")?),
+        kind: r.enumeration("kind")?,
+        tool_call: r.typed("tool_call")?,
+        allowed_decisions: r.typed("allowed_decisions")?,
+        question: r.opt_text("question")?,
+        input_schema: r.opt_json("input_schema")?,
+        iteration_state: r.json("iteration_state")?,
+        partial_tool_results: r.typed("partial_tool_results")?,
+        status: r.enumeration("status")?,
+        decision: r.opt_json("decision")?,
+        created_at: r.ts("created_at")?,
+        resolved_at: r.opt_ts("resolved_at")?,
+        expires_at: r.opt_ts("expires_at")?,
+    })
+}
+
+/// Fill `Run::suspension` of suspended runs with their pending suspension (camelCase JSON, as
+/// `Suspension` serializes).
+pub(crate) fn attach_suspensions(runs: &mut [Run], pending: Vec<Suspension>) -> StoreResult<()> {
+    let mut by_run: HashMap<Uuid, Suspension> = HashMap::new();
+    for s in pending {
+        // The newest pending suspension wins should there ever be two.
+        match by_run.get(&s.run_id) {
+            Some(old) if old.created_at > s.created_at => {}
+            _ => {
+                by_run.insert(s.run_id, s);
+            }
+        }
+    }
+    for run in runs.iter_mut() {
+        run.suspension = match (run.status, by_run.get(&run.run_id)) {
+            (RunStatus::Suspended, Some(s)) => Some(to_json(s)?),
+            _ => None,
+        };
+    }
+    Ok(())
+}
+
+/// Ids of the runs whose pending suspension must be loaded.
+pub(crate) fn suspended_run_ids(runs: &[Run]) -> Vec<Uuid> {
+    runs.iter()
+        .filter(|r| r.status == RunStatus::Suspended)
+        .map(|r| r.run_id)
+        .collect()
+}
+
+/// Does moving a run to `status` end its lease? (Terminal statuses and `suspended`.)
+pub(crate) fn clears_lease(status: RunStatus) -> bool {
+    status.is_terminal() || status == RunStatus::Suspended
+}
+
+/// The `RUN_CANCELLED` observation the store writes when it cancels a queued or suspended run
+/// itself (a running run is cancelled by its worker, which writes its own).
+pub(crate) fn run_cancelled(run_id: Uuid, interrupted_by: Option<Uuid>) -> NewObservation {
+    let content = match interrupted_by {
+        Some(by) => json!({ "reason": "interrupted", "byRunId": by }),
+        None => json!({ "reason": "cancelled" }),
+    };
+    NewObservation::new(
+        run_id,
+        None,
+        ObservationType::RunCancelled,
+        "Run cancelled",
+        content,
+    )
+}
+
+/// Observations as committed: `seqs` run from `first_seq` upward in batch order.
+pub(crate) fn committed(
+    tenant: &str,
+    thread_id: &ThreadId,
+    first_seq: i64,
+    created_at: DateTime<Utc>,
+    new: Vec<NewObservation>,
+) -> Vec<Observation> {
+    new.into_iter()
+        .zip(first_seq..)
+        .map(|(o, seq)| Observation {
+            id: o.id,
+            seq,
+            thread_id: thread_id.clone(),
+            tenant: tenant.to_owned(),
+            run_id: o.run_id,
+            parent_id: o.parent_id,
+            kind: o.kind,
+            title: o.title,
+            content: o.content,
+            created_at,
+        })
+        .collect()
+}
+
+/// Turn a cursor id that must be a UUID (runs, messages) into one.
+pub(crate) fn cursor_uuid(id: &str) -> StoreResult<Uuid> {
+    Uuid::parse_str(id).map_err(|e| StoreError::Decode(format!("bad page cursor id `{id}`: {e}")))
+}
+
+/// `limit` as SQL `LIMIT`: 0 means "no limit".
+pub(crate) fn sql_limit(limit: u32) -> i64 {
+    if limit == 0 {
+        i64::MAX
+    } else {
+        i64::from(limit)
+    }
+}
+
+/// Is this database error a unique violation (optionally of one named constraint/index)?
+pub(crate) fn is_unique_violation(e: &sqlx::Error, constraint: Option<&str>) -> bool {
+    match e {
+        sqlx::Error::Database(db) if db.is_unique_violation() => match constraint {
+            None => true,
+            // Postgres reports the constraint name; SQLite only names the columns in the message.
+            Some(name) => db.constraint() == Some(name) || db.constraint().is_none(),
+        },
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_timestamps_are_fixed_width_and_round_trip() {
+        let t = DateTime::parse_from_rfc3339("2026-01-02T03:04:05.123456789Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let s = ts_text(t);
+        assert_eq!(s, "2026-01-02T03:04:05.123456Z");
+        assert_eq!(parse_ts_text(&s).unwrap(), micros(t));
+        let whole = DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(ts_text(whole).len(), s.len());
+        assert!(ts_text(whole) < s);
+        assert!(parse_ts_text("yesterday").is_err());
+    }
+
+    #[test]
+    fn zero_limit_means_unbounded() {
+        assert_eq!(sql_limit(0), i64::MAX);
+        assert_eq!(sql_limit(7), 7);
+    }
+}

@@ -1,0 +1,9 @@
+//! The one integration test binary: black-box tests over HTTP against the app spawned on port 0,
+//! a fake OpenAI-compatible LLM, and real Postgres and SQLite stores.
+
+mod agent;
+mod db;
+mod fake_llm;
+mod helpers;
+mod http;
+mod store;

@@ -29,15 +29,26 @@ use crate::store::sqlite::SqliteStore;
 use crate::tools::ToolRegistry;
 use crate::worker::{RunRegistry, Worker, WorkerSettings};
 
+/// Model providers by name.
+pub type Providers = HashMap<String, Arc<dyn LlmProvider>>;
+
 /// Open the store `url` names: `postgres://…` or `sqlite://…`.
 ///
 /// # Errors
 /// An unsupported scheme, or the database cannot be reached or created.
 pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Arc<dyn Store>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PgStore::connect(url, max_connections).await.context("connecting to Postgres")?))
+        Ok(Arc::new(
+            PgStore::connect(url, max_connections)
+                .await
+                .context("connecting to Postgres")?,
+        ))
     } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url).await.context("opening the SQLite store")?))
+        Ok(Arc::new(
+            SqliteStore::connect(url)
+                .await
+                .context("opening the SQLite store")?,
+        ))
     } else {
         anyhow::bail!("PES_DATABASE_URL must start with postgres:// or sqlite:// (got `{url}`)")
     }
@@ -47,18 +58,24 @@ pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Ar
 ///
 /// # Errors
 /// When the OpenAI-compatible client cannot be built.
-pub fn build_providers(config: &Config) -> anyhow::Result<(HashMap<String, Arc<dyn LlmProvider>>, String)> {
+pub fn build_providers(config: &Config) -> anyhow::Result<(Providers, String)> {
     let mut providers: HashMap<String, Arc<dyn LlmProvider>> = HashMap::new();
     providers.insert("offline".into(), Arc::new(OfflineProvider::new()));
     let default = config.provider();
-    if default == ProviderKind::Openai || config.llm_base_url.is_some() || config.api_key().is_some() {
+    if default == ProviderKind::Openai
+        || config.llm_base_url.is_some()
+        || config.api_key().is_some()
+    {
         let cfg = OpenAiConfig {
             base_url: config
                 .llm_base_url
                 .clone()
                 .unwrap_or_else(|| "https://api.openai.com/v1".into()),
             api_key: config.api_key(),
-            default_model: config.llm_model.clone().unwrap_or_else(|| "gpt-4o-mini".into()),
+            default_model: config
+                .llm_model
+                .clone()
+                .unwrap_or_else(|| "gpt-4o-mini".into()),
             timeout: Duration::from_secs(config.llm_timeout_seconds.max(1)),
             max_retries: config.llm_max_retries,
             ..OpenAiConfig::default()
@@ -151,7 +168,14 @@ impl App {
             api_keys: Arc::new(api_keys),
             config: Arc::new(config),
         };
-        Ok(App { listener, addr, state, worker, hard_stop, grace })
+        Ok(App {
+            listener,
+            addr,
+            state,
+            worker,
+            hard_stop,
+            grace,
+        })
     }
 
     /// The bound port.
@@ -174,7 +198,14 @@ impl App {
     /// # Errors
     /// The server failed.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let App { listener, addr, state, worker, hard_stop, grace } = self;
+        let App {
+            listener,
+            addr,
+            state,
+            worker,
+            hard_stop,
+            grace,
+        } = self;
         info!(%addr, store = state.store.backend(), "pes-server listening");
         let shutdown = state.shutdown.clone();
         let tracker = state.tracker.clone();
@@ -187,7 +218,10 @@ impl App {
         info!("shutting down: no new runs are claimed");
         let mut worker_task = worker_task;
         if tokio::time::timeout(grace, &mut worker_task).await.is_err() {
-            warn!(?grace, "runs still in flight after the grace period: releasing them");
+            warn!(
+                ?grace,
+                "runs still in flight after the grace period: releasing them"
+            );
             hard_stop.cancel();
             let _ = worker_task.await;
         }
@@ -202,7 +236,11 @@ fn hostname() -> String {
     std::env::var("HOSTNAME")
         .ok()
         .filter(|h| !h.is_empty())
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_owned()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_owned())
+        })
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "pes".into())
 }

@@ -52,7 +52,11 @@ pub struct Config {
 
     /// `postgres://…` selects Postgres; `sqlite://…` the embedded store (file and folder created
     /// when missing).
-    #[arg(long, env = "PES_DATABASE_URL", default_value = "sqlite://pes-data/pes.db")]
+    #[arg(
+        long,
+        env = "PES_DATABASE_URL",
+        default_value = "sqlite://pes-data/pes.db"
+    )]
     pub database_url: String,
 
     /// Database connections per process (Postgres).
@@ -157,13 +161,12 @@ impl Config {
 
     /// The provider that serves runs, per the precedence of the DESIGN table.
     pub fn provider(&self) -> ProviderKind {
-        self.llm_provider.unwrap_or(
-            if self.llm_base_url.is_some() || self.api_key().is_some() {
+        self.llm_provider
+            .unwrap_or(if self.llm_base_url.is_some() || self.api_key().is_some() {
                 ProviderKind::Openai
             } else {
                 ProviderKind::Offline
-            },
-        )
+            })
     }
 
     /// `PES_LLM_API_KEY`, else `OPENAI_API_KEY`.

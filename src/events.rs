@@ -29,7 +29,11 @@ impl EventBus {
     }
 
     /// Listen to a thread's observations committed from now on.
-    pub fn subscribe(&self, tenant: &str, thread_id: &ThreadId) -> broadcast::Receiver<Arc<Observation>> {
+    pub fn subscribe(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> broadcast::Receiver<Arc<Observation>> {
         let mut map = self.channels.lock().expect("event bus lock poisoned");
         map.entry((tenant.to_owned(), thread_id.clone()))
             .or_insert_with(|| broadcast::channel(CHANNEL_CAPACITY).0)
@@ -44,10 +48,10 @@ impl EventBus {
         let mut map = self.channels.lock().expect("event bus lock poisoned");
         for obs in observations {
             let key = (obs.tenant.clone(), obs.thread_id.clone());
-            if let Some(tx) = map.get(&key) {
-                if tx.send(Arc::new(obs.clone())).is_err() {
-                    map.remove(&key);
-                }
+            if let Some(tx) = map.get(&key)
+                && tx.send(Arc::new(obs.clone())).is_err()
+            {
+                map.remove(&key);
             }
         }
     }

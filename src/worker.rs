@@ -30,7 +30,10 @@ pub struct RunRegistry {
 
 impl RunRegistry {
     fn insert(&self, run_id: Uuid, token: CancellationToken) {
-        self.inner.lock().expect("registry lock").insert(run_id, token);
+        self.inner
+            .lock()
+            .expect("registry lock")
+            .insert(run_id, token);
     }
     fn remove(&self, run_id: Uuid) {
         self.inner.lock().expect("registry lock").remove(&run_id);
@@ -160,7 +163,11 @@ impl Worker {
     /// # Errors
     /// A store error while claiming.
     pub async fn try_run_next(&self) -> Result<Outcome, StoreError> {
-        match self.store.claim_run(&self.settings.owner, self.settings.lease).await? {
+        match self
+            .store
+            .claim_run(&self.settings.owner, self.settings.lease)
+            .await?
+        {
             None => Ok(Outcome::Idle),
             Some(run) => Ok(self.drive(run).await),
         }
@@ -230,7 +237,10 @@ impl Worker {
 
     async fn drive_inner(&self, run: Run) -> Outcome {
         let run_id = run.run_id;
-        let fence = Fence { run_id, attempt: run.attempt };
+        let fence = Fence {
+            run_id,
+            attempt: run.attempt,
+        };
         let signals = Signals {
             cancel: CancellationToken::new(),
             shutdown: self.hard_stop.child_token(),
@@ -303,7 +313,11 @@ impl Worker {
         let Some(thread) = self.store.get_thread(&run.tenant, &run.thread_id).await? else {
             return Ok(None);
         };
-        let Some(snapshot) = self.store.agent_snapshot(&run.tenant, &run.thread_id).await? else {
+        let Some(snapshot) = self
+            .store
+            .agent_snapshot(&run.tenant, &run.thread_id)
+            .await?
+        else {
             return Ok(None);
         };
         let history = self
@@ -314,6 +328,11 @@ impl Worker {
             .into_iter()
             .filter(|m| m.run_id != Some(run.run_id) && m.role != MessageRole::Tool)
             .collect();
-        Ok(Some(RunInput { run, thread, snapshot, history }))
+        Ok(Some(RunInput {
+            run,
+            thread,
+            snapshot,
+            history,
+        }))
     }
 }

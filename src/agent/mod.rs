@@ -135,7 +135,10 @@ fn llm_halt(e: LlmError, item: Option<&str>) -> Halt {
     match e {
         LlmError::Cancelled => Halt::Cancel,
         other => Halt::Fail(
-            ErrorInfo { code: other.code().to_owned(), message: other.to_string() },
+            ErrorInfo {
+                code: other.code().to_owned(),
+                message: other.to_string(),
+            },
             item.map(str::to_owned),
         ),
     }
@@ -169,8 +172,20 @@ impl Ctx<'_> {
         Batch::new(self.tenant.clone(), self.thread_id.clone())
     }
 
-    fn obs(&self, parent: Option<&str>, kind: ObservationType, title: impl Into<String>, content: Value) -> NewObservation {
-        NewObservation::new(self.run.run_id, parent.map(str::to_owned), kind, title, content)
+    fn obs(
+        &self,
+        parent: Option<&str>,
+        kind: ObservationType,
+        title: impl Into<String>,
+        content: Value,
+    ) -> NewObservation {
+        NewObservation::new(
+            self.run.run_id,
+            parent.map(str::to_owned),
+            kind,
+            title,
+            content,
+        )
     }
 
     async fn commit(&self, batch: Batch) -> Result<(), Halt> {
@@ -225,7 +240,11 @@ impl Engine {
         tools: ToolRegistry,
         settings: EngineSettings,
     ) -> Self {
-        Self { providers, tools, settings }
+        Self {
+            providers,
+            tools,
+            settings,
+        }
     }
 
     /// The tool registry (the HTTP layer validates `requireApproval` and edited arguments with it).
@@ -250,12 +269,19 @@ impl Engine {
         signals: &Signals,
     ) -> Result<RunEnd, EngineError> {
         let cfg = input.thread.config.overlay(&input.run.config);
-        let provider_name = cfg.provider.clone().unwrap_or_else(|| self.settings.default_provider.clone());
+        let provider_name = cfg
+            .provider
+            .clone()
+            .unwrap_or_else(|| self.settings.default_provider.clone());
         let llm = match self.providers.get(&provider_name) {
             Some(p) => p.clone(),
-            None => self.providers.get(&self.settings.default_provider).cloned().ok_or_else(|| {
-                EngineError::Store(format!("no provider `{provider_name}` is configured"))
-            })?,
+            None => self
+                .providers
+                .get(&self.settings.default_provider)
+                .cloned()
+                .ok_or_else(|| {
+                    EngineError::Store(format!("no provider `{provider_name}` is configured"))
+                })?,
         };
         let mut ctx = Ctx {
             journal,
@@ -277,11 +303,15 @@ impl Engine {
             Err(Halt::LeaseLost) => Err(EngineError::LeaseLost),
             Err(Halt::Store(s)) => Err(EngineError::Store(s)),
             Err(Halt::Cancel) => {
-                self.commit_cancelled(&mut ctx).await.map_err(halt_to_error)?;
+                self.commit_cancelled(&mut ctx)
+                    .await
+                    .map_err(halt_to_error)?;
                 Ok(RunEnd::Cancelled)
             }
             Err(Halt::Fail(err, item)) => {
-                self.commit_failed(&mut ctx, err, item).await.map_err(halt_to_error)?;
+                self.commit_failed(&mut ctx, err, item)
+                    .await
+                    .map_err(halt_to_error)?;
                 Ok(RunEnd::Failed)
             }
         }
@@ -340,7 +370,10 @@ impl Engine {
             tool_call_id: None,
             created_at: Utc::now(),
         }));
-        b.op(Op::UpdateRun(RunUpdate { phase: Some("planning".into()), ..Default::default() }));
+        b.op(Op::UpdateRun(RunUpdate {
+            phase: Some("planning".into()),
+            ..Default::default()
+        }));
         ctx.commit(b).await?;
         ctx.run.phase = "planning".into();
         Ok(())
@@ -363,16 +396,27 @@ impl Engine {
         let known = self.enabled_tools(&ctx.cfg);
         let described: Vec<(String, String)> = known
             .iter()
-            .filter_map(|n| self.tools.get(n).map(|t| (n.clone(), t.description().to_owned())))
+            .filter_map(|n| {
+                self.tools
+                    .get(n)
+                    .map(|t| (n.clone(), t.description().to_owned()))
+            })
             .collect();
         let max_items = self.max_items(&ctx.cfg);
         let refining = !ctx.items.is_empty();
-        let mut messages = vec![ChatMessage::system(prompts::planning_system(&ctx.cfg, &described, max_items))];
-        let skip = ctx.history.len().saturating_sub(self.settings.history_messages);
+        let mut messages = vec![ChatMessage::system(prompts::planning_system(
+            &ctx.cfg, &described, max_items,
+        ))];
+        let skip = ctx
+            .history
+            .len()
+            .saturating_sub(self.settings.history_messages);
         for m in ctx.history.iter().skip(skip) {
             match m.role {
                 MessageRole::User => messages.push(ChatMessage::user(m.content.clone())),
-                MessageRole::Assistant => messages.push(ChatMessage::assistant(Some(m.content.clone()), vec![])),
+                MessageRole::Assistant => {
+                    messages.push(ChatMessage::assistant(Some(m.content.clone()), vec![]))
+                }
                 _ => {}
             }
         }
@@ -385,13 +429,23 @@ impl Engine {
             existing_items: ctx
                 .items
                 .iter()
-                .map(|i| (i.id.to_string(), i.description.clone(), i.status.to_string()))
+                .map(|i| {
+                    (
+                        i.id.to_string(),
+                        i.description.clone(),
+                        i.status.to_string(),
+                    )
+                })
                 .collect(),
             max_items,
             ..Default::default()
         };
-        let frozen: Vec<TodoItem> =
-            ctx.items.iter().filter(|i| i.status != ItemStatus::Pending).cloned().collect();
+        let frozen: Vec<TodoItem> = ctx
+            .items
+            .iter()
+            .filter(|i| i.status != ItemStatus::Pending)
+            .cloned()
+            .collect();
 
         let mut attempt = 0;
         let (reply, valid) = loop {
@@ -443,7 +497,10 @@ impl Engine {
             }
         };
 
-        let mode = ctx.cfg.tool_validation_mode.unwrap_or(ToolValidationMode::Strict);
+        let mode = ctx
+            .cfg
+            .tool_validation_mode
+            .unwrap_or(ToolValidationMode::Strict);
         let diff = plan::merge(&ctx.items, &valid, mode);
         ctx.state.intent = Some(reply.intent.clone());
         ctx.state.title = Some(reply.title.clone());
@@ -461,8 +518,18 @@ impl Engine {
                 b.op(Op::UpsertItem(Box::new(it.clone())));
             }
         }
-        b.observe(ctx.obs(None, ObservationType::Intent, truncate(&reply.intent, 120), json!({"intent": reply.intent})));
-        b.observe(ctx.obs(None, ObservationType::Title, truncate(&reply.title, 120), json!({"title": reply.title})));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::Intent,
+            truncate(&reply.intent, 120),
+            json!({"intent": reply.intent}),
+        ));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::Title,
+            truncate(&reply.title, 120),
+            json!({"title": reply.title}),
+        ));
         if refining {
             b.observe(ctx.obs(None, ObservationType::PlanUpdate, "Plan refined", {
                 let mut c = diff.observation_content();
@@ -490,13 +557,19 @@ impl Engine {
     /// The item to work on: one already in progress (resumed), else the first pending item whose
     /// dependencies all completed.
     fn next_item(&self, ctx: &Ctx<'_>) -> Option<usize> {
-        if let Some(i) = ctx.items.iter().position(|i| i.status == ItemStatus::InProgress) {
+        if let Some(i) = ctx
+            .items
+            .iter()
+            .position(|i| i.status == ItemStatus::InProgress)
+        {
             return Some(i);
         }
         ctx.items.iter().position(|it| {
             it.status == ItemStatus::Pending
                 && it.dependencies.iter().all(|d| {
-                    ctx.items.iter().any(|o| &o.id == d && o.status == ItemStatus::Completed)
+                    ctx.items
+                        .iter()
+                        .any(|o| &o.id == d && o.status == ItemStatus::Completed)
                 })
         })
     }
@@ -509,13 +582,19 @@ impl Engine {
                     "- [{}] {}: {}\n",
                     it.id,
                     it.description,
-                    truncate(it.result.as_deref().unwrap_or(""), self.settings.step_output_chars)
+                    truncate(
+                        it.result.as_deref().unwrap_or(""),
+                        self.settings.step_output_chars
+                    )
                 )),
                 ItemStatus::Failed => s.push_str(&format!(
                     "- [{}] {}: FAILED ({})\n",
                     it.id,
                     it.description,
-                    it.error.as_ref().map(|e| e.message.as_str()).unwrap_or("unknown error")
+                    it.error
+                        .as_ref()
+                        .map(|e| e.message.as_str())
+                        .unwrap_or("unknown error")
                 )),
                 _ => {}
             }
@@ -539,7 +618,11 @@ impl Engine {
 
     /// Execute one item with its ReAct loop. `Some(end)` when the run must stop here (suspended).
     async fn execute_item(&self, ctx: &mut Ctx<'_>, idx: usize) -> Result<Option<RunEnd>, Halt> {
-        let max_iterations = ctx.cfg.max_iterations.unwrap_or(self.settings.max_iterations).max(1) as usize;
+        let max_iterations = ctx
+            .cfg
+            .max_iterations
+            .unwrap_or(self.settings.max_iterations)
+            .max(1) as usize;
         if ctx.items[idx].status == ItemStatus::Pending {
             let now = Utc::now();
             let it = &mut ctx.items[idx];
@@ -559,7 +642,9 @@ impl Engine {
 
         loop {
             ctx.check_signals()?;
-            let idx = ctx.item_idx(&item_id).expect("the running item is never removed");
+            let idx = ctx
+                .item_idx(&item_id)
+                .expect("the running item is never removed");
             // Tool calls of the last model turn that have no journaled result yet (the process
             // stopped while they ran): run them before asking the model again.
             let unanswered = unanswered_calls(&ctx.items[idx]);
@@ -648,7 +733,10 @@ impl Engine {
                         json!({"toolCallId": c.id, "name": c.name, "arguments": c.arguments}),
                     ));
                 }
-                b.op(Op::UpdateRun(RunUpdate { usage: Some(ctx.usage), ..Default::default() }));
+                b.op(Op::UpdateRun(RunUpdate {
+                    usage: Some(ctx.usage),
+                    ..Default::default()
+                }));
                 ctx.commit(b).await?;
                 continue;
             }
@@ -693,7 +781,10 @@ impl Engine {
                     json!({"itemId": item_id, "text": answer, "iteration": iteration,
                            "validation": {"missingTools": missing, "retry": ctx.items[idx].attempts - 1}}),
                 ));
-                b.op(Op::UpdateRun(RunUpdate { usage: Some(ctx.usage), ..Default::default() }));
+                b.op(Op::UpdateRun(RunUpdate {
+                    usage: Some(ctx.usage),
+                    ..Default::default()
+                }));
                 ctx.commit(b).await?;
                 continue;
             }
@@ -707,7 +798,10 @@ impl Engine {
                         self.settings.strict_retries
                     ),
                 };
-                return self.fail_item(ctx, &item_id, err, Some(answer)).await.map(|_| None);
+                return self
+                    .fail_item(ctx, &item_id, err, Some(answer))
+                    .await
+                    .map(|_| None);
             }
             it.validation_status = if it.required_tools.is_empty() {
                 ValidationStatus::Skipped
@@ -737,7 +831,10 @@ impl Engine {
                        "validationStatus": ctx.items[idx].validation_status}),
             ));
             b.observe(ctx.status_change(&ctx.items[idx], previous));
-            b.op(Op::UpdateRun(RunUpdate { usage: Some(ctx.usage), ..Default::default() }));
+            b.op(Op::UpdateRun(RunUpdate {
+                usage: Some(ctx.usage),
+                ..Default::default()
+            }));
             ctx.commit(b).await?;
             return Ok(None);
         }
@@ -770,12 +867,18 @@ impl Engine {
             s.push_str("Results of earlier items:\n");
             s.push_str(&outputs);
         }
-        s.push_str(&format!("\nYour item [{}]: {}\n", item.id, item.description));
+        s.push_str(&format!(
+            "\nYour item [{}]: {}\n",
+            item.id, item.description
+        ));
         if let Some(e) = &item.expected_outcome {
             s.push_str(&format!("Expected outcome: {e}\n"));
         }
         if !item.required_tools.is_empty() {
-            s.push_str(&format!("Required tools: {}\n", item.required_tools.join(", ")));
+            s.push_str(&format!(
+                "Required tools: {}\n",
+                item.required_tools.join(", ")
+            ));
         }
         s
     }
@@ -802,7 +905,10 @@ impl Engine {
                 name: call.name.clone(),
                 status: "error".into(),
                 output: Value::Null,
-                error: Some(format!("tool `{}` is not available for this item", call.name)),
+                error: Some(format!(
+                    "tool `{}` is not available for this item",
+                    call.name
+                )),
             }
         } else {
             let tctx = ToolContext {
@@ -810,7 +916,9 @@ impl Engine {
                 thread_id: ctx.thread_id.to_string(),
                 idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
             };
-            let outcome = ctx.guard(self.tools.invoke(&call.name, call.arguments.clone(), &tctx)).await?;
+            let outcome = ctx
+                .guard(self.tools.invoke(&call.name, call.arguments.clone(), &tctx))
+                .await?;
             match outcome.error {
                 None => ToolResultRecord {
                     tool_call_id: call.id.clone(),
@@ -828,7 +936,9 @@ impl Engine {
                 },
             }
         };
-        let idx = ctx.item_idx(item_id).expect("the running item is never removed");
+        let idx = ctx
+            .item_idx(item_id)
+            .expect("the running item is never removed");
         let it = &mut ctx.items[idx];
         it.actual_tool_calls.push(call.clone());
         it.conversation.push(ConversationMessage {
@@ -877,19 +987,38 @@ impl Engine {
             output: Value::Null,
             error: Some(msg),
         };
-        let list: Vec<PlannedItem> = match call.arguments.get("todoList").cloned().map(serde_json::from_value) {
+        let list: Vec<PlannedItem> = match call
+            .arguments
+            .get("todoList")
+            .cloned()
+            .map(serde_json::from_value)
+        {
             Some(Ok(l)) => l,
             Some(Err(e)) => return (err(format!("invalid todoList: {e}")), vec![], vec![]),
             None => return (err("missing `todoList`".into()), vec![], vec![]),
         };
-        let frozen: Vec<TodoItem> =
-            ctx.items.iter().filter(|i| i.status != ItemStatus::Pending).cloned().collect();
+        let frozen: Vec<TodoItem> = ctx
+            .items
+            .iter()
+            .filter(|i| i.status != ItemStatus::Pending)
+            .cloned()
+            .collect();
         let known = self.enabled_tools(&ctx.cfg);
-        let valid = match plan::validate(&list, &frozen, &known, self.max_items(&ctx.cfg) as usize) {
+        let valid = match plan::validate(&list, &frozen, &known, self.max_items(&ctx.cfg) as usize)
+        {
             Ok(v) => v,
-            Err(errors) => return (err(format!("plan not updated: {}", errors.join("; "))), vec![], vec![]),
+            Err(errors) => {
+                return (
+                    err(format!("plan not updated: {}", errors.join("; "))),
+                    vec![],
+                    vec![],
+                );
+            }
         };
-        let mode = ctx.cfg.tool_validation_mode.unwrap_or(ToolValidationMode::Strict);
+        let mode = ctx
+            .cfg
+            .tool_validation_mode
+            .unwrap_or(ToolValidationMode::Strict);
         let diff = plan::merge(&ctx.items, &valid, mode);
         ctx.items = diff.items.clone();
         let mut ops = Vec::new();
@@ -905,7 +1034,12 @@ impl Engine {
             "added": diff.added, "changed": diff.changed, "removed": diff.removed,
             "unchanged": diff.frozen,
         });
-        let obs = ctx.obs(None, ObservationType::PlanUpdate, "Plan updated", diff.observation_content());
+        let obs = ctx.obs(
+            None,
+            ObservationType::PlanUpdate,
+            "Plan updated",
+            diff.observation_content(),
+        );
         (
             ToolResultRecord {
                 tool_call_id: call.id.clone(),
@@ -947,7 +1081,10 @@ impl Engine {
             json!({"phase": "execute", "code": err.code, "message": err.message, "itemId": item_id}),
         ));
         b.observe(ctx.status_change(&ctx.items[idx], previous));
-        b.op(Op::UpdateRun(RunUpdate { usage: Some(ctx.usage), ..Default::default() }));
+        b.op(Op::UpdateRun(RunUpdate {
+            usage: Some(ctx.usage),
+            ..Default::default()
+        }));
         ctx.commit(b).await
     }
 
@@ -990,7 +1127,10 @@ impl Engine {
                 "cancelled": count(ItemStatus::Cancelled),
             }),
         ));
-        b.op(Op::UpdateRun(RunUpdate { phase: Some("synthesizing".into()), ..Default::default() }));
+        b.op(Op::UpdateRun(RunUpdate {
+            phase: Some("synthesizing".into()),
+            ..Default::default()
+        }));
         ctx.commit(b).await?;
         ctx.run.phase = "synthesizing".into();
         Ok(())
@@ -1006,7 +1146,10 @@ impl Engine {
         let req = ChatRequest {
             phase: Phase::Synthesize,
             model: ctx.model(),
-            messages: vec![ChatMessage::system(prompts::synthesis_system(&ctx.cfg)), ChatMessage::user(brief)],
+            messages: vec![
+                ChatMessage::system(prompts::synthesis_system(&ctx.cfg)),
+                ChatMessage::user(brief),
+            ],
             tools: vec![],
             response_format: Some(JsonSchemaFormat {
                 name: prompts::SYNTHESIS_SCHEMA_NAME.into(),
@@ -1023,7 +1166,11 @@ impl Engine {
             .await?
             .map_err(|e| llm_halt(e, None))?;
         ctx.usage.add(&resp.usage);
-        let response = value.get("response").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let response = value
+            .get("response")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
         let final_response = json!({
             "response": response,
             "sources": value.get("sources").cloned().unwrap_or_else(|| json!([])),
@@ -1042,7 +1189,12 @@ impl Engine {
             created_at: Utc::now(),
         }));
         b.op(Op::SetAgentState(ctx.state.clone()));
-        b.observe(ctx.obs(None, ObservationType::FinalResponse, "Final response", final_response.clone()));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::FinalResponse,
+            "Final response",
+            final_response.clone(),
+        ));
         let duration_ms = ctx
             .run
             .started_at
@@ -1067,7 +1219,12 @@ impl Engine {
         Ok(())
     }
 
-    async fn commit_failed(&self, ctx: &mut Ctx<'_>, err: ErrorInfo, item: Option<String>) -> Result<(), Halt> {
+    async fn commit_failed(
+        &self,
+        ctx: &mut Ctx<'_>,
+        err: ErrorInfo,
+        item: Option<String>,
+    ) -> Result<(), Halt> {
         warn!(run_id = %ctx.run.run_id, code = %err.code, message = %err.message, "run failed");
         let phase = match ctx.run.phase.as_str() {
             "planning" | "new" => "plan",
@@ -1094,7 +1251,12 @@ impl Engine {
             err.code.clone(),
             json!({"phase": phase, "code": err.code, "message": err.message}),
         ));
-        b.observe(ctx.obs(None, ObservationType::RunFailed, "Run failed", json!({"error": err, "usage": ctx.usage})));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::RunFailed,
+            "Run failed",
+            json!({"error": err, "usage": ctx.usage}),
+        ));
         b.op(Op::UpdateRun(RunUpdate {
             status: Some(RunStatus::Failed),
             usage: Some(ctx.usage),
@@ -1118,7 +1280,12 @@ impl Engine {
         }
         ctx.state.current_step_id = None;
         b.op(Op::SetAgentState(ctx.state.clone()));
-        b.observe(ctx.obs(None, ObservationType::RunCancelled, "Run cancelled", json!({"reason": "cancelled", "usage": ctx.usage})));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::RunCancelled,
+            "Run cancelled",
+            json!({"reason": "cancelled", "usage": ctx.usage}),
+        ));
         b.op(Op::UpdateRun(RunUpdate {
             status: Some(RunStatus::Cancelled),
             usage: Some(ctx.usage),
@@ -1149,23 +1316,31 @@ fn iterations_since_last_prompt(item: &TodoItem) -> usize {
 
 /// Calls of the item's last assistant turn that have no tool message yet.
 fn unanswered_calls(item: &TodoItem) -> Vec<ToolCallRecord> {
-    let Some(pos) = item.conversation.iter().rposition(|m| m.role == MessageRole::Assistant) else {
+    let Some(pos) = item
+        .conversation
+        .iter()
+        .rposition(|m| m.role == MessageRole::Assistant)
+    else {
         return vec![];
     };
     let turn = &item.conversation[pos];
     turn.tool_calls
         .iter()
         .filter(|c| {
-            !item.conversation[pos + 1..]
-                .iter()
-                .any(|m| m.role == MessageRole::Tool && m.tool_call_id.as_deref() == Some(c.id.as_str()))
+            !item.conversation[pos + 1..].iter().any(|m| {
+                m.role == MessageRole::Tool && m.tool_call_id.as_deref() == Some(c.id.as_str())
+            })
         })
         .cloned()
         .collect()
 }
 
 fn to_record(c: &ToolCall) -> ToolCallRecord {
-    ToolCallRecord { id: c.id.clone(), name: c.name.clone(), arguments: c.arguments.clone() }
+    ToolCallRecord {
+        id: c.id.clone(),
+        name: c.name.clone(),
+        arguments: c.arguments.clone(),
+    }
 }
 
 fn to_chat(m: &ConversationMessage) -> ChatMessage {
@@ -1174,7 +1349,11 @@ fn to_chat(m: &ConversationMessage) -> ChatMessage {
             m.content.clone(),
             m.tool_calls
                 .iter()
-                .map(|c| ToolCall { id: c.id.clone(), name: c.name.clone(), arguments: c.arguments.clone() })
+                .map(|c| ToolCall {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                })
                 .collect(),
         ),
         MessageRole::Tool => ChatMessage::tool(

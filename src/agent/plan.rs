@@ -112,7 +112,11 @@ pub fn validate(
                 errors.push(format!(
                     "item `{}` requires unknown tool `{t}` (available: {})",
                     p.id,
-                    if known_tools.is_empty() { "none".to_owned() } else { known_tools.join(", ") }
+                    if known_tools.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known_tools.join(", ")
+                    }
                 ));
             }
         }
@@ -122,10 +126,10 @@ pub fn validate(
                 errors.push(format!("item `{}` depends on itself", p.id));
             } else if !all_ids.contains(d.as_str()) {
                 errors.push(format!("item `{}` depends on unknown item `{d}`", p.id));
-            } else if let Ok(d) = ItemId::parse(d) {
-                if !deps.contains(&d) {
-                    deps.push(d);
-                }
+            } else if let Ok(d) = ItemId::parse(d)
+                && !deps.contains(&d)
+            {
+                deps.push(d);
             }
         }
         out.push(ValidItem {
@@ -140,14 +144,23 @@ pub fn validate(
     if let Some(cycle) = find_cycle(&out) {
         errors.push(format!("dependencies form a cycle: {}", cycle.join(" → ")));
     }
-    if errors.is_empty() { Ok(out) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
 }
 
 /// A dependency cycle among the items, as the ids along it, if there is one.
 fn find_cycle(items: &[ValidItem]) -> Option<Vec<String>> {
     let deps: HashMap<&str, Vec<&str>> = items
         .iter()
-        .map(|i| (i.id.as_str(), i.dependencies.iter().map(ItemId::as_str).collect()))
+        .map(|i| {
+            (
+                i.id.as_str(),
+                i.dependencies.iter().map(ItemId::as_str).collect(),
+            )
+        })
         .collect();
     // 0 = unvisited, 1 = on the stack, 2 = done
     let mut mark: HashMap<&str, u8> = HashMap::new();
@@ -338,7 +351,12 @@ mod tests {
     #[test]
     fn unknown_dependencies_cycles_and_bad_ids_are_all_reported() {
         let errs = validate(
-            &[p("a", &["b"]), p("b", &["a"]), p("c", &["zz"]), p("bad id", &[])],
+            &[
+                p("a", &["b"]),
+                p("b", &["a"]),
+                p("c", &["zz"]),
+                p("bad id", &[]),
+            ],
             &[],
             &[],
             10,
@@ -378,7 +396,11 @@ mod tests {
         assert_eq!(d.added, vec![ItemId::parse("c").unwrap()]);
         assert!(d.removed.is_empty());
         assert_eq!(d.frozen, vec![ItemId::parse("a").unwrap()]);
-        let d2 = merge(&d.items, &validate(&[p("a", &[])], &[], &[], 10).unwrap(), ToolValidationMode::Strict);
+        let d2 = merge(
+            &d.items,
+            &validate(&[p("a", &[])], &[], &[], 10).unwrap(),
+            ToolValidationMode::Strict,
+        );
         assert_eq!(d2.removed.len(), 2);
     }
 }

@@ -75,7 +75,10 @@ pub fn update_plan_parameters() -> Value {
     })
 }
 
-fn persona_line(cfg: &AgentConfig, pick: impl Fn(&crate::model::PersonaPrompts) -> Option<&String>) -> String {
+fn persona_line(
+    cfg: &AgentConfig,
+    pick: impl Fn(&crate::model::PersonaPrompts) -> Option<&String>,
+) -> String {
     let mut out = String::new();
     if let Some(sp) = &cfg.system_prompt {
         out.push_str(sp);

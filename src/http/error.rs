@@ -56,26 +56,39 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn thread_not_found() -> Self {
-        Self::NotFound { code: "thread_not_found", detail: "thread not found".into() }
+        Self::NotFound {
+            code: "thread_not_found",
+            detail: "thread not found".into(),
+        }
     }
     pub fn run_not_found() -> Self {
-        Self::NotFound { code: "run_not_found", detail: "run not found".into() }
+        Self::NotFound {
+            code: "run_not_found",
+            detail: "run not found".into(),
+        }
     }
     pub fn suspension_not_found() -> Self {
-        Self::NotFound { code: "suspension_not_found", detail: "suspension not found".into() }
+        Self::NotFound {
+            code: "suspension_not_found",
+            detail: "suspension not found".into(),
+        }
     }
 
     fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request", "Bad request"),
-            Self::Validation(_) => {
-                (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "Invalid request")
-            }
+            Self::Validation(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "validation_failed",
+                "Invalid request",
+            ),
             Self::NotFound { code, .. } => (StatusCode::NOT_FOUND, code, "Not found"),
             Self::Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
-            Self::PayloadTooLarge => {
-                (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "Payload too large")
-            }
+            Self::PayloadTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "Payload too large",
+            ),
             Self::UnsupportedMediaType(_) => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
@@ -83,15 +96,21 @@ impl ApiError {
             ),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
             Self::RouteNotFound(_) => (StatusCode::NOT_FOUND, "route_not_found", "Not found"),
-            Self::MethodNotAllowed(_) => {
-                (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed")
-            }
-            Self::Unavailable(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable")
-            }
-            Self::Internal(_) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "Internal server error")
-            }
+            Self::MethodNotAllowed(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "Method not allowed",
+            ),
+            Self::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Service unavailable",
+            ),
+            Self::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                "Internal server error",
+            ),
         }
     }
 }
@@ -144,7 +163,10 @@ impl From<StoreError> for ApiError {
                     "the thread has an active run ({active_run}) and multitaskStrategy is `reject`"
                 ),
             },
-            StoreError::Conflict(detail) => Self::Conflict { code: "conflict", detail },
+            StoreError::Conflict(detail) => Self::Conflict {
+                code: "conflict",
+                detail,
+            },
             other => Self::Internal(other.to_string()),
         }
     }
@@ -211,9 +233,9 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(Self(v)),
-            Err(QueryRejection::FailedToDeserializeQueryString(e)) => {
-                Err(ApiError::Validation(format!("invalid query string: {}", e.body_text())))
-            }
+            Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(ApiError::Validation(
+                format!("invalid query string: {}", e.body_text()),
+            )),
             Err(e) => Err(ApiError::BadRequest(e.body_text())),
         }
     }
@@ -233,9 +255,10 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Path::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Path(v)) => Ok(Self(v)),
-            Err(PathRejection::FailedToDeserializePathParams(e)) => {
-                Err(ApiError::NotFound { code: "not_found", detail: e.body_text() })
-            }
+            Err(PathRejection::FailedToDeserializePathParams(e)) => Err(ApiError::NotFound {
+                code: "not_found",
+                detail: e.body_text(),
+            }),
             Err(e) => Err(ApiError::BadRequest(e.body_text())),
         }
     }

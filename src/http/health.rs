@@ -37,7 +37,10 @@ pub struct Health {
 #[utoipa::path(get, path = "/healthz", tag = "health", security(()),
     responses((status = 200, description = "Alive", body = Health)))]
 pub async fn healthz() -> AppJson<Health> {
-    AppJson(Health { status: "ok".into(), store: None })
+    AppJson(Health {
+        status: "ok".into(),
+        store: None,
+    })
 }
 
 /// Readiness: the store is reachable and migrated.
@@ -50,8 +53,15 @@ pub async fn readyz(State(state): State<AppState>) -> Result<AppJson<Health>, Ap
     if state.shutdown.is_cancelled() {
         return Err(ApiError::Unavailable("shutting down".into()));
     }
-    state.store.ready().await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    Ok(AppJson(Health { status: "ok".into(), store: Some(state.store.backend().into()) }))
+    state
+        .store
+        .ready()
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    Ok(AppJson(Health {
+        status: "ok".into(),
+        store: Some(state.store.backend().into()),
+    }))
 }
 
 /// Prometheus text-format metrics.
@@ -61,16 +71,51 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = &state.metrics;
     let mut out = String::new();
     let mut counter = |name: &str, help: &str, v: u64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
     };
-    counter("pes_runs_claimed_total", "Runs claimed by this process.", m.runs_claimed.load(Ordering::Relaxed));
-    counter("pes_runs_completed_total", "Runs completed here.", m.runs_completed.load(Ordering::Relaxed));
-    counter("pes_runs_failed_total", "Runs failed here.", m.runs_failed.load(Ordering::Relaxed));
-    counter("pes_runs_cancelled_total", "Runs cancelled here.", m.runs_cancelled.load(Ordering::Relaxed));
-    counter("pes_runs_suspended_total", "Runs suspended here.", m.runs_suspended.load(Ordering::Relaxed));
-    counter("pes_runs_released_total", "Runs released, lost or stopped here.", m.runs_released.load(Ordering::Relaxed));
-    counter("pes_leases_lost_total", "Leases lost to another worker.", m.leases_lost.load(Ordering::Relaxed));
-    counter("pes_commits_total", "Run state commits.", m.commits.load(Ordering::Relaxed));
+    counter(
+        "pes_runs_claimed_total",
+        "Runs claimed by this process.",
+        m.runs_claimed.load(Ordering::Relaxed),
+    );
+    counter(
+        "pes_runs_completed_total",
+        "Runs completed here.",
+        m.runs_completed.load(Ordering::Relaxed),
+    );
+    counter(
+        "pes_runs_failed_total",
+        "Runs failed here.",
+        m.runs_failed.load(Ordering::Relaxed),
+    );
+    counter(
+        "pes_runs_cancelled_total",
+        "Runs cancelled here.",
+        m.runs_cancelled.load(Ordering::Relaxed),
+    );
+    counter(
+        "pes_runs_suspended_total",
+        "Runs suspended here.",
+        m.runs_suspended.load(Ordering::Relaxed),
+    );
+    counter(
+        "pes_runs_released_total",
+        "Runs released, lost or stopped here.",
+        m.runs_released.load(Ordering::Relaxed),
+    );
+    counter(
+        "pes_leases_lost_total",
+        "Leases lost to another worker.",
+        m.leases_lost.load(Ordering::Relaxed),
+    );
+    counter(
+        "pes_commits_total",
+        "Run state commits.",
+        m.commits.load(Ordering::Relaxed),
+    );
     let _ = writeln!(
         out,
         "# HELP pes_runs_in_flight Runs this process drives now.\n# TYPE pes_runs_in_flight gauge\npes_runs_in_flight {}",
@@ -102,10 +147,16 @@ pub fn document_extra_routes(api: &mut utoipa::openapi::OpenApi) {
     };
     api.paths.paths.insert(
         "/openapi.json".into(),
-        PathItem::new(HttpMethod::Get, op("This OpenAPI document", "application/json")),
+        PathItem::new(
+            HttpMethod::Get,
+            op("This OpenAPI document", "application/json"),
+        ),
     );
     api.paths.paths.insert(
         "/docs".into(),
-        PathItem::new(HttpMethod::Get, op("Browsable API documentation", "text/html")),
+        PathItem::new(
+            HttpMethod::Get,
+            op("Browsable API documentation", "text/html"),
+        ),
     );
 }

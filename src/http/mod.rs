@@ -78,7 +78,10 @@ async fn authenticate(State(state): State<AppState>, mut req: Request, next: Nex
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim);
     match key.and_then(|k| state.api_keys.get(k)) {
         Some(tenant) => {
@@ -104,7 +107,7 @@ pub fn encode_cursor(created_at: DateTime<Utc>, id: &str) -> String {
 /// 422 when the cursor was not made by [`encode_cursor`].
 pub fn decode_cursor(cursor: &str) -> Result<PageCursor, ApiError> {
     let bad = || ApiError::Validation("invalid cursor".into());
-    if cursor.len() % 2 != 0 || cursor.len() > 1024 {
+    if !cursor.len().is_multiple_of(2) || cursor.len() > 1024 {
         return Err(bad());
     }
     let bytes: Result<Vec<u8>, _> = (0..cursor.len())
@@ -115,7 +118,10 @@ pub fn decode_cursor(cursor: &str) -> Result<PageCursor, ApiError> {
     let (micros, id) = text.split_once(':').ok_or_else(bad)?;
     let micros: i64 = micros.parse().map_err(|_| bad())?;
     let created_at = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
-    Ok(PageCursor { created_at, id: id.to_owned() })
+    Ok(PageCursor {
+        created_at,
+        id: id.to_owned(),
+    })
 }
 
 /// Page size from a `limit` parameter: 1..=200, default 50.
@@ -123,7 +129,9 @@ pub fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
     match limit {
         None => Ok(50),
         Some(n) if (1..=200).contains(&n) => Ok(n),
-        Some(_) => Err(ApiError::Validation("limit must be between 1 and 200".into())),
+        Some(_) => Err(ApiError::Validation(
+            "limit must be between 1 and 200".into(),
+        )),
     }
 }
 
@@ -187,8 +195,14 @@ async fn method_not_allowed(req: Request) -> ApiError {
 
 /// The whole HTTP surface. Pure: builds routes, does no I/O.
 pub fn router(state: AppState) -> Router {
-    let v1 = v1_routes().layer(axum::middleware::from_fn_with_state(state.clone(), authenticate));
-    let (router, _) = OpenApiRouter::new().merge(v1).merge(health::router()).split_for_parts();
+    let v1 = v1_routes().layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        authenticate,
+    ));
+    let (router, _) = OpenApiRouter::new()
+        .merge(v1)
+        .merge(health::router())
+        .split_for_parts();
     let api = openapi();
     let max_body = state.config.max_body_bytes;
     router
@@ -196,15 +210,13 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(
-            TraceLayer::new_for_http().make_span_with(|req: &Request| {
-                let route = req
-                    .extensions()
-                    .get::<axum::extract::MatchedPath>()
-                    .map(|p| p.as_str().to_owned())
-                    .unwrap_or_else(|| "unmatched".into());
-                tracing::info_span!("request", method = %req.method(), route = %route)
-            }),
-        )
+        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
+            let route = req
+                .extensions()
+                .get::<axum::extract::MatchedPath>()
+                .map(|p| p.as_str().to_owned())
+                .unwrap_or_else(|| "unmatched".into());
+            tracing::info_span!("request", method = %req.method(), route = %route)
+        }))
         .with_state(state)
 }

@@ -77,11 +77,15 @@ async fn enqueue(
     if let Some(k) = &body.idempotency_key
         && (k.is_empty() || k.len() > 256)
     {
-        return Err(ApiError::Validation("idempotencyKey must be 1 to 256 characters".into()));
+        return Err(ApiError::Validation(
+            "idempotencyKey must be 1 to 256 characters".into(),
+        ));
     }
     let config = body.config.unwrap_or_default();
     check_config(state, &config)?;
-    let strategy = body.multitask_strategy.unwrap_or(MultitaskStrategy::Enqueue);
+    let strategy = body
+        .multitask_strategy
+        .unwrap_or(MultitaskStrategy::Enqueue);
     let created = state
         .store
         .create_run(NewRun {
@@ -98,7 +102,10 @@ async fn enqueue(
     if created.created && strategy == MultitaskStrategy::Interrupt {
         // The store flagged the running run; if this process drives it, stop it now rather than
         // at its next heartbeat.
-        let runs = state.store.list_runs(&created.run.tenant, &created.run.thread_id, 20, None).await?;
+        let runs = state
+            .store
+            .list_runs(&created.run.tenant, &created.run.thread_id, 20, None)
+            .await?;
         for r in runs.unwrap_or_default() {
             if r.status == RunStatus::Running && r.run_id != created.run.run_id {
                 state.runs.cancel(r.run_id);
@@ -151,7 +158,11 @@ pub async fn create_run(
         };
         return Ok(observation_sse(&state, spec).into_response());
     }
-    let status = if created { StatusCode::ACCEPTED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, AppJson(run)).into_response())
 }
 
@@ -209,7 +220,9 @@ pub async fn wait_run(
 ) -> Result<AppJson<Run>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
     let (run, _) = enqueue(&state, tenant.clone(), id.clone(), body).await?;
-    Ok(AppJson(wait_for_run(&state, &tenant, &id, run.run_id).await?))
+    Ok(AppJson(
+        wait_for_run(&state, &tenant, &id, run.run_id).await?,
+    ))
 }
 
 /// List a thread's runs, newest first.
@@ -235,7 +248,9 @@ pub async fn list_runs(
         .ok_or_else(ApiError::thread_not_found)?;
     let next_cursor = if items.len() > limit as usize {
         items.truncate(limit as usize);
-        items.last().map(|r| encode_cursor(r.created_at, &r.run_id.to_string()))
+        items
+            .last()
+            .map(|r| encode_cursor(r.created_at, &r.run_id.to_string()))
     } else {
         None
     };
@@ -260,7 +275,11 @@ pub async fn get_run(
 ) -> Result<AppJson<Run>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
     let run_id = parse_run_id(&run_id)?;
-    let run = state.store.get_run(&tenant, &id, run_id).await?.ok_or_else(ApiError::run_not_found)?;
+    let run = state
+        .store
+        .get_run(&tenant, &id, run_id)
+        .await?
+        .ok_or_else(ApiError::run_not_found)?;
     Ok(AppJson(run))
 }
 
@@ -288,4 +307,3 @@ pub async fn cancel_run(
     state.worker_wake.notify_one();
     Ok((StatusCode::ACCEPTED, AppJson(cancelled.run)))
 }
-

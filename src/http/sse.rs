@@ -30,7 +30,9 @@ use crate::model::{Observation, ObservationType, ThreadId};
 use crate::store::ObservationQuery;
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_observations)).routes(routes!(events))
+    OpenApiRouter::new()
+        .routes(routes!(list_observations))
+        .routes(routes!(events))
 }
 
 /// Rows read from the table per query while replaying.
@@ -53,7 +55,10 @@ pub struct StreamSpec {
 impl StreamSpec {
     fn matches(&self, o: &Observation) -> bool {
         self.types.as_ref().is_none_or(|t| t.contains(&o.kind))
-            && self.parent_id.as_ref().is_none_or(|p| o.parent_id.as_ref() == Some(p))
+            && self
+                .parent_id
+                .as_ref()
+                .is_none_or(|p| o.parent_id.as_ref() == Some(p))
             && self.run_id.is_none_or(|r| o.run_id == Some(r))
     }
 
@@ -87,7 +92,11 @@ impl Producer {
         if self.spec.matches(o) && self.tx.send(to_event(o)).await.is_err() {
             return Flow::Stop;
         }
-        if self.spec.ends_with(o) { Flow::Stop } else { Flow::Continue }
+        if self.spec.ends_with(o) {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
     }
 
     /// Deliver everything after `last` from the table. `seen` is a `seq` known to be committed
@@ -101,7 +110,12 @@ impl Producer {
                 parent_id: self.spec.parent_id.clone(),
                 run_id: self.spec.run_id,
             };
-            let page = match self.state.store.list_observations(&self.spec.tenant, &self.spec.thread_id, &query).await {
+            let page = match self
+                .state
+                .store
+                .list_observations(&self.spec.tenant, &self.spec.thread_id, &query)
+                .await
+            {
                 Ok(Some(p)) => p,
                 Ok(None) => return Flow::Stop, // the thread was deleted
                 Err(e) => {
@@ -160,10 +174,16 @@ pub fn observation_sse(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
     let (tx, rx) = mpsc::channel(64);
     let bus_rx = state.bus.subscribe(&spec.tenant, &spec.thread_id);
-    let producer = Producer { state: state.clone(), last: spec.after, spec, tx };
+    let producer = Producer {
+        state: state.clone(),
+        last: spec.after,
+        spec,
+        tx,
+    };
     state.tracker.spawn(producer.run(bus_rx));
     let keepalive = Duration::from_secs(state.config.sse_keepalive_seconds.max(1));
-    Sse::new(ReceiverStream::new(rx).map(Ok)).keep_alive(KeepAlive::new().interval(keepalive).text("keep-alive"))
+    Sse::new(ReceiverStream::new(rx).map(Ok))
+        .keep_alive(KeepAlive::new().interval(keepalive).text("keep-alive"))
 }
 
 fn parse_types(raw: Option<&str>) -> Result<Option<Vec<ObservationType>>, ApiError> {
@@ -171,7 +191,11 @@ fn parse_types(raw: Option<&str>) -> Result<Option<Vec<ObservationType>>, ApiErr
         return Ok(None);
     };
     raw.split(',')
-        .map(|t| t.trim().parse::<ObservationType>().map_err(ApiError::Validation))
+        .map(|t| {
+            t.trim()
+                .parse::<ObservationType>()
+                .map_err(ApiError::Validation)
+        })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }
@@ -210,7 +234,11 @@ pub async fn list_observations(
     let limit = match params.limit {
         None => 100,
         Some(n) if (1..=1000).contains(&n) => n,
-        Some(_) => return Err(ApiError::Validation("limit must be between 1 and 1000".into())),
+        Some(_) => {
+            return Err(ApiError::Validation(
+                "limit must be between 1 and 1000".into(),
+            ));
+        }
     };
     let after = params.after.unwrap_or(0);
     if after < 0 {
@@ -276,7 +304,9 @@ pub async fn events(
                 .ok()
                 .and_then(|s| s.trim().parse::<i64>().ok())
                 .filter(|n| *n >= 0)
-                .ok_or_else(|| ApiError::Validation("Last-Event-ID must be a seq (an integer ≥ 0)".into()))?,
+                .ok_or_else(|| {
+                    ApiError::Validation("Last-Event-ID must be a seq (an integer ≥ 0)".into())
+                })?,
         ),
         None => None,
     };
@@ -284,7 +314,11 @@ pub async fn events(
         return Err(ApiError::Validation("after must not be negative".into()));
     }
     let types = parse_types(params.types.as_deref())?;
-    state.store.get_thread(&tenant, &id).await?.ok_or_else(ApiError::thread_not_found)?;
+    state
+        .store
+        .get_thread(&tenant, &id)
+        .await?
+        .ok_or_else(ApiError::thread_not_found)?;
     let spec = StreamSpec {
         tenant,
         thread_id: id,

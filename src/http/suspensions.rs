@@ -12,7 +12,9 @@ use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, par
 use crate::model::Suspension;
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_suspensions)).routes(routes!(get_suspension))
+    OpenApiRouter::new()
+        .routes(routes!(list_suspensions))
+        .routes(routes!(get_suspension))
 }
 
 /// Filter of the suspension list.
@@ -51,7 +53,10 @@ pub async fn list_suspensions(
         .list_suspensions(&tenant, &id, all)
         .await?
         .ok_or_else(ApiError::thread_not_found)?;
-    Ok(AppJson(Page { items, next_cursor: None }))
+    Ok(AppJson(Page {
+        items,
+        next_cursor: None,
+    }))
 }
 
 /// Read one suspension.

@@ -102,7 +102,10 @@ pub(crate) fn check_config(state: &AppState, cfg: &AgentConfig) -> Result<(), Ap
         )));
     }
     let known = state.engine.tools().names();
-    for (field, list) in [("tools", &cfg.tools), ("requireApproval", &cfg.require_approval)] {
+    for (field, list) in [
+        ("tools", &cfg.tools),
+        ("requireApproval", &cfg.require_approval),
+    ] {
         for name in list.iter().flatten() {
             if !known.contains(name) {
                 return Err(ApiError::Validation(format!(
@@ -118,7 +121,9 @@ pub(crate) fn check_config(state: &AppState, cfg: &AgentConfig) -> Result<(), Ap
 fn check_metadata(metadata: &Option<Value>) -> Result<(), ApiError> {
     match metadata {
         Some(Value::Object(_)) | None => Ok(()),
-        Some(_) => Err(ApiError::Validation("metadata must be a JSON object".into())),
+        Some(_) => Err(ApiError::Validation(
+            "metadata must be a JSON object".into(),
+        )),
     }
 }
 
@@ -138,8 +143,13 @@ pub async fn create_thread(
     let config = body.config.unwrap_or_default();
     check_config(&state, &config)?;
     let id = body.thread_id.unwrap_or_else(ThreadId::generate);
-    let metadata = body.metadata.unwrap_or_else(|| Value::Object(Default::default()));
-    let thread = state.store.create_thread(&tenant, &id, metadata, config).await?;
+    let metadata = body
+        .metadata
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    let thread = state
+        .store
+        .create_thread(&tenant, &id, metadata, config)
+        .await?;
     Ok((StatusCode::CREATED, AppJson(thread)))
 }
 
@@ -153,10 +163,15 @@ pub async fn list_threads(
 ) -> Result<AppJson<Page<Thread>>, ApiError> {
     let limit = page_limit(params.limit)?;
     let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
-    let mut items = state.store.list_threads(&tenant, limit + 1, cursor.as_ref()).await?;
+    let mut items = state
+        .store
+        .list_threads(&tenant, limit + 1, cursor.as_ref())
+        .await?;
     let next_cursor = if items.len() > limit as usize {
         items.truncate(limit as usize);
-        items.last().map(|t| encode_cursor(t.created_at, t.thread_id.as_str()))
+        items
+            .last()
+            .map(|t| encode_cursor(t.created_at, t.thread_id.as_str()))
     } else {
         None
     };
@@ -176,7 +191,11 @@ pub async fn get_thread(
     AppPath(thread_id): AppPath<String>,
 ) -> Result<AppJson<Thread>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
-    let thread = state.store.get_thread(&tenant, &id).await?.ok_or_else(ApiError::thread_not_found)?;
+    let thread = state
+        .store
+        .get_thread(&tenant, &id)
+        .await?
+        .ok_or_else(ApiError::thread_not_found)?;
     Ok(AppJson(thread))
 }
 
@@ -199,9 +218,15 @@ pub async fn patch_thread(
     if let Some(cfg) = &body.config {
         check_config(&state, cfg)?;
     }
-    let patch = ThreadPatch { metadata: body.metadata, config: body.config };
-    let thread =
-        state.store.update_thread(&tenant, &id, patch).await?.ok_or_else(ApiError::thread_not_found)?;
+    let patch = ThreadPatch {
+        metadata: body.metadata,
+        config: body.config,
+    };
+    let thread = state
+        .store
+        .update_thread(&tenant, &id, patch)
+        .await?
+        .ok_or_else(ApiError::thread_not_found)?;
     Ok(AppJson(thread))
 }
 
@@ -238,17 +263,26 @@ pub async fn get_state(
     AppPath(thread_id): AppPath<String>,
 ) -> Result<AppJson<AgentStateView>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
-    let snap =
-        state.store.agent_snapshot(&tenant, &id).await?.ok_or_else(ApiError::thread_not_found)?;
+    let snap = state
+        .store
+        .agent_snapshot(&tenant, &id)
+        .await?
+        .ok_or_else(ApiError::thread_not_found)?;
     let step_outputs = snap
         .items
         .iter()
         .filter(|i| i.status == ItemStatus::Completed)
-        .map(|i| (i.id.to_string(), Value::String(i.result.clone().unwrap_or_default())))
+        .map(|i| {
+            (
+                i.id.to_string(),
+                Value::String(i.result.clone().unwrap_or_default()),
+            )
+        })
         .collect();
-    let suspension = snap.pending_suspension.as_ref().map(|s| {
-        serde_json::to_value(s).unwrap_or(Value::Null)
-    });
+    let suspension = snap
+        .pending_suspension
+        .as_ref()
+        .map(|s| serde_json::to_value(s).unwrap_or(Value::Null));
     Ok(AppJson(AgentStateView {
         thread_id: id,
         intent: snap.state.intent,
@@ -287,7 +321,9 @@ pub async fn list_messages(
         .ok_or_else(ApiError::thread_not_found)?;
     let next_cursor = if items.len() > limit as usize {
         items.truncate(limit as usize);
-        items.last().map(|m| encode_cursor(m.created_at, &m.id.to_string()))
+        items
+            .last()
+            .map(|m| encode_cursor(m.created_at, &m.id.to_string()))
     } else {
         None
     };

@@ -86,7 +86,9 @@ pub fn fresh_sqlite_url() -> String {
 /// A migrated [`SqliteStore`] on a fresh file; keep the guard alive as long as the store.
 pub async fn sqlite_store() -> (SqliteStore, TempDir) {
     let (url, dir) = fresh_sqlite_location();
-    let store = SqliteStore::connect(&url).await.expect("open the test database");
+    let store = SqliteStore::connect(&url)
+        .await
+        .expect("open the test database");
     store.migrate().await.expect("migrate");
     (store, dir)
 }

@@ -68,11 +68,16 @@ impl FakeLlm {
         let inner = Arc::new(Mutex::new(Inner::default()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = Router::new().route("/v1/chat/completions", post(handle)).with_state(inner.clone());
+        let app = Router::new()
+            .route("/v1/chat/completions", post(handle))
+            .with_state(inner.clone());
         tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
-        FakeLlm { url: format!("http://{addr}/v1"), inner }
+        FakeLlm {
+            url: format!("http://{addr}/v1"),
+            inner,
+        }
     }
 
     /// Queue a reply for the next request of `phase` (`plan`, `execute`, `synthesis`).
@@ -94,7 +99,10 @@ impl FakeLlm {
 
     /// Requests of one phase.
     pub fn requests_of(&self, phase: &str) -> Vec<Value> {
-        self.requests().into_iter().filter(|r| phase_of(r) == phase).collect()
+        self.requests()
+            .into_iter()
+            .filter(|r| phase_of(r) == phase)
+            .collect()
     }
 }
 
@@ -121,15 +129,25 @@ fn default_reply(phase: &str, req: &Value) -> Reply {
             ("s1", "Compute 2+2", &["calculator"], &[]),
             ("s2", "Explain the result", &[], &["s1"]),
         ]),
-        "synthesis" => Reply::Json(json!({"response": "final answer", "sources": [], "suggestions": ["ask again"]})),
+        "synthesis" => Reply::Json(
+            json!({"response": "final answer", "sources": [], "suggestions": ["ask again"]}),
+        ),
         _ => {
             let messages = req["messages"].as_array().cloned().unwrap_or_default();
             let last = messages.last().cloned().unwrap_or(Value::Null);
             if last["role"] == "tool" {
-                return Reply::Text(format!("tool said {}", last["content"].as_str().unwrap_or("")));
+                return Reply::Text(format!(
+                    "tool said {}",
+                    last["content"].as_str().unwrap_or("")
+                ));
             }
-            let brief = messages.get(1).map(|m| m["content"].as_str().unwrap_or("").to_owned()).unwrap_or_default();
-            let has_calc = req["tools"].as_array().is_some_and(|t| t.iter().any(|t| t["function"]["name"] == "calculator"));
+            let brief = messages
+                .get(1)
+                .map(|m| m["content"].as_str().unwrap_or("").to_owned())
+                .unwrap_or_default();
+            let has_calc = req["tools"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == "calculator"));
             if has_calc && brief.contains("Required tools: calculator") {
                 Reply::ToolCalls(vec![("calculator".into(), json!({"expression": "2+2"}))])
             } else {
@@ -140,7 +158,11 @@ fn default_reply(phase: &str, req: &Value) -> Reply {
 }
 
 fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
-    let finish = if tool_calls.is_empty() { "stop" } else { "tool_calls" };
+    let finish = if tool_calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
     let mut message = json!({"role": "assistant", "content": content});
     if !tool_calls.is_empty() {
         message["tool_calls"] = Value::Array(tool_calls);
@@ -164,7 +186,10 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) 
             "synthesis" => &mut g.synthesis,
             _ => &mut g.execute,
         };
-        (q.pop_front().unwrap_or_else(|| default_reply(phase, &req)), g.calls)
+        (
+            q.pop_front().unwrap_or_else(|| default_reply(phase, &req)),
+            g.calls,
+        )
     };
     render(reply, n).await
 }
@@ -182,11 +207,13 @@ async fn render(reply: Reply, n: u64) -> Response {
             let calls = calls
                 .into_iter()
                 .enumerate()
-                .map(|(i, (name, args))| json!({
-                    "id": format!("call_{n}_{i}"),
-                    "type": "function",
-                    "function": {"name": name, "arguments": args.to_string()}
-                }))
+                .map(|(i, (name, args))| {
+                    json!({
+                        "id": format!("call_{n}_{i}"),
+                        "type": "function",
+                        "function": {"name": name, "arguments": args.to_string()}
+                    })
+                })
                 .collect();
             Json(completion(None, calls)).into_response()
         }

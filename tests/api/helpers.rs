@@ -25,7 +25,6 @@ pub struct TestApp {
     pub client: reqwest::Client,
     pub token: CancellationToken,
     pub handle: tokio::task::JoinHandle<anyhow::Result<()>>,
-    pub database_url: String,
 }
 
 /// A config for tests: port 0, the fake LLM (or offline), fast polling.
@@ -67,7 +66,11 @@ pub async fn spawn(backend: Backend, llm: Option<&FakeLlm>) -> TestApp {
     spawn_with(backend, llm, |_| {}).await
 }
 
-pub async fn spawn_with(backend: Backend, llm: Option<&FakeLlm>, tweak: impl FnOnce(&mut Config)) -> TestApp {
+pub async fn spawn_with(
+    backend: Backend,
+    llm: Option<&FakeLlm>,
+    tweak: impl FnOnce(&mut Config),
+) -> TestApp {
     let url = database_url(backend).await;
     let mut config = test_config(&url, llm);
     tweak(&mut config);
@@ -75,17 +78,18 @@ pub async fn spawn_with(backend: Backend, llm: Option<&FakeLlm>, tweak: impl FnO
 }
 
 pub async fn spawn_config(config: Config) -> TestApp {
-    let database_url = config.database_url.clone();
     let app = App::build(config).await.expect("app builds");
     let base = format!("http://127.0.0.1:{}", app.port());
     let token = app.shutdown_token();
     let handle = tokio::spawn(app.run_until_stopped());
     TestApp {
         base,
-        client: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap(),
         token,
         handle,
-        database_url,
     }
 }
 
@@ -95,7 +99,13 @@ impl TestApp {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self.client.post(self.url(path)).json(&body).send().await.unwrap();
+        let r = self
+            .client
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         read(r).await
     }
 
@@ -113,8 +123,12 @@ impl TestApp {
 
     /// Post a query and wait for the run to end or suspend.
     pub async fn run_wait(&self, thread: &str, query: &str) -> Value {
-        let (status, run) =
-            self.post(&format!("/v1/threads/{thread}/runs/wait"), serde_json::json!({"query": query})).await;
+        let (status, run) = self
+            .post(
+                &format!("/v1/threads/{thread}/runs/wait"),
+                serde_json::json!({"query": query}),
+            )
+            .await;
         assert_eq!(status, 200, "{run}");
         run
     }
@@ -124,7 +138,11 @@ impl TestApp {
         let mut out = Vec::new();
         let mut after = 0;
         loop {
-            let (status, page) = self.get(&format!("/v1/threads/{thread}/observations?after={after}&limit=1000")).await;
+            let (status, page) = self
+                .get(&format!(
+                    "/v1/threads/{thread}/observations?after={after}&limit=1000"
+                ))
+                .await;
             assert_eq!(status, 200, "{page}");
             let items = page["items"].as_array().unwrap().clone();
             out.extend(items);
@@ -137,14 +155,24 @@ impl TestApp {
     }
 
     /// Poll a run until `pred` holds, with a deadline (never a bare sleep).
-    pub async fn wait_run(&self, thread: &str, run_id: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    pub async fn wait_run(
+        &self,
+        thread: &str,
+        run_id: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let (_, run) = self.get(&format!("/v1/threads/{thread}/runs/{run_id}")).await;
+            let (_, run) = self
+                .get(&format!("/v1/threads/{thread}/runs/{run_id}"))
+                .await;
             if pred(&run) {
                 return run;
             }
-            assert!(tokio::time::Instant::now() < deadline, "run never reached the condition: {run}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "run never reached the condition: {run}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -180,9 +208,18 @@ pub struct SseReader {
 impl SseReader {
     pub fn new(r: reqwest::Response) -> Self {
         assert_eq!(r.status().as_u16(), 200);
-        let ct = r.headers().get("content-type").unwrap().to_str().unwrap().to_owned();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
         assert!(ct.starts_with("text/event-stream"), "{ct}");
-        Self { stream: r.bytes_stream().boxed(), buf: String::new() }
+        Self {
+            stream: r.bytes_stream().boxed(),
+            buf: String::new(),
+        }
     }
 
     /// The next frame, or None at the end of the stream; panics after `timeout`.
@@ -220,7 +257,10 @@ impl SseReader {
     pub async fn until(&mut self, until: &str) -> Vec<Value> {
         let mut out = Vec::new();
         loop {
-            let f = self.next(Duration::from_secs(30)).await.unwrap_or_else(|| panic!("stream ended before {until}"));
+            let f = self
+                .next(Duration::from_secs(30))
+                .await
+                .unwrap_or_else(|| panic!("stream ended before {until}"));
             if f.comment {
                 continue;
             }

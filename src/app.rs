@@ -50,7 +50,8 @@ pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Ar
                 .context("opening the SQLite store")?,
         ))
     } else {
-        anyhow::bail!("PES_DATABASE_URL must start with postgres:// or sqlite:// (got `{url}`)")
+        let scheme = url.split(':').next().unwrap_or_default();
+        anyhow::bail!("PES_DATABASE_URL must start with postgres:// or sqlite:// (got a `{scheme}:` URL)")
     }
 }
 

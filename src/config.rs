@@ -25,6 +25,8 @@ pub enum Command {
     Migrate,
     /// Print the OpenAPI document and exit.
     Openapi,
+    /// Exit 0 when the server on `PES_BIND` answers `/healthz` (for container health checks).
+    Healthcheck,
 }
 
 /// Which model provider serves runs.
@@ -153,10 +155,36 @@ pub struct Config {
     pub log: Option<String>,
 }
 
+impl Cli {
+    /// Parse flags and environment, treating empty variables as unset (as compose files write
+    /// them).
+    pub fn parse_normalized() -> Self {
+        let mut cli = Cli::parse();
+        cli.config = cli.config.normalized();
+        cli
+    }
+}
+
 impl Config {
     /// Parse from the process's environment only (no flags); for tests and embedding.
     pub fn from_env() -> Self {
-        Cli::parse_from(["pes-server"]).config
+        Cli::parse_from(["pes-server"]).config.normalized()
+    }
+
+    /// Empty optional settings mean "unset".
+    pub fn normalized(mut self) -> Self {
+        for v in [
+            &mut self.llm_base_url,
+            &mut self.llm_api_key,
+            &mut self.llm_model,
+            &mut self.api_keys,
+            &mut self.log,
+        ] {
+            if v.as_deref().is_some_and(|s| s.trim().is_empty()) {
+                *v = None;
+            }
+        }
+        self
     }
 
     /// The provider that serves runs, per the precedence of the DESIGN table.

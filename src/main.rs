@@ -1,13 +1,24 @@
 //! The `pes-server` binary: parse configuration, start logging, run the library.
 
-use clap::Parser;
+use std::process::ExitCode;
+
 use pes_server::config::{Cli, Command};
 use pes_server::{App, telemetry};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn main() -> ExitCode {
+    let cli = Cli::parse_normalized();
     telemetry::init(&cli.config);
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pes-server: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::Migrate => {
             let store = pes_server::app::connect_store(
@@ -17,6 +28,18 @@ async fn main() -> anyhow::Result<()> {
             .await?;
             store.migrate().await?;
             tracing::info!(store = store.backend(), "migrations applied");
+        }
+        Command::Healthcheck => {
+            let mut addr = cli.config.bind;
+            if addr.ip().is_unspecified() {
+                addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            let resp = reqwest::Client::new()
+                .get(format!("http://{addr}/healthz"))
+                .timeout(std::time::Duration::from_secs(3))
+                .send()
+                .await?;
+            anyhow::ensure!(resp.status().is_success(), "unhealthy: {}", resp.status());
         }
         Command::Openapi => {
             println!("{}", pes_server::http::openapi().to_pretty_json()?);

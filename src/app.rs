@@ -51,7 +51,9 @@ pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Ar
         ))
     } else {
         let scheme = url.split(':').next().unwrap_or_default();
-        anyhow::bail!("PES_DATABASE_URL must start with postgres:// or sqlite:// (got a `{scheme}:` URL)")
+        anyhow::bail!(
+            "PES_DATABASE_URL must start with postgres:// or sqlite:// (got a `{scheme}:` URL)"
+        )
     }
 }
 

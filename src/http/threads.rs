@@ -85,6 +85,7 @@ pub struct AgentStateView {
     /// Result of each completed item, by item id.
     pub step_outputs: serde_json::Map<String, Value>,
     /// Remote-agent tasks in flight (none until A2A delegation exists).
+    #[serde(rename = "pendingA2ATasks")]
     pub pending_a2a_tasks: Vec<Value>,
     /// Bumped on every change of the thread-level fields.
     pub version: i64,

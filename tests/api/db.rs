@@ -1,0 +1,107 @@
+//! Database helpers for the integration tests: every call gets a database of its own.
+//!
+//! Postgres: a fresh `pes_test_<uuid>` database on the server of `DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`), never dropped. SQLite: a file in a folder of
+//! its own under the system temp dir (the folder does not exist yet: the store must create it).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use pes_server::store::Store;
+use pes_server::store::postgres::PgStore;
+use pes_server::store::sqlite::SqliteStore;
+use sqlx::{Connection, Executor, PgConnection};
+use uuid::Uuid;
+
+/// The admin URL of the test Postgres server.
+pub fn admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// `url` with its database name replaced by `db` (query string kept).
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let after_scheme = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[after_scheme..].rfind('/') {
+        Some(i) => &base[..after_scheme + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{db}?{q}"),
+        None => format!("{base}/{db}"),
+    }
+}
+
+/// Create an empty database and return its URL (not migrated).
+pub async fn fresh_postgres_url() -> String {
+    let admin = admin_url();
+    let name = format!("pes_test_{}", Uuid::new_v4().simple());
+    let mut conn = PgConnection::connect(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach the test Postgres at {admin}: {e}"));
+    conn.execute(format!("CREATE DATABASE {name}").as_str())
+        .await
+        .expect("create the test database");
+    conn.close().await.ok();
+    with_database(&admin, &name)
+}
+
+/// A migrated [`PgStore`] on a fresh database.
+pub async fn postgres_store() -> PgStore {
+    let store = PgStore::connect(&fresh_postgres_url().await, 10)
+        .await
+        .expect("connect to the test database");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// Removes a test's SQLite folder when dropped.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh folder (not created) and the URL of a database file two levels inside it.
+pub fn fresh_sqlite_location() -> (String, TempDir) {
+    let dir = std::env::temp_dir().join(format!("pes-test-{}", Uuid::new_v4().simple()));
+    let file = dir.join("data").join("pes.db");
+    (format!("sqlite://{}", file.display()), TempDir(dir))
+}
+
+/// The URL of a database file in a fresh folder that nobody cleans up (for a spawned app).
+pub fn fresh_sqlite_url() -> String {
+    let (url, dir) = fresh_sqlite_location();
+    std::mem::forget(dir);
+    url
+}
+
+/// A migrated [`SqliteStore`] on a fresh file; keep the guard alive as long as the store.
+pub async fn sqlite_store() -> (SqliteStore, TempDir) {
+    let (url, dir) = fresh_sqlite_location();
+    let store = SqliteStore::connect(&url)
+        .await
+        .expect("open the test database");
+    store.migrate().await.expect("migrate");
+    (store, dir)
+}
+
+#[test]
+fn database_name_is_swapped_in_urls() {
+    assert_eq!(
+        with_database("postgres://u@h:5432/postgres", "x"),
+        "postgres://u@h:5432/x"
+    );
+    assert_eq!(
+        with_database("postgres://u@h/postgres?sslmode=disable", "x"),
+        "postgres://u@h/x?sslmode=disable"
+    );
+    assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+}

@@ -64,7 +64,8 @@ pub struct Fence {
     pub attempt: i64,
 }
 
-/// Where a list page starts: the last item of the previous page.
+/// Where a list page starts: the last item of the previous page. For runs and messages `id` must
+/// be the UUID of that item, else the store answers [`StoreError::Decode`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageCursor {
     pub created_at: DateTime<Utc>,
@@ -116,6 +117,7 @@ pub struct CancelledRun {
 pub struct ObservationQuery {
     /// Only `seq > after`.
     pub after: i64,
+    /// At most this many; `0` means no limit.
     pub limit: u32,
     pub types: Option<Vec<ObservationType>>,
     pub parent_id: Option<String>,
@@ -226,7 +228,8 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<Option<Thread>>;
 
-    /// Newest first (`created_at` desc, then id desc); at most `limit` rows after `cursor`.
+    /// Newest first (`created_at` desc, then id desc); at most `limit` rows after `cursor`
+    /// (`limit` 0: no limit, in every list method).
     async fn list_threads(
         &self,
         tenant: &str,

@@ -19,7 +19,8 @@ use uuid::Uuid;
 
 use crate::model::{
     AgentConfig, AgentStateRow, ErrorInfo, ItemId, Message, MultitaskStrategy, NewObservation,
-    Observation, ObservationType, Run, RunStatus, Suspension, Thread, ThreadId, TodoItem, Usage,
+    Observation, ObservationType, Run, RunStatus, Suspension, SuspensionStatus, Thread, ThreadId,
+    TodoItem, Usage,
 };
 
 pub mod postgres;
@@ -202,6 +203,25 @@ pub struct AgentSnapshot {
     pub pending_suspension: Option<Suspension>,
 }
 
+/// How a pending suspension is being resolved.
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    /// `Resolved` (a person decided) or `Expired` (the sweeper, as a rejection).
+    pub status: SuspensionStatus,
+    /// The decision as given: `{decision, reason?, modifiedArgs?, response?}`.
+    pub decision: Value,
+}
+
+/// What [`Store::resolve_suspension`] did.
+#[derive(Debug, Clone)]
+pub struct ResolvedSuspension {
+    pub suspension: Suspension,
+    /// The run, back in the queue.
+    pub run: Run,
+    /// The `AGENT_RESUMED` observation.
+    pub observations: Vec<Observation>,
+}
+
 /// The persistence contract. Implementations are cheap to clone behind an `Arc`.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -351,4 +371,26 @@ pub trait Store: Send + Sync + 'static {
         tenant: &str,
         suspension_id: Uuid,
     ) -> StoreResult<Option<Suspension>>;
+
+    /// Resolve a pending suspension exactly once, atomically: the suspension moves from
+    /// `pending` to `resolution.status` (compare-and-set; concurrent callers get one success),
+    /// its run from `suspended` back to `queued`, and an `AGENT_RESUMED` observation (parentId =
+    /// the item id; content `{suspensionId, decision, reason?, expired?}`) is committed with them.
+    ///
+    /// # Errors
+    /// [`StoreError::SuspensionNotFound`] for an unknown id or another tenant's;
+    /// [`StoreError::Conflict`] when it is no longer pending.
+    async fn resolve_suspension(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        resolution: Resolution,
+    ) -> StoreResult<ResolvedSuspension>;
+
+    /// Pending suspensions whose `expires_at` has passed, as `(tenant, suspension_id)`, oldest
+    /// first, at most `limit`.
+    async fn due_suspensions(&self, limit: u32) -> StoreResult<Vec<(String, Uuid)>>;
+
+    /// Every suspension of a run (any status), oldest first: the engine applies their decisions.
+    async fn run_suspensions(&self, tenant: &str, run_id: Uuid) -> StoreResult<Vec<Suspension>>;
 }

@@ -129,6 +129,7 @@ impl App {
                 max_iterations: config.max_iterations.max(1),
                 step_output_chars: config.step_output_chars,
                 strict_retries: config.strict_retries,
+                suspension_ttl_seconds: config.suspension_ttl_seconds,
                 ..EngineSettings::default()
             },
         ));
@@ -212,6 +213,13 @@ impl App {
         info!(%addr, store = state.store.backend(), "pes-server listening");
         let shutdown = state.shutdown.clone();
         let tracker = state.tracker.clone();
+        let sweeper = tokio::spawn(crate::worker::sweep_suspensions(
+            state.store.clone(),
+            state.bus.clone(),
+            state.worker_wake.clone(),
+            Duration::from_millis(state.config.suspension_sweep_ms.max(10)),
+            shutdown.clone(),
+        ));
         let worker_task = tokio::spawn(worker.run(shutdown.clone()));
         let router = http::router(state);
         axum::serve(listener, router)
@@ -228,6 +236,7 @@ impl App {
             hard_stop.cancel();
             let _ = worker_task.await;
         }
+        let _ = sweeper.await;
         tracker.close();
         tracker.wait().await;
         info!("stopped");

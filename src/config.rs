@@ -146,6 +146,10 @@ pub struct Config {
     #[arg(long, env = "PES_SUSPENSION_TTL_SECONDS", default_value_t = 0)]
     pub suspension_ttl_seconds: u64,
 
+    /// How often expired suspensions are looked for (milliseconds).
+    #[arg(long, env = "PES_SUSPENSION_SWEEP_MS", default_value_t = 1000)]
+    pub suspension_sweep_ms: u64,
+
     /// Log format: `text` or `json`.
     #[arg(long, env = "PES_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -19,8 +19,8 @@ use uuid::Uuid;
 
 use crate::agent::{Engine, EngineError, Journal, RunEnd, RunInput, Signals};
 use crate::events::EventBus;
-use crate::model::{MessageRole, Run};
-use crate::store::{Batch, Fence, Store, StoreError};
+use crate::model::{MessageRole, Run, SuspensionStatus};
+use crate::store::{Batch, Fence, Resolution, Store, StoreError};
 
 /// Cancel tokens of the runs this process drives, so a cancel request reaches the run at once.
 #[derive(Clone, Default)]
@@ -328,11 +328,53 @@ impl Worker {
             .into_iter()
             .filter(|m| m.run_id != Some(run.run_id) && m.role != MessageRole::Tool)
             .collect();
+        let suspensions = self.store.run_suspensions(&run.tenant, run.run_id).await?;
         Ok(Some(RunInput {
             run,
             thread,
             snapshot,
             history,
+            suspensions,
         }))
+    }
+}
+
+/// Resolve suspensions whose expiry has passed as rejections (reason `expired`), so their runs go
+/// on. Safe on every replica at once: each resolution is an exactly-once compare-and-set.
+pub async fn sweep_suspensions(
+    store: Arc<dyn Store>,
+    bus: EventBus,
+    wake: Arc<Notify>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let due = match store.due_suspensions(100).await {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(error = %e, "looking for expired suspensions failed");
+                continue;
+            }
+        };
+        for (tenant, id) in due {
+            let resolution = Resolution {
+                status: SuspensionStatus::Expired,
+                decision: serde_json::json!({"decision": "reject", "reason": "expired"}),
+            };
+            match store.resolve_suspension(&tenant, id, resolution).await {
+                Ok(done) => {
+                    info!(suspension_id = %id, run_id = %done.run.run_id, "suspension expired");
+                    bus.publish(&done.observations);
+                    wake.notify_one();
+                }
+                // Resolved by a person (or another replica) in the meantime.
+                Err(StoreError::Conflict(_)) | Err(StoreError::SuspensionNotFound) => {}
+                Err(e) => warn!(error = %e, suspension_id = %id, "expiring a suspension failed"),
+            }
+        }
     }
 }

@@ -25,8 +25,9 @@ use crate::llm::{
     RequestHints, ToolCall, ToolSpec,
 };
 use crate::model::{
-    AgentConfig, AgentStateRow, ConversationMessage, ErrorInfo, ItemStatus, Message, MessageRole,
-    NewObservation, ObservationType, Run, RunStatus, StepType, Thread, ThreadId, TodoItem,
+    AgentConfig, AgentStateRow, ConversationMessage, Decision, ErrorInfo, ItemStatus, Message, MessageRole,
+    NewObservation, ObservationType, Run, RunStatus, StepType, Suspension, SuspensionKind,
+    SuspensionStatus, Thread, ThreadId, TodoItem,
     ToolCallRecord, ToolResultRecord, ToolValidationMode, Usage, ValidationStatus, new_id,
 };
 use crate::store::{AgentSnapshot, Batch, Op, RunUpdate};
@@ -45,6 +46,8 @@ pub struct EngineSettings {
     pub strict_retries: u32,
     /// Thread messages given to the planner as conversation context.
     pub history_messages: usize,
+    /// Suspension expiry when the thread sets none (0 = never).
+    pub suspension_ttl_seconds: u64,
 }
 
 impl Default for EngineSettings {
@@ -56,6 +59,7 @@ impl Default for EngineSettings {
             step_output_chars: 2000,
             strict_retries: 2,
             history_messages: 20,
+            suspension_ttl_seconds: 0,
         }
     }
 }
@@ -101,6 +105,8 @@ pub struct RunInput {
     pub snapshot: AgentSnapshot,
     /// The thread's conversation before this run (oldest first).
     pub history: Vec<Message>,
+    /// This run's suspensions, any status: the decisions made while it was paused.
+    pub suspensions: Vec<Suspension>,
 }
 
 /// Tokens that interrupt a run: `cancel` (a client cancelled it: commit `RUN_CANCELLED`) and
@@ -163,6 +169,7 @@ struct Ctx<'a> {
     state: AgentStateRow,
     items: Vec<TodoItem>,
     history: Vec<Message>,
+    suspensions: Vec<Suspension>,
     usage: Usage,
     started: Instant,
 }
@@ -295,6 +302,7 @@ impl Engine {
             state: input.snapshot.state,
             items: input.snapshot.items,
             history: input.history,
+            suspensions: input.suspensions,
             started: Instant::now(),
         };
         match self.drive_inner(&mut ctx).await {
@@ -560,7 +568,7 @@ impl Engine {
         if let Some(i) = ctx
             .items
             .iter()
-            .position(|i| i.status == ItemStatus::InProgress)
+            .position(|i| matches!(i.status, ItemStatus::InProgress | ItemStatus::Waiting))
         {
             return Some(i);
         }
@@ -884,6 +892,8 @@ impl Engine {
     }
 
     /// Execute one tool call of the item and journal its result before anything else happens.
+    /// A call that needs a person (a blocking tool, or one in `requireApproval`) suspends the run
+    /// instead, and once the person decided, the decision becomes the call's result.
     async fn run_tool_call(
         &self,
         ctx: &mut Ctx<'_>,
@@ -892,54 +902,45 @@ impl Engine {
     ) -> Result<Option<RunEnd>, Halt> {
         let mut extra: Vec<NewObservation> = Vec::new();
         let mut extra_ops: Vec<Op> = Vec::new();
+        let error_result = |msg: String| ToolResultRecord {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            status: "error".into(),
+            output: Value::Null,
+            error: Some(msg),
+        };
+        let item_is_reasoning = ctx.items[ctx.item_idx(item_id).expect("item")].step_type == StepType::Reasoning;
         let result = if call.name == prompts::UPDATE_PLAN_TOOL {
             let (r, obs, ops) = self.apply_plan_update(ctx, &call);
             extra.extend(obs);
             extra_ops.extend(ops);
             r
-        } else if !self.enabled_tools(&ctx.cfg).contains(&call.name)
-            || ctx.items[ctx.item_idx(item_id).expect("item")].step_type == StepType::Reasoning
-        {
-            ToolResultRecord {
-                tool_call_id: call.id.clone(),
-                name: call.name.clone(),
-                status: "error".into(),
-                output: Value::Null,
-                error: Some(format!(
-                    "tool `{}` is not available for this item",
-                    call.name
-                )),
+        } else if !self.enabled_tools(&ctx.cfg).contains(&call.name) || item_is_reasoning {
+            error_result(format!("tool `{}` is not available for this item", call.name))
+        } else if let Some(kind) = self.needs_person(ctx, &call.name) {
+            let decided = ctx
+                .suspensions
+                .iter()
+                .find(|s| s.tool_call.id == call.id && s.item_id.as_str() == item_id)
+                .cloned();
+            match decided {
+                Some(s) if s.status == SuspensionStatus::Pending => return Ok(Some(RunEnd::Suspended)),
+                Some(s) => self.apply_decision(ctx, &call, &s).await?,
+                None => match self.tools.validate(&call.name, &call.arguments) {
+                    // Arguments that do not fit are the model's to fix, not a person's.
+                    Err(e) => error_result(e.to_string()),
+                    Ok(()) => return self.suspend(ctx, item_id, &call, kind).await.map(Some),
+                },
             }
         } else {
-            let tctx = ToolContext {
-                tenant: ctx.tenant.clone(),
-                thread_id: ctx.thread_id.to_string(),
-                idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
-            };
-            let outcome = ctx
-                .guard(self.tools.invoke(&call.name, call.arguments.clone(), &tctx))
-                .await?;
-            match outcome.error {
-                None => ToolResultRecord {
-                    tool_call_id: call.id.clone(),
-                    name: call.name.clone(),
-                    status: "success".into(),
-                    output: outcome.output,
-                    error: None,
-                },
-                Some(e) => ToolResultRecord {
-                    tool_call_id: call.id.clone(),
-                    name: call.name.clone(),
-                    status: "error".into(),
-                    output: outcome.output,
-                    error: Some(e.to_string()),
-                },
-            }
+            self.invoke(ctx, &call, call.arguments.clone()).await?
         };
-        let idx = ctx
-            .item_idx(item_id)
-            .expect("the running item is never removed");
+        let idx = ctx.item_idx(item_id).expect("the running item is never removed");
         let it = &mut ctx.items[idx];
+        let was_waiting = it.status == ItemStatus::Waiting;
+        if was_waiting {
+            it.status = ItemStatus::InProgress;
+        }
         it.actual_tool_calls.push(call.clone());
         it.conversation.push(ConversationMessage {
             role: MessageRole::Tool,
@@ -954,6 +955,9 @@ impl Engine {
             b.op(op);
         }
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+        if was_waiting {
+            b.observe(ctx.status_change(&ctx.items[idx], ItemStatus::Waiting));
+        }
         b.observe(ctx.obs(
             Some(item_id),
             ObservationType::ToolExecution,
@@ -971,6 +975,169 @@ impl Engine {
         }
         ctx.commit(b).await?;
         Ok(None)
+    }
+
+    /// Whether calls of `name` wait for a person, and what they ask.
+    fn needs_person(&self, ctx: &Ctx<'_>, name: &str) -> Option<SuspensionKind> {
+        if let Some(kind) = self.tools.get(name).and_then(|t| t.blocking()) {
+            return Some(kind);
+        }
+        ctx.cfg
+            .require_approval
+            .as_ref()
+            .is_some_and(|list| list.iter().any(|n| n == name))
+            .then_some(SuspensionKind::Approval)
+    }
+
+    /// Run a tool (its arguments are validated by the registry) and describe the outcome.
+    async fn invoke(&self, ctx: &Ctx<'_>, call: &ToolCallRecord, args: Value) -> Result<ToolResultRecord, Halt> {
+        let tctx = ToolContext {
+            tenant: ctx.tenant.clone(),
+            thread_id: ctx.thread_id.to_string(),
+            idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
+        };
+        let outcome = ctx.guard(self.tools.invoke(&call.name, args, &tctx)).await?;
+        Ok(ToolResultRecord {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            status: if outcome.error.is_none() { "success" } else { "error" }.into(),
+            error: outcome.error.map(|e| e.to_string()),
+            output: outcome.output,
+        })
+    }
+
+    /// The result a person's decision gives a suspended call.
+    async fn apply_decision(
+        &self,
+        ctx: &Ctx<'_>,
+        call: &ToolCallRecord,
+        s: &Suspension,
+    ) -> Result<ToolResultRecord, Halt> {
+        let d = s.decision.clone().unwrap_or(Value::Null);
+        let reason = d.get("reason").and_then(Value::as_str).map(str::to_owned);
+        let decision = match s.status {
+            SuspensionStatus::Resolved => d.get("decision").and_then(Value::as_str).and_then(|x| x.parse::<Decision>().ok()),
+            _ => None,
+        };
+        let rejected = |reason: String| ToolResultRecord {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            status: "rejected".into(),
+            output: json!({"rejected": true, "reason": reason,
+                           "message": format!("A person rejected this call of `{}`: {reason}", call.name)}),
+            error: None,
+        };
+        Ok(match decision {
+            Some(Decision::Approve) => self.invoke(ctx, call, call.arguments.clone()).await?,
+            Some(Decision::Edit) => {
+                let args = d.get("modifiedArgs").cloned().unwrap_or(Value::Null);
+                self.invoke(ctx, call, args).await?
+            }
+            Some(Decision::Respond) => ToolResultRecord {
+                tool_call_id: call.id.clone(),
+                name: call.name.clone(),
+                status: "responded".into(),
+                output: d.get("response").cloned().unwrap_or(Value::Null),
+                error: None,
+            },
+            Some(Decision::Reject) => rejected(reason.unwrap_or_else(|| "no reason given".into())),
+            None => rejected(match s.status {
+                SuspensionStatus::Expired => "expired: nobody decided in time".into(),
+                SuspensionStatus::Cancelled => "cancelled: the run that asked was cancelled".into(),
+                _ => "no decision".into(),
+            }),
+        })
+    }
+
+    /// Pause the run on `call` until a person decides.
+    async fn suspend(
+        &self,
+        ctx: &mut Ctx<'_>,
+        item_id: &str,
+        call: &ToolCallRecord,
+        kind: SuspensionKind,
+    ) -> Result<RunEnd, Halt> {
+        let idx = ctx.item_idx(item_id).expect("item");
+        let now = Utc::now();
+        let ttl = ctx.cfg.suspension_ttl_seconds.unwrap_or(self.settings.suspension_ttl_seconds);
+        let item = &ctx.items[idx];
+        let turn_calls: Vec<String> = item
+            .conversation
+            .iter()
+            .rev()
+            .find(|m| m.role == MessageRole::Assistant)
+            .map(|m| m.tool_calls.iter().map(|c| c.id.clone()).collect())
+            .unwrap_or_default();
+        let partial: Vec<ToolResultRecord> = item
+            .tool_results
+            .iter()
+            .filter(|r| turn_calls.contains(&r.tool_call_id))
+            .cloned()
+            .collect();
+        let (allowed, question, input_schema) = match kind {
+            SuspensionKind::Input => (
+                vec![Decision::Respond, Decision::Reject],
+                call.arguments.get("question").and_then(Value::as_str).map(str::to_owned),
+                call.arguments.get("inputSchema").cloned().filter(|v| !v.is_null()),
+            ),
+            SuspensionKind::Approval => (
+                vec![Decision::Approve, Decision::Edit, Decision::Reject, Decision::Respond],
+                Some(format!("May the agent call `{}` with these arguments?", call.name)),
+                None,
+            ),
+        };
+        let suspension = Suspension {
+            suspension_id: new_id(),
+            thread_id: ctx.thread_id.clone(),
+            tenant: ctx.tenant.clone(),
+            run_id: ctx.run.run_id,
+            item_id: item.id.clone(),
+            kind,
+            tool_call: call.clone(),
+            allowed_decisions: allowed,
+            question,
+            input_schema,
+            iteration_state: serde_json::to_value(&item.conversation).unwrap_or(Value::Null),
+            partial_tool_results: partial,
+            status: SuspensionStatus::Pending,
+            decision: None,
+            created_at: now,
+            resolved_at: None,
+            expires_at: (ttl > 0).then(|| now + chrono::Duration::seconds(ttl.min(i64::MAX as u64 / 1000) as i64)),
+        };
+        let it = &mut ctx.items[idx];
+        let previous = it.status;
+        it.status = ItemStatus::Waiting;
+        it.updated_at = now;
+        let mut b = ctx.batch();
+        b.op(Op::InsertSuspension(Box::new(suspension.clone())));
+        b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+        b.op(Op::UpdateRun(RunUpdate {
+            status: Some(RunStatus::Suspended),
+            usage: Some(ctx.usage),
+            ..Default::default()
+        }));
+        if previous != ItemStatus::Waiting {
+            b.observe(ctx.status_change(&ctx.items[idx], previous));
+        }
+        b.observe(ctx.obs(
+            Some(item_id),
+            ObservationType::AgentSuspended,
+            format!("Waiting for a person: {}", call.name),
+            json!({
+                "suspensionId": suspension.suspension_id,
+                "itemId": item_id,
+                "kind": kind,
+                "toolCall": call,
+                "allowedDecisions": suspension.allowed_decisions,
+                "question": suspension.question,
+                "inputSchema": suspension.input_schema,
+                "expiresAt": suspension.expires_at,
+            }),
+        ));
+        ctx.commit(b).await?;
+        ctx.suspensions.push(suspension);
+        Ok(RunEnd::Suspended)
     }
 
     /// `update_plan`: replace the items not yet started. Returns the tool result and, when the
@@ -1271,11 +1438,12 @@ impl Engine {
     async fn commit_cancelled(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
         let mut b = ctx.batch();
         for i in 0..ctx.items.len() {
-            if ctx.items[i].status == ItemStatus::InProgress {
+            let previous = ctx.items[i].status;
+            if matches!(previous, ItemStatus::InProgress | ItemStatus::Waiting) {
                 ctx.items[i].status = ItemStatus::Pending;
                 ctx.items[i].updated_at = Utc::now();
                 b.op(Op::UpsertItem(Box::new(ctx.items[i].clone())));
-                b.observe(ctx.status_change(&ctx.items[i], ItemStatus::InProgress));
+                b.observe(ctx.status_change(&ctx.items[i], previous));
             }
         }
         ctx.state.current_step_id = None;

@@ -34,6 +34,9 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     Validation(String),
+    /// 422 with a specific code.
+    #[error("{detail}")]
+    Unprocessable { code: &'static str, detail: String },
     #[error("{detail}")]
     NotFound { code: &'static str, detail: String },
     #[error("{detail}")]
@@ -82,6 +85,9 @@ impl ApiError {
                 "validation_failed",
                 "Invalid request",
             ),
+            Self::Unprocessable { code, .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, code, "Invalid request")
+            }
             Self::NotFound { code, .. } => (StatusCode::NOT_FOUND, code, "Not found"),
             Self::Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
             Self::PayloadTooLarge => (

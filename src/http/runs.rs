@@ -118,7 +118,7 @@ async fn enqueue(
     Ok((created.run, created.created))
 }
 
-fn wants_event_stream(headers: &HeaderMap) -> bool {
+pub(crate) fn wants_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
         .iter()

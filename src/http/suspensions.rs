@@ -1,20 +1,29 @@
-//! Suspensions: the pauses of a run that wait for a person (listing and reading them).
+//! Suspensions: the pauses of a run that wait for a person. Listing, reading, and resuming by
+//! `suspensionId` — exactly once: the store's compare-and-set lets one of any number of
+//! concurrent resumes through and answers the others 409.
 
 use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use utoipa::IntoParams;
+use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
-use crate::model::Suspension;
+use super::runs::wants_event_stream;
+use super::sse::{StreamSpec, observation_sse};
+use crate::model::{Decision, Run, Suspension, SuspensionStatus};
+use crate::store::{Resolution, StoreError};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_suspensions))
         .routes(routes!(get_suspension))
+        .routes(routes!(resume_suspension))
 }
 
 /// Filter of the suspension list.
@@ -78,4 +87,138 @@ pub async fn get_suspension(
         .await?
         .ok_or_else(ApiError::suspension_not_found)?;
     Ok(AppJson(s))
+}
+
+/// Body of `POST /v1/suspensions/{suspensionId}/resume`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResumeRequest {
+    /// `approve` (run the call as proposed), `edit` (run it with `modifiedArgs`), `reject` (do not
+    /// run it; the model is told why), `respond` (do not run it; `response` is its result).
+    pub decision: Decision,
+    /// Why (given to the model on `reject`).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The arguments to run the call with (`edit`), valid for the tool's schema.
+    #[serde(default)]
+    pub modified_args: Option<Value>,
+    /// The call's result (`respond`), valid for the suspension's `inputSchema` when it has one.
+    #[serde(default)]
+    pub response: Option<Value>,
+}
+
+fn already(status: SuspensionStatus) -> ApiError {
+    ApiError::Conflict {
+        code: "suspension_resolved",
+        detail: format!("the suspension is already {status}"),
+    }
+}
+
+fn check_decision(state: &AppState, s: &Suspension, body: &ResumeRequest) -> Result<(), ApiError> {
+    if !s.allowed_decisions.contains(&body.decision) {
+        let allowed: Vec<&str> = s.allowed_decisions.iter().map(|d| d.as_str()).collect();
+        return Err(ApiError::Unprocessable {
+            code: "decision_not_allowed",
+            detail: format!(
+                "decision `{}` is not allowed for this {} suspension (allowed: {})",
+                body.decision,
+                s.kind,
+                allowed.join(", ")
+            ),
+        });
+    }
+    if body.reason.as_ref().is_some_and(|r| r.chars().count() > 4000) {
+        return Err(ApiError::Validation("reason is longer than 4000 characters".into()));
+    }
+    match body.decision {
+        Decision::Edit => {
+            let args = body.modified_args.as_ref().ok_or_else(|| {
+                ApiError::Validation("decision `edit` needs `modifiedArgs`".into())
+            })?;
+            state.engine.tools().validate(&s.tool_call.name, args).map_err(|e| {
+                ApiError::Validation(format!("modifiedArgs do not fit `{}`: {e}", s.tool_call.name))
+            })?;
+        }
+        Decision::Respond => {
+            let response = body.response.as_ref().ok_or_else(|| {
+                ApiError::Validation("decision `respond` needs `response`".into())
+            })?;
+            if let Some(schema) = &s.input_schema {
+                crate::tools::schema::validate(schema, response).map_err(|errors| {
+                    ApiError::Validation(format!(
+                        "response does not fit the inputSchema: {}",
+                        errors.join("; ")
+                    ))
+                })?;
+            }
+        }
+        Decision::Approve | Decision::Reject => {}
+    }
+    Ok(())
+}
+
+/// Resume a suspended run with a person's decision. The decision becomes the suspended tool
+/// call's result and the run continues from where it stopped. With `Accept: text/event-stream`
+/// the response streams the run's observations until it ends or suspends again.
+#[utoipa::path(post, path = "/v1/suspensions/{suspensionId}/resume", tag = "suspensions",
+    request_body = ResumeRequest,
+    params(("suspensionId" = String, Path, description = "Suspension id")),
+    responses(
+        (status = 202, description = "Resumed: the run is queued again", body = Run),
+        (status = 404, description = "No such suspension", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already resolved, expired or cancelled", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A decision the suspension does not allow, or arguments/response that do not fit", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn resume_suspension(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(suspension_id): AppPath<String>,
+    headers: HeaderMap,
+    AppJson(body): AppJson<ResumeRequest>,
+) -> Result<Response, ApiError> {
+    let id = Uuid::parse_str(&suspension_id).map_err(|_| ApiError::suspension_not_found())?;
+    let s = state
+        .store
+        .get_suspension(&tenant, id)
+        .await?
+        .ok_or_else(ApiError::suspension_not_found)?;
+    if s.status != SuspensionStatus::Pending {
+        return Err(already(s.status));
+    }
+    check_decision(&state, &s, &body)?;
+    let mut decision = json!({"decision": body.decision});
+    if let Some(r) = body.reason {
+        decision["reason"] = json!(r);
+    }
+    if let Some(a) = body.modified_args {
+        decision["modifiedArgs"] = a;
+    }
+    if let Some(r) = body.response {
+        decision["response"] = r;
+    }
+    let resolution = Resolution { status: SuspensionStatus::Resolved, decision };
+    let done = match state.store.resolve_suspension(&tenant, id, resolution).await {
+        Ok(done) => done,
+        Err(StoreError::Conflict(_)) => {
+            let now = state.store.get_suspension(&tenant, id).await?;
+            return Err(already(now.map(|s| s.status).unwrap_or(SuspensionStatus::Resolved)));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    state.bus.publish(&done.observations);
+    state.worker_wake.notify_one();
+    if wants_event_stream(&headers) {
+        let after = done.observations.last().map(|o| o.seq).unwrap_or(done.run.start_seq);
+        let spec = StreamSpec {
+            tenant,
+            thread_id: done.run.thread_id.clone(),
+            after,
+            types: None,
+            parent_id: None,
+            run_id: Some(done.run.run_id),
+            until_run_end: true,
+        };
+        return Ok(observation_sse(&state, spec).into_response());
+    }
+    Ok((StatusCode::ACCEPTED, AppJson(done.run)).into_response())
 }

@@ -5,5 +5,7 @@ mod agent;
 mod db;
 mod fake_llm;
 mod helpers;
+mod hitl;
 mod http;
+mod process;
 mod store;

@@ -8,8 +8,9 @@
 //!   means [`StoreError::LeaseLost`] and the transaction is rolled back.
 //! - **One run per thread.** Claims pick rows with `FOR UPDATE SKIP LOCKED`; a partial unique
 //!   index (`runs_one_running_per_thread_idx`) backs the rule up.
-//! - **Lock order thread → run** in every multi-row transaction (`create_run`, `cancel_run`,
-//!   `apply`), so they never deadlock each other; claims lock one run row and nothing else.
+//! - **Lock order thread → run → suspension** in every multi-row transaction (`create_run`,
+//!   `cancel_run`, `apply`, `resolve_suspension`), so they never deadlock each other; claims lock
+//!   one run row and nothing else.
 //! - **One clock.** Every timestamp the store makes, and every lease comparison, uses the
 //!   database's `now()`.
 //!
@@ -29,7 +30,8 @@ use uuid::Uuid;
 use super::rows;
 use super::{
     AgentSnapshot, Applied, Batch, CancelledRun, CreatedRun, Fence, NewRun, ObservationQuery, Op,
-    PageCursor, RunUpdate, Store, StoreError, StoreResult, ThreadPatch,
+    PageCursor, Resolution, ResolvedSuspension, RunUpdate, Store, StoreError, StoreResult,
+    ThreadPatch,
 };
 use crate::model::{
     AgentConfig, AgentStateRow, Message, MultitaskStrategy, NewObservation, Observation, Run,
@@ -1070,5 +1072,107 @@ impl Store for PgStore {
             .as_ref()
             .map(rows::suspension_from_row)
             .transpose()
+    }
+
+    #[instrument(skip_all, fields(%tenant, %suspension_id))]
+    async fn resolve_suspension(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        resolution: Resolution,
+    ) -> StoreResult<ResolvedSuspension> {
+        let Resolution { status, decision } = resolution;
+        let expired = rows::resolution_is_expiry(status)?;
+        let mut tx = self.pool.begin().await?;
+        // Which thread and run to lock (no lock yet: the order is thread, run, suspension).
+        let (thread_id, run_id): (String, Uuid) = sqlx::query_as(
+            "SELECT thread_id, run_id FROM suspensions WHERE tenant = $1 AND suspension_id = $2",
+        )
+        .bind(tenant)
+        .bind(suspension_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::SuspensionNotFound)?;
+        let thread_id = ThreadId::from_stored(thread_id);
+        // The thread lock serializes concurrent resolvers (and cancels, applies) of this thread.
+        if lock_thread(&mut tx, tenant, &thread_id).await?.is_none() {
+            return Err(StoreError::SuspensionNotFound);
+        }
+        let run_status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1 FOR UPDATE")
+                .bind(run_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        // Compare-and-set: only a pending suspension moves.
+        let row = sqlx::query(
+            "UPDATE suspensions SET status = $3, decision = $4, resolved_at = now() \
+             WHERE tenant = $1 AND suspension_id = $2 AND status = 'pending' RETURNING *",
+        )
+        .bind(tenant)
+        .bind(suspension_id)
+        .bind(status.as_str())
+        .bind(&decision)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            let current: Option<String> =
+                sqlx::query_scalar("SELECT status FROM suspensions WHERE suspension_id = $1")
+                    .bind(suspension_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            return Err(match current {
+                Some(current) => StoreError::Conflict(format!("suspension already {current}")),
+                None => StoreError::SuspensionNotFound,
+            });
+        };
+        let suspension = rows::suspension_from_row(&row)?;
+        // Back to the queue; the lease was cleared when it suspended, the next claim bumps attempt.
+        let run_row = sqlx::query(
+            "UPDATE runs SET status = 'queued' WHERE run_id = $1 AND status = 'suspended' \
+             RETURNING *",
+        )
+        .bind(run_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(run_row) = run_row else {
+            // Dropping `tx` rolls the suspension back: it stays pending.
+            let run_status = run_status.as_deref().unwrap_or("gone");
+            return Err(StoreError::Conflict(format!(
+                "the suspension's run is {run_status}, not suspended"
+            )));
+        };
+        let obs = vec![rows::agent_resumed(&suspension, &decision, expired)];
+        let observations = append_observations(&mut tx, tenant, &thread_id, obs).await?;
+        tx.commit().await?;
+        Ok(ResolvedSuspension {
+            suspension,
+            run: rows::run_from_row(&run_row)?,
+            observations,
+        })
+    }
+
+    async fn due_suspensions(&self, limit: u32) -> StoreResult<Vec<(String, Uuid)>> {
+        // The predicate matches the partial index `suspensions_expiry_idx`.
+        let due = sqlx::query_as(
+            "SELECT tenant, suspension_id FROM suspensions \
+             WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at < now() \
+             ORDER BY expires_at, suspension_id LIMIT $1",
+        )
+        .bind(rows::sql_limit(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(due)
+    }
+
+    async fn run_suspensions(&self, tenant: &str, run_id: Uuid) -> StoreResult<Vec<Suspension>> {
+        let rows = sqlx::query(
+            "SELECT * FROM suspensions WHERE run_id = $1 AND tenant = $2 \
+             ORDER BY created_at, suspension_id",
+        )
+        .bind(run_id)
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?;
+        map_rows(&rows, rows::suspension_from_row)
     }
 }

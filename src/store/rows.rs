@@ -4,7 +4,7 @@
 //! domain types from it. Bad stored data becomes [`StoreError::Decode`], never a panic.
 //!
 //! Also here: the fixed-width SQLite timestamp format, JSON encoding helpers and the observations
-//! the store itself writes (`RUN_CANCELLED`).
+//! the store itself writes (`RUN_CANCELLED`, `AGENT_RESUMED`).
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -21,7 +21,7 @@ use uuid::Uuid;
 use super::{StoreError, StoreResult};
 use crate::model::{
     AgentStateRow, ItemId, Message, NewObservation, Observation, ObservationType, Run, RunStatus,
-    Suspension, Thread, ThreadId, TodoItem,
+    Suspension, SuspensionStatus, Thread, ThreadId, TodoItem,
 };
 
 /// SQLite timestamp format: fixed width, UTC, microseconds, so text order is time order.
@@ -356,6 +356,43 @@ pub(crate) fn run_cancelled(run_id: Uuid, interrupted_by: Option<Uuid>) -> NewOb
         "Run cancelled",
         content,
     )
+}
+
+/// The `AGENT_RESUMED` observation committed with a suspension's resolution: item-level (its
+/// parent is the suspended item), content `{suspensionId, decision, reason, expired}` taken from
+/// the decision as given (`reason` null when none was given).
+pub(crate) fn agent_resumed(s: &Suspension, decision: &Value, expired: bool) -> NewObservation {
+    let chosen = decision.get("decision").cloned().unwrap_or(Value::Null);
+    let reason = decision.get("reason").cloned().unwrap_or(Value::Null);
+    let title = match (expired, chosen.as_str()) {
+        (true, _) => "Suspension expired".to_owned(),
+        (false, Some(d)) => format!("Resumed: {d}"),
+        (false, None) => "Resumed".to_owned(),
+    };
+    NewObservation::new(
+        s.run_id,
+        Some(s.item_id.as_str().to_owned()),
+        ObservationType::AgentResumed,
+        title,
+        json!({
+            "suspensionId": s.suspension_id,
+            "decision": chosen,
+            "reason": reason,
+            "expired": expired,
+        }),
+    )
+}
+
+/// Whether a resolution to `status` is an expiry (`Expired`) rather than a person's decision
+/// (`Resolved`); any other target status is a [`StoreError::Conflict`].
+pub(crate) fn resolution_is_expiry(status: SuspensionStatus) -> StoreResult<bool> {
+    match status {
+        SuspensionStatus::Resolved => Ok(false),
+        SuspensionStatus::Expired => Ok(true),
+        other => Err(StoreError::Conflict(format!(
+            "a suspension cannot be resolved as {other}"
+        ))),
+    }
 }
 
 /// Observations as committed: `seqs` run from `first_seq` upward in batch order.

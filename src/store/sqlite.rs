@@ -32,7 +32,8 @@ use uuid::Uuid;
 use super::rows;
 use super::{
     AgentSnapshot, Applied, Batch, CancelledRun, CreatedRun, Fence, NewRun, ObservationQuery, Op,
-    PageCursor, RunUpdate, Store, StoreError, StoreResult, ThreadPatch,
+    PageCursor, Resolution, ResolvedSuspension, RunUpdate, Store, StoreError, StoreResult,
+    ThreadPatch,
 };
 use crate::model::{
     AgentConfig, AgentStateRow, Message, MultitaskStrategy, NewObservation, Observation, Run,
@@ -1129,5 +1130,105 @@ impl Store for SqliteStore {
             .as_ref()
             .map(rows::suspension_from_row)
             .transpose()
+    }
+
+    #[instrument(skip_all, fields(%tenant, %suspension_id))]
+    async fn resolve_suspension(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        resolution: Resolution,
+    ) -> StoreResult<ResolvedSuspension> {
+        let Resolution { status, decision } = resolution;
+        let expired = rows::resolution_is_expiry(status)?;
+        // BEGIN IMMEDIATE: concurrent resolvers are serialized, the second sees the first's commit.
+        let mut tx = self.write().await?;
+        let now = rows::now_micros();
+        let now_text = rows::ts_text(now);
+        let (thread_id, run_id, current): (String, String, String) = sqlx::query_as(
+            "SELECT thread_id, run_id, status FROM suspensions \
+             WHERE tenant = $1 AND suspension_id = $2",
+        )
+        .bind(tenant)
+        .bind(id_text(suspension_id))
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::SuspensionNotFound)?;
+        let thread_id = ThreadId::from_stored(thread_id);
+        // Compare-and-set, as on Postgres (here the status read above cannot have moved).
+        let row = sqlx::query(
+            "UPDATE suspensions SET status = $3, decision = $4, resolved_at = $5 \
+             WHERE tenant = $1 AND suspension_id = $2 AND status = 'pending' RETURNING *",
+        )
+        .bind(tenant)
+        .bind(id_text(suspension_id))
+        .bind(status.as_str())
+        .bind(decision.to_string())
+        .bind(&now_text)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| StoreError::Conflict(format!("suspension already {current}")))?;
+        let suspension = rows::suspension_from_row(&row)?;
+        // Back to the queue; the lease was cleared when it suspended, the next claim bumps attempt.
+        let run_row = sqlx::query(
+            "UPDATE runs SET status = 'queued' WHERE run_id = $1 AND status = 'suspended' \
+             RETURNING *",
+        )
+        .bind(&run_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(run_row) = run_row else {
+            let run_status: Option<String> =
+                sqlx::query_scalar("SELECT status FROM runs WHERE run_id = $1")
+                    .bind(&run_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            // Dropping `tx` rolls the suspension back: it stays pending.
+            let run_status = run_status.as_deref().unwrap_or("gone");
+            return Err(StoreError::Conflict(format!(
+                "the suspension's run is {run_status}, not suspended"
+            )));
+        };
+        let obs = vec![rows::agent_resumed(&suspension, &decision, expired)];
+        let observations = append_observations(&mut tx, tenant, &thread_id, now, obs).await?;
+        tx.commit().await?;
+        Ok(ResolvedSuspension {
+            suspension,
+            run: rows::run_from_row(&run_row)?,
+            observations,
+        })
+    }
+
+    async fn due_suspensions(&self, limit: u32) -> StoreResult<Vec<(String, Uuid)>> {
+        // The predicate matches the partial index `suspensions_expiry_idx`; fixed-width
+        // timestamps compare as text.
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT tenant, suspension_id FROM suspensions \
+             WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at < $1 \
+             ORDER BY expires_at, suspension_id LIMIT $2",
+        )
+        .bind(rows::ts_text(rows::now_micros()))
+        .bind(rows::sql_limit(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.into_iter()
+            .map(|(tenant, id)| {
+                Uuid::parse_str(&id)
+                    .map(|id| (tenant, id))
+                    .map_err(|e| StoreError::Decode(format!("column suspension_id: {e}")))
+            })
+            .collect()
+    }
+
+    async fn run_suspensions(&self, tenant: &str, run_id: Uuid) -> StoreResult<Vec<Suspension>> {
+        let rows = sqlx::query(
+            "SELECT * FROM suspensions WHERE run_id = $1 AND tenant = $2 \
+             ORDER BY created_at, suspension_id",
+        )
+        .bind(id_text(run_id))
+        .bind(tenant)
+        .fetch_all(&self.reader)
+        .await?;
+        map_rows(&rows, rows::suspension_from_row)
     }
 }

@@ -14,8 +14,8 @@ use pes_server::model::{
     new_id,
 };
 use pes_server::store::{
-    Batch, Fence, NewRun, ObservationQuery, Op, PageCursor, RunUpdate, Store, StoreError,
-    ThreadPatch,
+    Batch, Fence, NewRun, ObservationQuery, Op, PageCursor, Resolution, RunUpdate, Store,
+    StoreError, ThreadPatch,
 };
 use serde_json::json;
 use tokio::time::Instant;
@@ -193,6 +193,24 @@ fn suspension(tenant: &str, thread: &str, run_id: Uuid, item: &str) -> Suspensio
 /// Suspend the fenced run on `item` with a pending suspension; returns the suspension.
 async fn suspend(store: &S, tenant: &str, thread: &str, f: Fence) -> Suspension {
     let s = suspension(tenant, thread, f.run_id, "step-1");
+    suspend_on(store, tenant, thread, f, s).await
+}
+
+/// Suspend the fenced run with a suspension expiring at `expires_at`.
+async fn suspend_until(
+    store: &S,
+    tenant: &str,
+    thread: &str,
+    f: Fence,
+    expires_at: Option<chrono::DateTime<Utc>>,
+) -> Suspension {
+    let mut s = suspension(tenant, thread, f.run_id, "step-1");
+    s.expires_at = expires_at;
+    suspend_on(store, tenant, thread, f, s).await
+}
+
+/// Suspend the fenced run with the given pending suspension.
+async fn suspend_on(store: &S, tenant: &str, thread: &str, f: Fence, s: Suspension) -> Suspension {
     let mut b = batch(tenant, thread);
     b.op(Op::InsertSuspension(Box::new(s.clone())))
         .op(Op::UpdateRun(RunUpdate {
@@ -1582,6 +1600,496 @@ async fn mixed_writers_of_one_thread_neither_deadlock_nor_leave_gaps(store: S) {
     );
 }
 
+// ----- suspensions: resolution, expiry ---------------------------------------------------------
+
+fn resolution(decision: serde_json::Value) -> Resolution {
+    Resolution {
+        status: SuspensionStatus::Resolved,
+        decision,
+    }
+}
+
+fn expiry() -> Resolution {
+    Resolution {
+        status: SuspensionStatus::Expired,
+        decision: json!({ "decision": "reject", "reason": "expired" }),
+    }
+}
+
+fn of_type(
+    list: &[pes_server::model::Observation],
+    kind: ObservationType,
+) -> Vec<pes_server::model::Observation> {
+    list.iter().filter(|o| o.kind == kind).cloned().collect()
+}
+
+async fn resolving_a_suspension_requeues_its_run_with_an_observation(store: S) {
+    let (run, f) = running(&store, A, "t").await;
+    let s = suspend(&store, A, "t", f).await;
+    let later = enqueue(&store, A, "t").await;
+    let decision = json!({ "decision": "approve", "reason": "looks fine" });
+    let done = store
+        .resolve_suspension(A, s.suspension_id, resolution(decision.clone()))
+        .await
+        .unwrap();
+
+    assert_eq!(done.suspension.suspension_id, s.suspension_id);
+    assert_eq!(done.suspension.status, SuspensionStatus::Resolved);
+    assert_eq!(done.suspension.decision, Some(decision.clone()));
+    assert!(done.suspension.resolved_at.is_some());
+    let stored = store
+        .get_suspension(A, s.suspension_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored, done.suspension);
+
+    assert_eq!(done.run.run_id, run.run_id);
+    assert_eq!(done.run.status, RunStatus::Queued);
+    assert_eq!(done.run.attempt, f.attempt, "the next claim bumps it");
+    assert_eq!(done.run.suspension, None);
+    assert_eq!(done.run.ended_at, None);
+    let got = store
+        .get_run(A, &tid("t"), run.run_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.status, RunStatus::Queued);
+
+    assert_eq!(done.observations.len(), 1);
+    let o = &done.observations[0];
+    assert_eq!(o.kind, ObservationType::AgentResumed);
+    assert_eq!(o.seq, 2, "after AGENT_SUSPENDED");
+    assert_eq!(o.run_id, Some(run.run_id));
+    assert_eq!(o.parent_id.as_deref(), Some("step-1"));
+    assert_eq!(o.title, "Resumed: approve");
+    assert_eq!(
+        o.content,
+        json!({
+            "suspensionId": s.suspension_id,
+            "decision": "approve",
+            "reason": "looks fine",
+            "expired": false,
+        })
+    );
+    let stored = observations(&store, A, "t").await;
+    assert_eq!(seqs(&stored), [1, 2]);
+    assert_eq!(&stored[1], o);
+
+    assert_eq!(status_of(&store, A, "t").await, ThreadStatus::Busy);
+    assert!(
+        store
+            .agent_snapshot(A, &tid("t"))
+            .await
+            .unwrap()
+            .unwrap()
+            .pending_suspension
+            .is_none()
+    );
+    // The resumed run goes before the one enqueued while it waited, with the next attempt.
+    let again = claim(&store).await;
+    assert_eq!(again.run_id, run.run_id);
+    assert_eq!(again.attempt, f.attempt + 1);
+    assert_ne!(again.run_id, later.run_id);
+}
+
+async fn concurrent_resolvers_of_one_suspension_get_one_success(store: S) {
+    const CALLERS: usize = 20;
+    let (run, f) = running(&store, A, "t").await;
+    let s = suspend(&store, A, "t", f).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(CALLERS));
+    let mut tasks = Vec::new();
+    for i in 0..CALLERS {
+        let store = store.clone();
+        let barrier = barrier.clone();
+        let id = s.suspension_id;
+        tasks.push(tokio::spawn(async move {
+            let decision = json!({ "decision": "approve", "reason": format!("caller {i}") });
+            barrier.wait().await;
+            (
+                decision.clone(),
+                store.resolve_suspension(A, id, resolution(decision)).await,
+            )
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut conflicts = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            (decision, Ok(done)) => winners.push((decision, done)),
+            (_, Err(StoreError::Conflict(msg))) => {
+                assert_eq!(msg, "suspension already resolved");
+                conflicts += 1;
+            }
+            (_, Err(e)) => panic!("expected Ok or Conflict, got {e:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one resolver wins");
+    assert_eq!(conflicts, CALLERS - 1);
+    let (decision, done) = winners.pop().unwrap();
+
+    let stored = store
+        .get_suspension(A, s.suspension_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, SuspensionStatus::Resolved);
+    assert_eq!(stored.decision, Some(decision.clone()));
+    assert_eq!(stored, done.suspension);
+    let got = store
+        .get_run(A, &tid("t"), run.run_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.status, RunStatus::Queued);
+
+    let stored = observations(&store, A, "t").await;
+    assert_eq!(seqs(&stored), [1, 2], "gap-free, nothing from the losers");
+    let resumed = of_type(&stored, ObservationType::AgentResumed);
+    assert_eq!(resumed.len(), 1);
+    assert_eq!(resumed[0].content["reason"], decision["reason"]);
+    assert_eq!(resumed, done.observations);
+}
+
+async fn resolving_an_unknown_or_foreign_suspension_is_not_found(store: S) {
+    let (_, f) = running(&store, A, "t").await;
+    let s = suspend(&store, A, "t", f).await;
+    let approve = || resolution(json!({ "decision": "approve" }));
+    let err = store
+        .resolve_suspension(A, new_id(), approve())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::SuspensionNotFound), "{err:?}");
+    let err = store
+        .resolve_suspension(B, s.suspension_id, approve())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::SuspensionNotFound), "{err:?}");
+    let stored = store
+        .get_suspension(A, s.suspension_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, SuspensionStatus::Pending);
+    assert_eq!(seqs(&observations(&store, A, "t").await), [1]);
+    assert!(store.run_suspensions(B, s.run_id).await.unwrap().is_empty());
+}
+
+async fn resolving_a_suspension_that_is_no_longer_pending_conflicts(store: S) {
+    // Suspend all three first: a resumed run would be claimed before a later thread's.
+    let (_, f) = running(&store, A, "t").await;
+    let resolved = suspend(&store, A, "t", f).await;
+    let (run, g) = running(&store, A, "u").await;
+    let cancelled = suspend(&store, A, "u", g).await;
+    let (_, h) = running(&store, A, "v").await;
+    let pending = suspend(&store, A, "v", h).await;
+    // A pending suspension whose run never moved to `suspended` (its run stays running).
+    let (orphan_run, w) = running(&store, A, "w").await;
+    let orphan = suspension(A, "w", orphan_run.run_id, "step-1");
+    let mut b = batch(A, "w");
+    b.op(Op::InsertSuspension(Box::new(orphan.clone())));
+    apply(&store, w, b).await;
+
+    // Already resolved.
+    store
+        .resolve_suspension(
+            A,
+            resolved.suspension_id,
+            resolution(json!({ "decision": "reject" })),
+        )
+        .await
+        .unwrap();
+    for again in [resolution(json!({ "decision": "approve" })), expiry()] {
+        match store
+            .resolve_suspension(A, resolved.suspension_id, again)
+            .await
+        {
+            Err(StoreError::Conflict(msg)) => assert_eq!(msg, "suspension already resolved"),
+            other => panic!("expected Conflict, got {other:?}"),
+        }
+    }
+    let stored = store
+        .get_suspension(A, resolved.suspension_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.decision, Some(json!({ "decision": "reject" })));
+    assert_eq!(seqs(&observations(&store, A, "t").await), [1, 2]);
+
+    // Cancelled with its run.
+    store.cancel_run(A, &tid("u"), run.run_id).await.unwrap();
+    match store
+        .resolve_suspension(
+            A,
+            cancelled.suspension_id,
+            resolution(json!({ "decision": "approve" })),
+        )
+        .await
+    {
+        Err(StoreError::Conflict(msg)) => assert_eq!(msg, "suspension already cancelled"),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    let got = store
+        .get_run(A, &tid("u"), run.run_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.status, RunStatus::Cancelled);
+    assert_eq!(seqs(&observations(&store, A, "u").await), [1, 2]);
+
+    // Neither pending nor cancelled are resolutions.
+    for status in [SuspensionStatus::Pending, SuspensionStatus::Cancelled] {
+        let r = Resolution {
+            status,
+            decision: json!({ "decision": "approve" }),
+        };
+        let err = store
+            .resolve_suspension(A, pending.suspension_id, r)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+    }
+    let stored = store
+        .get_suspension(A, pending.suspension_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, SuspensionStatus::Pending);
+    assert_eq!(seqs(&observations(&store, A, "v").await), [1]);
+
+    // Its run is not suspended: nothing changes.
+    match store
+        .resolve_suspension(
+            A,
+            orphan.suspension_id,
+            resolution(json!({ "decision": "approve" })),
+        )
+        .await
+    {
+        Err(StoreError::Conflict(msg)) => {
+            assert_eq!(msg, "the suspension's run is running, not suspended");
+        }
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    let stored = store
+        .get_suspension(A, orphan.suspension_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, SuspensionStatus::Pending);
+    assert!(observations(&store, A, "w").await.is_empty());
+}
+
+async fn resolving_while_cancelling_neither_deadlocks_nor_loses_a_change(store: S) {
+    for i in 0..10 {
+        let thread = format!("t{i}");
+        let (run, f) = running(&store, A, &thread).await;
+        let s = suspend(&store, A, &thread, f).await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let resolver = {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store
+                    .resolve_suspension(
+                        A,
+                        s.suspension_id,
+                        resolution(json!({ "decision": "approve" })),
+                    )
+                    .await
+            })
+        };
+        let canceller = {
+            let (store, thread) = (store.clone(), thread.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.cancel_run(A, &tid(&thread), run.run_id).await
+            })
+        };
+        let resolved = resolver.await.unwrap();
+        let cancelled = canceller
+            .await
+            .unwrap()
+            .expect("a suspended or queued run cancels");
+        assert_eq!(cancelled.run.status, RunStatus::Cancelled);
+        let stored = store
+            .get_suspension(A, s.suspension_id)
+            .await
+            .unwrap()
+            .unwrap();
+        let all = observations(&store, A, &thread).await;
+        match resolved {
+            // Resolved first, then the queued run was cancelled.
+            Ok(_) => {
+                assert_eq!(stored.status, SuspensionStatus::Resolved);
+                assert_eq!(of_type(&all, ObservationType::AgentResumed).len(), 1);
+            }
+            Err(StoreError::Conflict(msg)) => {
+                assert_eq!(msg, "suspension already cancelled");
+                assert_eq!(stored.status, SuspensionStatus::Cancelled);
+                assert!(of_type(&all, ObservationType::AgentResumed).is_empty());
+            }
+            Err(e) => panic!("expected Ok or Conflict, got {e:?}"),
+        }
+        assert_eq!(of_type(&all, ObservationType::RunCancelled).len(), 1);
+        assert_eq!(
+            seqs(&all),
+            (1..=i64::try_from(all.len()).unwrap()).collect::<Vec<_>>()
+        );
+    }
+}
+
+async fn an_expired_suspension_resumes_its_run_as_expired(store: S) {
+    let (run, f) = running(&store, A, "t").await;
+    let s = suspend(&store, A, "t", f).await;
+    let done = store
+        .resolve_suspension(A, s.suspension_id, expiry())
+        .await
+        .unwrap();
+    assert_eq!(done.suspension.status, SuspensionStatus::Expired);
+    assert_eq!(done.suspension.decision, Some(expiry().decision));
+    assert_eq!(done.run.status, RunStatus::Queued);
+    let o = &done.observations[0];
+    assert_eq!(o.kind, ObservationType::AgentResumed);
+    assert_eq!(o.title, "Suspension expired");
+    assert_eq!(o.run_id, Some(run.run_id));
+    assert_eq!(o.parent_id.as_deref(), Some("step-1"));
+    assert_eq!(
+        o.content,
+        json!({
+            "suspensionId": s.suspension_id,
+            "decision": "reject",
+            "reason": "expired",
+            "expired": true,
+        })
+    );
+    let stored = store
+        .get_suspension(A, s.suspension_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, SuspensionStatus::Expired);
+
+    // No reason given: null.
+    let again = claim(&store).await;
+    let s2 = suspend(&store, A, "t", fence(&again)).await;
+    let done = store
+        .resolve_suspension(
+            A,
+            s2.suspension_id,
+            resolution(json!({ "decision": "respond" })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.observations[0].title, "Resumed: respond");
+    assert_eq!(done.observations[0].content["reason"], json!(null));
+    assert_eq!(done.observations[0].content["expired"], json!(false));
+}
+
+async fn due_suspensions_are_pending_and_past_their_expiry(store: S) {
+    let t = now();
+    let ago = |mins: i64| Some(t - chrono::Duration::minutes(mins));
+    let (_, f) = running(&store, A, "recent").await;
+    let recent = suspend_until(&store, A, "recent", f, ago(10)).await;
+    let (_, f) = running(&store, A, "oldest").await;
+    let oldest = suspend_until(&store, A, "oldest", f, ago(60)).await;
+    let (_, f) = running(&store, A, "future").await;
+    suspend_until(&store, A, "future", f, Some(t + chrono::Duration::hours(1))).await;
+    let (_, f) = running(&store, A, "never").await;
+    suspend_until(&store, A, "never", f, None).await;
+    let (_, f) = running(&store, B, "other").await;
+    let other = suspend_until(&store, B, "other", f, ago(30)).await;
+    let (_, f) = running(&store, A, "resolved").await;
+    let resolved = suspend_until(&store, A, "resolved", f, ago(90)).await;
+    let (cancelled_run, f) = running(&store, A, "cancelled").await;
+    suspend_until(&store, A, "cancelled", f, ago(120)).await;
+    store
+        .resolve_suspension(A, resolved.suspension_id, expiry())
+        .await
+        .unwrap();
+    store
+        .cancel_run(A, &tid("cancelled"), cancelled_run.run_id)
+        .await
+        .unwrap();
+
+    let due = store.due_suspensions(0).await.unwrap();
+    assert_eq!(
+        due,
+        vec![
+            (A.to_owned(), oldest.suspension_id),
+            (B.to_owned(), other.suspension_id),
+            (A.to_owned(), recent.suspension_id),
+        ],
+        "oldest expiry first, every tenant"
+    );
+    assert_eq!(store.due_suspensions(2).await.unwrap(), due[..2].to_vec());
+    assert_eq!(store.due_suspensions(1).await.unwrap(), due[..1].to_vec());
+
+    store
+        .resolve_suspension(A, oldest.suspension_id, expiry())
+        .await
+        .unwrap();
+    assert_eq!(store.due_suspensions(0).await.unwrap(), due[1..].to_vec());
+}
+
+async fn run_suspensions_lists_every_status_oldest_first(store: S) {
+    let (run, f) = running(&store, A, "t").await;
+    let s1 = suspend(&store, A, "t", f).await;
+    store
+        .resolve_suspension(
+            A,
+            s1.suspension_id,
+            resolution(json!({ "decision": "approve" })),
+        )
+        .await
+        .unwrap();
+    let again = claim(&store).await;
+    let s2 = suspend(&store, A, "t", fence(&again)).await;
+    store
+        .resolve_suspension(A, s2.suspension_id, expiry())
+        .await
+        .unwrap();
+    let again = claim(&store).await;
+    let s3 = suspend(&store, A, "t", fence(&again)).await;
+    // Another run's suspension on another thread stays out.
+    let (_, g) = running(&store, A, "u").await;
+    suspend(&store, A, "u", g).await;
+
+    let list = store.run_suspensions(A, run.run_id).await.unwrap();
+    let got: Vec<(Uuid, SuspensionStatus)> =
+        list.iter().map(|s| (s.suspension_id, s.status)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (s1.suspension_id, SuspensionStatus::Resolved),
+            (s2.suspension_id, SuspensionStatus::Expired),
+            (s3.suspension_id, SuspensionStatus::Pending),
+        ]
+    );
+    assert_eq!(list[0].decision, Some(json!({ "decision": "approve" })));
+    assert_eq!(list[2], s3);
+
+    store.cancel_run(A, &tid("t"), run.run_id).await.unwrap();
+    let list = store.run_suspensions(A, run.run_id).await.unwrap();
+    assert_eq!(list.len(), 3);
+    assert_eq!(list[2].status, SuspensionStatus::Cancelled);
+    assert!(
+        store
+            .run_suspensions(B, run.run_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.run_suspensions(A, new_id()).await.unwrap().is_empty());
+
+    let all = observations(&store, A, "t").await;
+    assert_eq!(of_type(&all, ObservationType::AgentResumed).len(), 2);
+    assert_eq!(
+        seqs(&all),
+        (1..=i64::try_from(all.len()).unwrap()).collect::<Vec<_>>()
+    );
+}
+
 async fn ready_after_migrate_and_migrate_is_idempotent(store: S) {
     store.ready().await.unwrap();
     store.migrate().await.unwrap();
@@ -1644,6 +2152,14 @@ conformance!(
     deleting_a_thread_removes_everything_it_owns,
     thread_status_follows_its_runs,
     mixed_writers_of_one_thread_neither_deadlock_nor_leave_gaps,
+    resolving_a_suspension_requeues_its_run_with_an_observation,
+    concurrent_resolvers_of_one_suspension_get_one_success,
+    resolving_an_unknown_or_foreign_suspension_is_not_found,
+    resolving_a_suspension_that_is_no_longer_pending_conflicts,
+    resolving_while_cancelling_neither_deadlocks_nor_loses_a_change,
+    an_expired_suspension_resumes_its_run_as_expired,
+    due_suspensions_are_pending_and_past_their_expiry,
+    run_suspensions_lists_every_status_oldest_first,
     ready_after_migrate_and_migrate_is_idempotent,
 );
 

@@ -328,7 +328,13 @@ impl Worker {
             .into_iter()
             .filter(|m| m.run_id != Some(run.run_id) && m.role != MessageRole::Tool)
             .collect();
-        let suspensions = self.store.run_suspensions(&run.tenant, run.run_id).await?;
+        // The thread's suspensions, not only this run's: an item a cancelled run left waiting
+        // continues with that suspension's outcome instead of asking again.
+        let suspensions = self
+            .store
+            .list_suspensions(&run.tenant, &run.thread_id, true)
+            .await?
+            .unwrap_or_default();
         Ok(Some(RunInput {
             run,
             thread,

@@ -25,10 +25,10 @@ use crate::llm::{
     RequestHints, ToolCall, ToolSpec,
 };
 use crate::model::{
-    AgentConfig, AgentStateRow, ConversationMessage, Decision, ErrorInfo, ItemStatus, Message, MessageRole,
-    NewObservation, ObservationType, Run, RunStatus, StepType, Suspension, SuspensionKind,
-    SuspensionStatus, Thread, ThreadId, TodoItem,
-    ToolCallRecord, ToolResultRecord, ToolValidationMode, Usage, ValidationStatus, new_id,
+    AgentConfig, AgentStateRow, ConversationMessage, Decision, ErrorInfo, ItemStatus, Message,
+    MessageRole, NewObservation, ObservationType, Run, RunStatus, StepType, Suspension,
+    SuspensionKind, SuspensionStatus, Thread, ThreadId, TodoItem, ToolCallRecord, ToolResultRecord,
+    ToolValidationMode, Usage, ValidationStatus, new_id,
 };
 use crate::store::{AgentSnapshot, Batch, Op, RunUpdate};
 use crate::tools::{ToolContext, ToolRegistry};
@@ -105,7 +105,7 @@ pub struct RunInput {
     pub snapshot: AgentSnapshot,
     /// The thread's conversation before this run (oldest first).
     pub history: Vec<Message>,
-    /// This run's suspensions, any status: the decisions made while it was paused.
+    /// The thread's suspensions, any status: the decisions made while its runs were paused.
     pub suspensions: Vec<Suspension>,
 }
 
@@ -909,14 +909,18 @@ impl Engine {
             output: Value::Null,
             error: Some(msg),
         };
-        let item_is_reasoning = ctx.items[ctx.item_idx(item_id).expect("item")].step_type == StepType::Reasoning;
+        let item_is_reasoning =
+            ctx.items[ctx.item_idx(item_id).expect("item")].step_type == StepType::Reasoning;
         let result = if call.name == prompts::UPDATE_PLAN_TOOL {
             let (r, obs, ops) = self.apply_plan_update(ctx, &call);
             extra.extend(obs);
             extra_ops.extend(ops);
             r
         } else if !self.enabled_tools(&ctx.cfg).contains(&call.name) || item_is_reasoning {
-            error_result(format!("tool `{}` is not available for this item", call.name))
+            error_result(format!(
+                "tool `{}` is not available for this item",
+                call.name
+            ))
         } else if let Some(kind) = self.needs_person(ctx, &call.name) {
             let decided = ctx
                 .suspensions
@@ -924,7 +928,9 @@ impl Engine {
                 .find(|s| s.tool_call.id == call.id && s.item_id.as_str() == item_id)
                 .cloned();
             match decided {
-                Some(s) if s.status == SuspensionStatus::Pending => return Ok(Some(RunEnd::Suspended)),
+                Some(s) if s.status == SuspensionStatus::Pending => {
+                    return Ok(Some(RunEnd::Suspended));
+                }
                 Some(s) => self.apply_decision(ctx, &call, &s).await?,
                 None => match self.tools.validate(&call.name, &call.arguments) {
                     // Arguments that do not fit are the model's to fix, not a person's.
@@ -935,7 +941,9 @@ impl Engine {
         } else {
             self.invoke(ctx, &call, call.arguments.clone()).await?
         };
-        let idx = ctx.item_idx(item_id).expect("the running item is never removed");
+        let idx = ctx
+            .item_idx(item_id)
+            .expect("the running item is never removed");
         let it = &mut ctx.items[idx];
         let was_waiting = it.status == ItemStatus::Waiting;
         if was_waiting {
@@ -990,17 +998,29 @@ impl Engine {
     }
 
     /// Run a tool (its arguments are validated by the registry) and describe the outcome.
-    async fn invoke(&self, ctx: &Ctx<'_>, call: &ToolCallRecord, args: Value) -> Result<ToolResultRecord, Halt> {
+    async fn invoke(
+        &self,
+        ctx: &Ctx<'_>,
+        call: &ToolCallRecord,
+        args: Value,
+    ) -> Result<ToolResultRecord, Halt> {
         let tctx = ToolContext {
             tenant: ctx.tenant.clone(),
             thread_id: ctx.thread_id.to_string(),
             idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
         };
-        let outcome = ctx.guard(self.tools.invoke(&call.name, args, &tctx)).await?;
+        let outcome = ctx
+            .guard(self.tools.invoke(&call.name, args, &tctx))
+            .await?;
         Ok(ToolResultRecord {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
-            status: if outcome.error.is_none() { "success" } else { "error" }.into(),
+            status: if outcome.error.is_none() {
+                "success"
+            } else {
+                "error"
+            }
+            .into(),
             error: outcome.error.map(|e| e.to_string()),
             output: outcome.output,
         })
@@ -1016,7 +1036,10 @@ impl Engine {
         let d = s.decision.clone().unwrap_or(Value::Null);
         let reason = d.get("reason").and_then(Value::as_str).map(str::to_owned);
         let decision = match s.status {
-            SuspensionStatus::Resolved => d.get("decision").and_then(Value::as_str).and_then(|x| x.parse::<Decision>().ok()),
+            SuspensionStatus::Resolved => d
+                .get("decision")
+                .and_then(Value::as_str)
+                .and_then(|x| x.parse::<Decision>().ok()),
             _ => None,
         };
         let rejected = |reason: String| ToolResultRecord {
@@ -1059,7 +1082,10 @@ impl Engine {
     ) -> Result<RunEnd, Halt> {
         let idx = ctx.item_idx(item_id).expect("item");
         let now = Utc::now();
-        let ttl = ctx.cfg.suspension_ttl_seconds.unwrap_or(self.settings.suspension_ttl_seconds);
+        let ttl = ctx
+            .cfg
+            .suspension_ttl_seconds
+            .unwrap_or(self.settings.suspension_ttl_seconds);
         let item = &ctx.items[idx];
         let turn_calls: Vec<String> = item
             .conversation
@@ -1077,12 +1103,26 @@ impl Engine {
         let (allowed, question, input_schema) = match kind {
             SuspensionKind::Input => (
                 vec![Decision::Respond, Decision::Reject],
-                call.arguments.get("question").and_then(Value::as_str).map(str::to_owned),
-                call.arguments.get("inputSchema").cloned().filter(|v| !v.is_null()),
+                call.arguments
+                    .get("question")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                call.arguments
+                    .get("inputSchema")
+                    .cloned()
+                    .filter(|v| !v.is_null()),
             ),
             SuspensionKind::Approval => (
-                vec![Decision::Approve, Decision::Edit, Decision::Reject, Decision::Respond],
-                Some(format!("May the agent call `{}` with these arguments?", call.name)),
+                vec![
+                    Decision::Approve,
+                    Decision::Edit,
+                    Decision::Reject,
+                    Decision::Respond,
+                ],
+                Some(format!(
+                    "May the agent call `{}` with these arguments?",
+                    call.name
+                )),
                 None,
             ),
         };
@@ -1103,7 +1143,8 @@ impl Engine {
             decision: None,
             created_at: now,
             resolved_at: None,
-            expires_at: (ttl > 0).then(|| now + chrono::Duration::seconds(ttl.min(i64::MAX as u64 / 1000) as i64)),
+            expires_at: (ttl > 0)
+                .then(|| now + chrono::Duration::seconds(ttl.min(i64::MAX as u64 / 1000) as i64)),
         };
         let it = &mut ctx.items[idx];
         let previous = it.status;

@@ -12,10 +12,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::threads::Page;
-use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
 use super::runs::wants_event_stream;
 use super::sse::{StreamSpec, observation_sse};
+use super::threads::Page;
+use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
 use crate::model::{Decision, Run, Suspension, SuspensionStatus};
 use crate::store::{Resolution, StoreError};
 
@@ -127,17 +127,30 @@ fn check_decision(state: &AppState, s: &Suspension, body: &ResumeRequest) -> Res
             ),
         });
     }
-    if body.reason.as_ref().is_some_and(|r| r.chars().count() > 4000) {
-        return Err(ApiError::Validation("reason is longer than 4000 characters".into()));
+    if body
+        .reason
+        .as_ref()
+        .is_some_and(|r| r.chars().count() > 4000)
+    {
+        return Err(ApiError::Validation(
+            "reason is longer than 4000 characters".into(),
+        ));
     }
     match body.decision {
         Decision::Edit => {
             let args = body.modified_args.as_ref().ok_or_else(|| {
                 ApiError::Validation("decision `edit` needs `modifiedArgs`".into())
             })?;
-            state.engine.tools().validate(&s.tool_call.name, args).map_err(|e| {
-                ApiError::Validation(format!("modifiedArgs do not fit `{}`: {e}", s.tool_call.name))
-            })?;
+            state
+                .engine
+                .tools()
+                .validate(&s.tool_call.name, args)
+                .map_err(|e| {
+                    ApiError::Validation(format!(
+                        "modifiedArgs do not fit `{}`: {e}",
+                        s.tool_call.name
+                    ))
+                })?;
         }
         Decision::Respond => {
             let response = body.response.as_ref().ok_or_else(|| {
@@ -196,19 +209,32 @@ pub async fn resume_suspension(
     if let Some(r) = body.response {
         decision["response"] = r;
     }
-    let resolution = Resolution { status: SuspensionStatus::Resolved, decision };
-    let done = match state.store.resolve_suspension(&tenant, id, resolution).await {
+    let resolution = Resolution {
+        status: SuspensionStatus::Resolved,
+        decision,
+    };
+    let done = match state
+        .store
+        .resolve_suspension(&tenant, id, resolution)
+        .await
+    {
         Ok(done) => done,
         Err(StoreError::Conflict(_)) => {
             let now = state.store.get_suspension(&tenant, id).await?;
-            return Err(already(now.map(|s| s.status).unwrap_or(SuspensionStatus::Resolved)));
+            return Err(already(
+                now.map(|s| s.status).unwrap_or(SuspensionStatus::Resolved),
+            ));
         }
         Err(e) => return Err(e.into()),
     };
     state.bus.publish(&done.observations);
     state.worker_wake.notify_one();
     if wants_event_stream(&headers) {
-        let after = done.observations.last().map(|o| o.seq).unwrap_or(done.run.start_seq);
+        let after = done
+            .observations
+            .last()
+            .map(|o| o.seq)
+            .unwrap_or(done.run.start_seq);
         let spec = StreamSpec {
             tenant,
             thread_id: done.run.thread_id.clone(),

@@ -53,7 +53,10 @@ impl Proc {
         Proc {
             child,
             base: format!("http://{addr}"),
-            client: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
         }
     }
 
@@ -66,7 +69,15 @@ impl Proc {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        crate::helpers::read(self.client.post(self.url(path)).json(&body).send().await.unwrap()).await
+        crate::helpers::read(
+            self.client
+                .post(self.url(path))
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
     }
 
     /// SIGKILL, and wait until the process is gone.
@@ -83,7 +94,10 @@ impl Proc {
             if pred(&v) {
                 return v;
             }
-            assert!(tokio::time::Instant::now() < deadline, "condition never held: {v}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "condition never held: {v}"
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }

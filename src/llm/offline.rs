@@ -82,6 +82,9 @@ struct Draft {
 const ANSWER_PREFIX: &str = "Compose the answer to: ";
 const CALCULATE_PREFIX: &str = "Calculate ";
 const TIME_PREFIX: &str = "Look up the current time";
+const ASK_PREFIX: &str = "Ask the user: ";
+/// The question the offline model asks when a query says "ask me".
+const ASK_QUESTION: &str = "What should I know to answer?";
 
 fn truncate_chars(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
@@ -141,6 +144,12 @@ fn words(text: &str) -> impl Iterator<Item = String> + '_ {
         .map(str::to_lowercase)
 }
 
+/// "ask me …" / "ask the user …": the offline model then asks with `ask_user`.
+fn wants_a_question(query: &str) -> bool {
+    let q = query.to_lowercase();
+    q.contains("ask me") || q.contains("ask the user")
+}
+
 fn asks_for_time(query: &str) -> bool {
     words(query).any(|w| matches!(w.as_str(), "time" | "date" | "today" | "clock"))
 }
@@ -191,6 +200,13 @@ fn drafts_for(query: &str) -> (Vec<Draft>, Draft) {
             expected_outcome: format!("The current date and time{suffix}"),
         });
     }
+    if wants_a_question(query) {
+        tools.push(Draft {
+            description: format!("{ASK_PREFIX}{ASK_QUESTION}"),
+            tool: Some("ask_user"),
+            expected_outcome: "The user's answer".into(),
+        });
+    }
     let answer = Draft {
         description: format!(
             "{ANSWER_PREFIX}{}",
@@ -212,6 +228,8 @@ fn rebuild_existing(existing: &[(String, String, String)]) -> Vec<PlanItem> {
             Some("calculator")
         } else if description.starts_with(TIME_PREFIX) {
             Some("current_time")
+        } else if description.starts_with(ASK_PREFIX) {
+            Some("ask_user")
         } else {
             None
         };
@@ -220,6 +238,7 @@ fn rebuild_existing(existing: &[(String, String, String)]) -> Vec<PlanItem> {
                 // The same expected outcome as when the item was first planned.
                 let expected_outcome = match description.strip_prefix(CALCULATE_PREFIX) {
                     Some(expr) => format!("The value of {expr}"),
+                    None if t == "ask_user" => "The user's answer".into(),
                     None => format!(
                         "The current date and time{}",
                         &description[TIME_PREFIX.len()..]
@@ -417,6 +436,10 @@ fn execute(req: &ChatRequest) -> (Option<String>, Vec<ToolCall>) {
                     }
                 }
             }
+            "ask_user" => json!({
+                "question": description.strip_prefix(ASK_PREFIX).unwrap_or(ASK_QUESTION),
+                "inputSchema": {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "string"}}},
+            }),
             "current_time" => match detect_zone(&description) {
                 Some(z) => json!({ "timezone": z }),
                 None => json!({}),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use futures::StreamExt;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +24,8 @@ use crate::http::{self, AppState};
 use crate::llm::LlmProvider;
 use crate::llm::offline::OfflineProvider;
 use crate::llm::openai::{OpenAiConfig, OpenAiProvider};
-use crate::store::Store;
+use crate::model::ThreadId;
+use crate::store::{Signal, Store};
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
 use crate::tools::ToolRegistry;
@@ -118,8 +120,14 @@ impl App {
         let store = connect_store(&config.database_url, config.database_max_connections).await?;
         store.migrate().await.context("applying migrations")?;
         let (providers, default_provider) = build_providers(&config)?;
-        let tools = ToolRegistry::with_builtins()
+        let mut tools = ToolRegistry::with_builtins()
             .with_timeout(Duration::from_secs(config.tool_timeout_seconds.max(1)));
+        if config.debug_tools {
+            warn!("PES_DEBUG_TOOLS is on: the test-only `debug_sleep` tool is registered");
+            tools.register(Arc::new(crate::tools::debug::DebugSleep::new(
+                config.debug_tool_log.clone(),
+            )));
+        }
         let engine = Arc::new(Engine::new(
             providers,
             tools,
@@ -145,6 +153,7 @@ impl App {
         let wake = Arc::new(Notify::new());
         let registry = RunRegistry::default();
         let hard_stop = CancellationToken::new();
+        let shutdown = CancellationToken::new();
         let worker = Worker::new(
             store.clone(),
             bus.clone(),
@@ -152,11 +161,13 @@ impl App {
             WorkerSettings {
                 owner: format!("{}-{}", hostname(), crate::model::new_id()),
                 lease: config.lease(),
-                concurrency: config.worker_concurrency.max(1),
+                concurrency: config.worker_concurrency,
                 poll_interval: Duration::from_millis(config.poll_interval_ms.max(10)),
+                heartbeat: config.heartbeat(),
             },
             wake.clone(),
             registry.clone(),
+            shutdown.clone(),
             hard_stop.clone(),
         );
         let grace = Duration::from_secs(config.shutdown_grace_seconds);
@@ -164,7 +175,7 @@ impl App {
             store,
             bus,
             engine,
-            shutdown: CancellationToken::new(),
+            shutdown,
             tracker: TaskTracker::new(),
             worker_wake: wake,
             runs: registry,
@@ -220,6 +231,7 @@ impl App {
             Duration::from_millis(state.config.suspension_sweep_ms.max(10)),
             shutdown.clone(),
         ));
+        let signals = spawn_signal_tasks(&state).await?;
         let worker_task = tokio::spawn(worker.run(shutdown.clone()));
         let router = http::router(state);
         axum::serve(listener, router)
@@ -237,11 +249,74 @@ impl App {
             let _ = worker_task.await;
         }
         let _ = sweeper.await;
+        for task in signals {
+            let _ = task.await;
+        }
         tracker.close();
         tracker.wait().await;
         info!("stopped");
         Ok(())
     }
+}
+
+/// With a store shared by several processes: one LISTEN connection whose wake-ups reach the
+/// local SSE streams, worker and cancel registry, and a poll of the watched threads' `last_seq`
+/// that covers a notification lost while that connection was down.
+async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let Some(mut signals) = state.store.signals().await.context("listening for signals")? else {
+        return Ok(Vec::new());
+    };
+    let (bus, wake, runs, stop) = (
+        state.bus.clone(),
+        state.worker_wake.clone(),
+        state.runs.clone(),
+        state.shutdown.clone(),
+    );
+    let listen = tokio::spawn(async move {
+        loop {
+            let signal = tokio::select! {
+                _ = stop.cancelled() => return,
+                s = signals.next() => match s {
+                    Some(s) => s,
+                    None => return,
+                },
+            };
+            match signal {
+                Signal::Observations { tenant, thread, seq } => {
+                    bus.wake(&tenant, &ThreadId::from_stored(thread), seq)
+                }
+                Signal::RunReady => wake.notify_one(),
+                Signal::Cancel { run } => {
+                    runs.cancel(run);
+                }
+            }
+        }
+    });
+    let (store, bus, stop) = (state.store.clone(), state.bus.clone(), state.shutdown.clone());
+    let every = Duration::from_millis(state.config.stream_poll_ms.max(10));
+    let poll = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let watched = bus.watched();
+            if watched.is_empty() {
+                continue;
+            }
+            let keys: Vec<(String, ThreadId)> =
+                watched.into_iter().map(|(t, id, _)| (t, id)).collect();
+            match store.thread_seqs(&keys).await {
+                Ok(seqs) => {
+                    for (tenant, id, seq) in seqs {
+                        bus.wake(&tenant, &id, seq);
+                    }
+                }
+                Err(e) => warn!(error = %e, "polling watched threads failed"),
+            }
+        }
+    });
+    Ok(vec![listen, poll])
 }
 
 fn hostname() -> String {

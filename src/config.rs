@@ -94,13 +94,30 @@ pub struct Config {
     #[arg(long, env = "PES_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
 
-    /// Runs one process drives at once.
+    /// Runs one process drives at once (0: serve the API only, run no agents).
     #[arg(long, env = "PES_WORKER_CONCURRENCY", default_value_t = 64)]
     pub worker_concurrency: usize,
 
     /// Run lease; heartbeats every third of it; an expired lease is re-claimed by any replica.
     #[arg(long, env = "PES_LEASE_SECONDS", default_value_t = 30)]
     pub lease_seconds: u64,
+
+    /// How often a worker renews its lease (milliseconds); default a third of the lease.
+    #[arg(long, env = "PES_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+
+    /// How often SSE streams check the table for observations of other replicas whose
+    /// notification was lost (milliseconds; Postgres only).
+    #[arg(long, env = "PES_STREAM_POLL_MS", default_value_t = 1000)]
+    pub stream_poll_ms: u64,
+
+    /// Register test-only tools (`debug_sleep`); never in production.
+    #[arg(long, env = "PES_DEBUG_TOOLS", default_value_t = false)]
+    pub debug_tools: bool,
+
+    /// File `debug_sleep` appends its tag to after each completed call (tests count them).
+    #[arg(long, env = "PES_DEBUG_TOOL_LOG")]
+    pub debug_tool_log: Option<std::path::PathBuf>,
 
     /// How often an idle worker looks for work it was not woken for (milliseconds).
     #[arg(long, env = "PES_POLL_INTERVAL_MS", default_value_t = 1000)]
@@ -211,6 +228,16 @@ impl Config {
 
     pub fn lease(&self) -> Duration {
         Duration::from_secs(self.lease_seconds.max(1))
+    }
+
+    /// The heartbeat period: `PES_HEARTBEAT_MS`, else a third of the lease (never longer than
+    /// half of it, so one late beat does not lose the lease).
+    pub fn heartbeat(&self) -> Duration {
+        let lease = self.lease();
+        match self.heartbeat_ms {
+            Some(ms) => Duration::from_millis(ms.max(10)).min(lease / 2),
+            None => lease / 3,
+        }
     }
 
     /// API keys as `(key, tenant)`; a key without a tenant belongs to the default tenant.

@@ -1,8 +1,10 @@
 //! Observation fan-out. Every commit that writes observations publishes them here, on one broadcast
 //! channel per thread, so SSE streams and waiters in this process learn about them at once.
+//! Observations committed by another replica arrive as [`BusMsg::Wake`] (from Postgres
+//! LISTEN/NOTIFY, or from the poll that covers a lost notification).
 //!
 //! The bus is a fast path, never the source of truth: a subscriber that sees a gap in `seq` (it
-//! lagged, or the observation was committed by another replica) re-reads the observations table.
+//! lagged, or was woken for an observation it has not seen) re-reads the observations table.
 //! That is what makes the stream gap-free and duplicate-free however the wake-up arrived.
 
 use std::collections::HashMap;
@@ -17,10 +19,25 @@ const CHANNEL_CAPACITY: usize = 256;
 
 type Key = (String, ThreadId);
 
+/// What a thread's subscribers receive.
+#[derive(Debug, Clone)]
+pub enum BusMsg {
+    /// An observation committed by this process.
+    Obs(Arc<Observation>),
+    /// Observations up to this `seq` were committed elsewhere: read them from the table.
+    Wake(i64),
+}
+
+struct Channel {
+    tx: broadcast::Sender<BusMsg>,
+    /// Highest `seq` announced on the channel.
+    last_seq: i64,
+}
+
 /// In-process publisher of committed observations, keyed by (tenant, thread).
 #[derive(Clone, Default)]
 pub struct EventBus {
-    channels: Arc<Mutex<HashMap<Key, broadcast::Sender<Arc<Observation>>>>>,
+    channels: Arc<Mutex<HashMap<Key, Channel>>>,
 }
 
 impl EventBus {
@@ -29,14 +46,14 @@ impl EventBus {
     }
 
     /// Listen to a thread's observations committed from now on.
-    pub fn subscribe(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-    ) -> broadcast::Receiver<Arc<Observation>> {
+    pub fn subscribe(&self, tenant: &str, thread_id: &ThreadId) -> broadcast::Receiver<BusMsg> {
         let mut map = self.channels.lock().expect("event bus lock poisoned");
         map.entry((tenant.to_owned(), thread_id.clone()))
-            .or_insert_with(|| broadcast::channel(CHANNEL_CAPACITY).0)
+            .or_insert_with(|| Channel {
+                tx: broadcast::channel(CHANNEL_CAPACITY).0,
+                last_seq: 0,
+            })
+            .tx
             .subscribe()
     }
 
@@ -48,17 +65,42 @@ impl EventBus {
         let mut map = self.channels.lock().expect("event bus lock poisoned");
         for obs in observations {
             let key = (obs.tenant.clone(), obs.thread_id.clone());
-            if let Some(tx) = map.get(&key)
-                && tx.send(Arc::new(obs.clone())).is_err()
-            {
+            if let Some(ch) = map.get_mut(&key) {
+                ch.last_seq = ch.last_seq.max(obs.seq);
+                if ch.tx.send(BusMsg::Obs(Arc::new(obs.clone()))).is_err() {
+                    map.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Observations up to `seq` exist on a thread (committed by another process): wake its
+    /// subscribers unless they have already been told about them.
+    pub fn wake(&self, tenant: &str, thread_id: &ThreadId, seq: i64) {
+        let mut map = self.channels.lock().expect("event bus lock poisoned");
+        let key = (tenant.to_owned(), thread_id.clone());
+        if let Some(ch) = map.get_mut(&key)
+            && seq > ch.last_seq
+        {
+            ch.last_seq = seq;
+            if ch.tx.send(BusMsg::Wake(seq)).is_err() {
                 map.remove(&key);
             }
         }
     }
 
+    /// Threads with at least one live subscriber, with the highest `seq` announced to them.
+    pub fn watched(&self) -> Vec<(String, ThreadId, i64)> {
+        let mut map = self.channels.lock().expect("event bus lock poisoned");
+        map.retain(|_, ch| ch.tx.receiver_count() > 0);
+        map.iter()
+            .map(|((t, id), ch)| (t.clone(), id.clone(), ch.last_seq))
+            .collect()
+    }
+
     /// Threads with at least one live subscriber (for metrics).
     pub fn subscribed_threads(&self) -> usize {
         let map = self.channels.lock().expect("event bus lock poisoned");
-        map.values().filter(|tx| tx.receiver_count() > 0).count()
+        map.values().filter(|ch| ch.tx.receiver_count() > 0).count()
     }
 }

@@ -86,8 +86,11 @@ pub enum Outcome {
 pub struct WorkerSettings {
     pub owner: String,
     pub lease: Duration,
+    /// Runs driven at once; 0 makes an API-only process that never claims.
     pub concurrency: usize,
     pub poll_interval: Duration,
+    /// How often a held lease is renewed (a third of the lease unless set).
+    pub heartbeat: Duration,
 }
 
 /// Claims and drives runs.
@@ -100,6 +103,8 @@ pub struct Worker {
     wake: Arc<Notify>,
     registry: RunRegistry,
     metrics: Arc<WorkerMetrics>,
+    /// Cancelled when the process starts shutting down: runs stop at their next safe point.
+    drain: CancellationToken,
     /// Cancelled when in-flight runs must stop (after the shutdown grace period).
     hard_stop: CancellationToken,
 }
@@ -140,6 +145,7 @@ impl Worker {
         settings: WorkerSettings,
         wake: Arc<Notify>,
         registry: RunRegistry,
+        drain: CancellationToken,
         hard_stop: CancellationToken,
     ) -> Self {
         Self {
@@ -150,6 +156,7 @@ impl Worker {
             wake,
             registry,
             metrics: Arc::new(WorkerMetrics::default()),
+            drain,
             hard_stop,
         }
     }
@@ -176,7 +183,11 @@ impl Worker {
     /// Claim and drive runs, up to `concurrency` at once, until `stop_claiming` fires; then wait
     /// for the runs in flight (they stop by themselves when `hard_stop` fires).
     pub async fn run(self, stop_claiming: CancellationToken) {
-        let permits = Arc::new(Semaphore::new(self.settings.concurrency.max(1)));
+        if self.settings.concurrency == 0 {
+            info!("PES_WORKER_CONCURRENCY=0: this process serves the API and runs no agents");
+            return;
+        }
+        let permits = Arc::new(Semaphore::new(self.settings.concurrency));
         let tracker = TaskTracker::new();
         loop {
             let permit = tokio::select! {
@@ -243,6 +254,7 @@ impl Worker {
         };
         let signals = Signals {
             cancel: CancellationToken::new(),
+            drain: self.drain.clone(),
             shutdown: self.hard_stop.child_token(),
         };
         if run.cancel_requested {
@@ -297,7 +309,7 @@ impl Worker {
 
     /// Renew the lease every third of its length; resolves only when the lease is lost.
     async fn heartbeat(&self, fence: Fence, signals: Signals) {
-        let period = self.settings.lease / 3;
+        let period = self.settings.heartbeat;
         loop {
             tokio::time::sleep(period).await;
             match self.store.heartbeat(fence, self.settings.lease).await {

@@ -109,11 +109,14 @@ pub struct RunInput {
     pub suspensions: Vec<Suspension>,
 }
 
-/// Tokens that interrupt a run: `cancel` (a client cancelled it: commit `RUN_CANCELLED`) and
-/// `shutdown` (stop touching it; another worker resumes it).
+/// Tokens that interrupt a run: `cancel` (a client cancelled it: commit `RUN_CANCELLED`, even in
+/// the middle of a model or tool call), `drain` (the process is shutting down: stop at the next
+/// safe point, after the step in flight, so another worker resumes it) and `shutdown` (the grace
+/// period is over: abandon the step in flight too).
 #[derive(Debug, Clone, Default)]
 pub struct Signals {
     pub cancel: CancellationToken,
+    pub drain: CancellationToken,
     pub shutdown: CancellationToken,
 }
 
@@ -212,12 +215,13 @@ impl Ctx<'_> {
         }
     }
 
+    /// At a safe point (everything so far committed): stop here if asked to.
     fn check_signals(&self) -> Result<(), Halt> {
-        if self.signals.shutdown.is_cancelled() {
-            return Err(Halt::Shutdown);
-        }
         if self.signals.cancel.is_cancelled() {
             return Err(Halt::Cancel);
+        }
+        if self.signals.shutdown.is_cancelled() || self.signals.drain.is_cancelled() {
+            return Err(Halt::Shutdown);
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, decode_cursor, encode_cursor,
     page_limit, parse_thread_id,
 };
+use crate::events::BusMsg;
 use crate::model::{AgentConfig, MultitaskStrategy, Run, RunStatus, ThreadId};
 use crate::store::NewRun;
 
@@ -194,9 +195,9 @@ pub(crate) async fn wait_for_run(
                 }
                 _ = &mut deadline => break,
                 msg = rx.recv() => match msg {
-                    Ok(o) if o.run_id == Some(run_id) && o.kind.ends_run_stream() => break,
-                    Ok(_) => {}
-                    Err(_) => break,
+                    Ok(BusMsg::Obs(o)) if o.run_id == Some(run_id) && o.kind.ends_run_stream() => break,
+                    Ok(BusMsg::Obs(_)) => {}
+                    Ok(BusMsg::Wake(_)) | Err(_) => break,
                 },
             }
         }

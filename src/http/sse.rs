@@ -8,7 +8,6 @@
 //! re-read the table after its last `seq`. The table is the truth; the bus is only a fast path.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -26,6 +25,7 @@ use uuid::Uuid;
 
 use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
+use crate::events::BusMsg;
 use crate::model::{Observation, ObservationType, ThreadId};
 use crate::store::ObservationQuery;
 
@@ -140,7 +140,7 @@ impl Producer {
         Flow::Continue
     }
 
-    async fn run(mut self, mut rx: broadcast::Receiver<Arc<Observation>>) {
+    async fn run(mut self, mut rx: broadcast::Receiver<BusMsg>) {
         if let Flow::Stop = self.catch_up(None).await {
             return;
         }
@@ -151,12 +151,14 @@ impl Producer {
                 msg = rx.recv() => msg,
             };
             let flow = match msg {
-                Ok(o) if o.seq <= self.last => Flow::Continue,
-                Ok(o) if o.seq == self.last + 1 => {
+                Ok(BusMsg::Obs(o)) if o.seq <= self.last => Flow::Continue,
+                Ok(BusMsg::Obs(o)) if o.seq == self.last + 1 => {
                     self.last = o.seq;
                     self.send(&o).await
                 }
-                Ok(o) => self.catch_up(Some(o.seq)).await,
+                Ok(BusMsg::Obs(o)) => self.catch_up(Some(o.seq)).await,
+                Ok(BusMsg::Wake(seq)) if seq <= self.last => Flow::Continue,
+                Ok(BusMsg::Wake(seq)) => self.catch_up(Some(seq)).await,
                 Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up(None).await,
                 Err(broadcast::error::RecvError::Closed) => return,
             };

@@ -222,6 +222,22 @@ pub struct ResolvedSuspension {
     pub observations: Vec<Observation>,
 }
 
+/// A wake-up from another process sharing the store (Postgres LISTEN/NOTIFY). Signals carry no
+/// data: whoever receives one re-reads the tables.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "k")]
+pub enum Signal {
+    /// A thread's observations up to `seq` were committed.
+    #[serde(rename = "o")]
+    Observations { tenant: String, thread: String, seq: i64 },
+    /// A run may have become claimable (enqueued, resumed, released, or its thread freed).
+    #[serde(rename = "r")]
+    RunReady,
+    /// A cancel was requested for a running run.
+    #[serde(rename = "c")]
+    Cancel { run: Uuid },
+}
+
 /// The persistence contract. Implementations are cheap to clone behind an `Arc`.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -393,4 +409,20 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every suspension of a run (any status), oldest first: the engine applies their decisions.
     async fn run_suspensions(&self, tenant: &str, run_id: Uuid) -> StoreResult<Vec<Suspension>>;
+
+    // ----- replicas ------------------------------------------------------------------------
+
+    /// Wake-ups from other processes sharing the store; `None` when the store is not shared
+    /// (SQLite: one process). Delivery is best effort: callers also poll.
+    async fn signals(&self) -> StoreResult<Option<futures::stream::BoxStream<'static, Signal>>> {
+        Ok(None)
+    }
+
+    /// The current `last_seq` of each of these threads (the poll that covers a lost signal).
+    async fn thread_seqs(
+        &self,
+        _threads: &[(String, ThreadId)],
+    ) -> StoreResult<Vec<(String, ThreadId, i64)>> {
+        Ok(Vec::new())
+    }
 }

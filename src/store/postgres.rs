@@ -23,14 +23,16 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::Row as _;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use tracing::instrument;
 use uuid::Uuid;
 
 use super::rows;
 use super::{
     AgentSnapshot, Applied, Batch, CancelledRun, CreatedRun, Fence, NewRun, ObservationQuery, Op,
-    PageCursor, Resolution, ResolvedSuspension, RunUpdate, Store, StoreError, StoreResult,
+    PageCursor, Resolution, ResolvedSuspension, RunUpdate, Signal, Store, StoreError, StoreResult,
     ThreadPatch,
 };
 use crate::model::{
@@ -115,6 +117,20 @@ fn lease_lost_if_none<T>(v: Option<T>) -> StoreResult<T> {
     v.ok_or(StoreError::LeaseLost)
 }
 
+/// The NOTIFY payload of a signal.
+fn signal_payload(s: &Signal) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// Tell other replicas (at commit) that something happened.
+async fn notify(conn: &mut PgConnection, s: &Signal) -> StoreResult<()> {
+    sqlx::query("SELECT pg_notify('pes', $1)")
+        .bind(signal_payload(s))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Lock the thread row; its `last_seq`, or `None` when the thread does not exist.
 async fn lock_thread(
     conn: &mut PgConnection,
@@ -160,12 +176,20 @@ async fn insert_observations(
         titles.push(o.title.as_str());
         contents.push(o.content.clone());
     }
+    let signal = signal_payload(&Signal::Observations {
+        tenant: tenant.to_owned(),
+        thread: thread_id.to_string(),
+        seq: first_seq + n as i64 - 1,
+    });
+    // The insert and the wake-up for other replicas in one statement; NOTIFY is delivered at
+    // commit, so a listener never reads before the rows are visible.
     sqlx::query(
-        "INSERT INTO observations \
+        "WITH ins AS (INSERT INTO observations \
            (tenant, thread_id, seq, id, run_id, parent_id, type, title, content, created_at) \
          SELECT $1, $2, u.seq, u.id, u.run_id, u.parent_id, u.type, u.title, u.content, $10 \
          FROM UNNEST($3::bigint[], $4::uuid[], $5::uuid[], $6::text[], $7::text[], $8::text[], \
-                     $9::jsonb[]) AS u(seq, id, run_id, parent_id, type, title, content)",
+                     $9::jsonb[]) AS u(seq, id, run_id, parent_id, type, title, content)) \
+         SELECT pg_notify('pes', $11)",
     )
     .bind(tenant)
     .bind(thread_id.as_str())
@@ -177,6 +201,7 @@ async fn insert_observations(
     .bind(&titles)
     .bind(&contents)
     .bind(created_at)
+    .bind(signal)
     .execute(conn)
     .await?;
     Ok(rows::committed(
@@ -358,10 +383,14 @@ async fn update_run(conn: &mut PgConnection, fence: Fence, u: &RunUpdate) -> Sto
     .bind(&u.final_response)
     .bind(u.ended)
     .bind(clear_lease)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
     if done.rows_affected() == 0 {
         return Err(StoreError::LeaseLost);
+    }
+    if clear_lease {
+        // The thread is free (or the run waits for a person): a queued run may start.
+        notify(conn, &Signal::RunReady).await?;
     }
     Ok(())
 }
@@ -758,6 +787,9 @@ impl Store for PgStore {
                         .bind(&running)
                         .execute(&mut *tx)
                         .await?;
+                    for run in &running {
+                        notify(&mut tx, &Signal::Cancel { run: *run }).await?;
+                    }
                 }
             }
         }
@@ -782,6 +814,7 @@ impl Store for PgStore {
         .bind(start_seq)
         .fetch_one(&mut *tx)
         .await?;
+        notify(&mut tx, &Signal::RunReady).await?;
         tx.commit().await?;
         Ok(CreatedRun {
             run: rows::run_from_row(&row)?,
@@ -889,6 +922,7 @@ impl Store for PgStore {
                 .bind(run_id)
                 .fetch_one(&mut *tx)
                 .await?;
+                notify(&mut tx, &Signal::Cancel { run: run_id }).await?;
                 (row, Vec::new())
             }
             done => return Err(StoreError::Conflict(format!("run already {done}"))),
@@ -950,6 +984,7 @@ impl Store for PgStore {
         if done.rows_affected() == 0 {
             return Err(StoreError::LeaseLost);
         }
+        notify(&mut *self.pool.acquire().await?, &Signal::RunReady).await?;
         Ok(())
     }
 
@@ -1143,6 +1178,7 @@ impl Store for PgStore {
         };
         let obs = vec![rows::agent_resumed(&suspension, &decision, expired)];
         let observations = append_observations(&mut tx, tenant, &thread_id, obs).await?;
+        notify(&mut tx, &Signal::RunReady).await?;
         tx.commit().await?;
         Ok(ResolvedSuspension {
             suspension,
@@ -1162,6 +1198,55 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await?;
         Ok(due)
+    }
+
+    async fn signals(&self) -> StoreResult<Option<BoxStream<'static, Signal>>> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen("pes").await?;
+        // `into_stream` reconnects after a lost connection (notifications sent meanwhile are
+        // lost: the callers' polls cover that); errors in between are skipped.
+        let stream = listener
+            .into_stream()
+            .filter_map(|n| async move {
+                match n {
+                    Ok(n) => serde_json::from_str::<Signal>(n.payload()).ok(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "LISTEN connection error; reconnecting");
+                        None
+                    }
+                }
+            })
+            .boxed();
+        Ok(Some(stream))
+    }
+
+    async fn thread_seqs(
+        &self,
+        threads: &[(String, ThreadId)],
+    ) -> StoreResult<Vec<(String, ThreadId, i64)>> {
+        if threads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tenants: Vec<&str> = threads.iter().map(|(t, _)| t.as_str()).collect();
+        let ids: Vec<&str> = threads.iter().map(|(_, id)| id.as_str()).collect();
+        let rows = sqlx::query(
+            "SELECT t.tenant, t.thread_id, t.last_seq FROM threads t \
+             JOIN UNNEST($1::text[], $2::text[]) AS k(tenant, thread_id) \
+               ON t.tenant = k.tenant AND t.thread_id = k.thread_id",
+        )
+        .bind(&tenants)
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String, _>("tenant")?,
+                    ThreadId::from_stored(r.try_get("thread_id")?),
+                    r.try_get::<i64, _>("last_seq")?,
+                ))
+            })
+            .collect()
     }
 
     async fn run_suspensions(&self, tenant: &str, run_id: Uuid) -> StoreResult<Vec<Suspension>> {

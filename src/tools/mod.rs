@@ -15,6 +15,7 @@ use crate::llm::ToolSpec;
 use crate::model::SuspensionKind;
 
 pub mod builtin;
+pub mod debug;
 pub mod schema;
 
 /// What a tool knows about the call it serves.

@@ -25,11 +25,11 @@ use crate::llm::LlmProvider;
 use crate::llm::offline::OfflineProvider;
 use crate::llm::openai::{OpenAiConfig, OpenAiProvider};
 use crate::model::ThreadId;
-use crate::store::{Signal, Store};
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
+use crate::store::{Signal, Store};
 use crate::tools::ToolRegistry;
-use crate::worker::{RunRegistry, Worker, WorkerSettings};
+use crate::worker::{RunRegistry, Stops, Worker, WorkerSettings};
 
 /// Model providers by name.
 pub type Providers = HashMap<String, Arc<dyn LlmProvider>>;
@@ -167,8 +167,10 @@ impl App {
             },
             wake.clone(),
             registry.clone(),
-            shutdown.clone(),
-            hard_stop.clone(),
+            Stops {
+                drain: shutdown.clone(),
+                hard_stop: hard_stop.clone(),
+            },
         );
         let grace = Duration::from_secs(config.shutdown_grace_seconds);
         let state = AppState {
@@ -263,7 +265,12 @@ impl App {
 /// local SSE streams, worker and cancel registry, and a poll of the watched threads' `last_seq`
 /// that covers a notification lost while that connection was down.
 async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let Some(mut signals) = state.store.signals().await.context("listening for signals")? else {
+    let Some(mut signals) = state
+        .store
+        .signals()
+        .await
+        .context("listening for signals")?
+    else {
         return Ok(Vec::new());
     };
     let (bus, wake, runs, stop) = (
@@ -282,9 +289,11 @@ async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task:
                 },
             };
             match signal {
-                Signal::Observations { tenant, thread, seq } => {
-                    bus.wake(&tenant, &ThreadId::from_stored(thread), seq)
-                }
+                Signal::Observations {
+                    tenant,
+                    thread,
+                    seq,
+                } => bus.wake(&tenant, &ThreadId::from_stored(thread), seq),
                 Signal::RunReady => wake.notify_one(),
                 Signal::Cancel { run } => {
                     runs.cancel(run);
@@ -292,7 +301,11 @@ async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task:
             }
         }
     });
-    let (store, bus, stop) = (state.store.clone(), state.bus.clone(), state.shutdown.clone());
+    let (store, bus, stop) = (
+        state.store.clone(),
+        state.bus.clone(),
+        state.shutdown.clone(),
+    );
     let every = Duration::from_millis(state.config.stream_poll_ms.max(10));
     let poll = tokio::spawn(async move {
         loop {

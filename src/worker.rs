@@ -81,6 +81,15 @@ pub enum Outcome {
     Stopped(Uuid),
 }
 
+/// The two stages of shutdown, as the worker sees them.
+#[derive(Debug, Clone, Default)]
+pub struct Stops {
+    /// Fires when shutdown begins: runs stop at their next safe point and are released.
+    pub drain: CancellationToken,
+    /// Fires when the grace period is over: steps in flight are abandoned too.
+    pub hard_stop: CancellationToken,
+}
+
 /// Settings of the worker.
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
@@ -145,9 +154,9 @@ impl Worker {
         settings: WorkerSettings,
         wake: Arc<Notify>,
         registry: RunRegistry,
-        drain: CancellationToken,
-        hard_stop: CancellationToken,
+        stops: Stops,
     ) -> Self {
+        let Stops { drain, hard_stop } = stops;
         Self {
             store,
             bus,

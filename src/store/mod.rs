@@ -229,7 +229,11 @@ pub struct ResolvedSuspension {
 pub enum Signal {
     /// A thread's observations up to `seq` were committed.
     #[serde(rename = "o")]
-    Observations { tenant: String, thread: String, seq: i64 },
+    Observations {
+        tenant: String,
+        thread: String,
+        seq: i64,
+    },
     /// A run may have become claimable (enqueued, resumed, released, or its thread freed).
     #[serde(rename = "r")]
     RunReady,

@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use serde_json::Value;
 use sqlx::Row as _;
 use sqlx::migrate::Migrator;
-use futures::StreamExt;
-use futures::stream::BoxStream;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use tracing::instrument;
 use uuid::Uuid;

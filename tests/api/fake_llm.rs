@@ -28,8 +28,14 @@ pub enum Reply {
     Delay(Duration, Box<Reply>),
 }
 
+type Pred = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
+
 #[derive(Default)]
 struct Inner {
+    /// Delay the first request that matches, once.
+    slow_once: Option<(Pred, Duration)>,
+    /// Delay every execute request.
+    execute_delay: Option<Duration>,
     plan: VecDeque<Reply>,
     execute: VecDeque<Reply>,
     synthesis: VecDeque<Reply>,
@@ -92,6 +98,32 @@ impl FakeLlm {
         self
     }
 
+    /// Delay the first request for which `pred` holds by `delay` (once).
+    pub fn slow_once(
+        &self,
+        pred: impl Fn(&Value) -> bool + Send + Sync + 'static,
+        delay: Duration,
+    ) {
+        self.inner.lock().unwrap().slow_once = Some((Arc::new(pred), delay));
+    }
+
+    /// Delay every execute-phase request.
+    pub fn delay_execute(&self, delay: Duration) {
+        self.inner.lock().unwrap().execute_delay = Some(delay);
+    }
+
+    /// Wait (deadline 30 s) until a request matching `pred` has arrived.
+    pub async fn wait_for_request(&self, pred: impl Fn(&Value) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !self.requests().iter().any(&pred) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the expected model request never came"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Every request received, in order.
     pub fn requests(&self) -> Vec<Value> {
         self.inner.lock().unwrap().requests.clone()
@@ -145,6 +177,18 @@ fn default_reply(phase: &str, req: &Value) -> Reply {
                 .get(1)
                 .map(|m| m["content"].as_str().unwrap_or("").to_owned())
                 .unwrap_or_default();
+            if brief.contains("Required tools: debug_sleep") {
+                let item = brief
+                    .split("Your item [")
+                    .nth(1)
+                    .and_then(|s| s.split(']').next())
+                    .unwrap_or("x");
+                let ms = if brief.contains("(slow)") { 3000 } else { 20 };
+                return Reply::ToolCalls(vec![(
+                    "debug_sleep".into(),
+                    json!({"ms": ms, "tag": item}),
+                )]);
+            }
             let has_calc = req["tools"]
                 .as_array()
                 .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == "calculator"));
@@ -177,10 +221,22 @@ fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
 
 async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) -> Response {
     let phase = phase_of(&req);
-    let (reply, n) = {
+    let (reply, n, delay) = {
         let mut g = inner.lock().unwrap();
         g.requests.push(req.clone());
         g.calls += 1;
+        let mut delay = if phase == "execute" {
+            g.execute_delay
+        } else {
+            None
+        };
+        if let Some((pred, d)) = g.slow_once.clone()
+            && pred(&req)
+        {
+            g.slow_once = None;
+            delay = Some(d);
+        }
+        let calls = g.calls;
         let q = match phase {
             "plan" => &mut g.plan,
             "synthesis" => &mut g.synthesis,
@@ -188,9 +244,13 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) 
         };
         (
             q.pop_front().unwrap_or_else(|| default_reply(phase, &req)),
-            g.calls,
+            calls,
+            delay,
         )
     };
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
+    }
     render(reply, n).await
 }
 

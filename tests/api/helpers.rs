@@ -222,27 +222,44 @@ impl SseReader {
         }
     }
 
+    /// The next frame, or None when the stream ends or breaks (the server died).
+    pub async fn next_or_end(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(f) = self.take_frame() {
+                return Some(f);
+            }
+            match self.stream.next().await {
+                None | Some(Err(_)) => return None,
+                Some(Ok(chunk)) => self.buf.push_str(&String::from_utf8_lossy(&chunk)),
+            }
+        }
+    }
+
+    fn take_frame(&mut self) -> Option<Frame> {
+        let pos = self.buf.find("\n\n")?;
+        let raw: String = self.buf.drain(..pos + 2).collect();
+        let mut f = Frame::default();
+        for line in raw.lines() {
+            if line.starts_with(':') {
+                f.comment = true;
+            } else if let Some(v) = line.strip_prefix("id:") {
+                f.id = Some(v.trim().to_owned());
+            } else if let Some(v) = line.strip_prefix("event:") {
+                f.event = Some(v.trim().to_owned());
+            } else if let Some(v) = line.strip_prefix("data:") {
+                if !f.data.is_empty() {
+                    f.data.push('\n');
+                }
+                f.data.push_str(v.strip_prefix(' ').unwrap_or(v));
+            }
+        }
+        Some(f)
+    }
+
     /// The next frame, or None at the end of the stream; panics after `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<Frame> {
         loop {
-            if let Some(pos) = self.buf.find("\n\n") {
-                let raw: String = self.buf.drain(..pos + 2).collect();
-                let mut f = Frame::default();
-                for line in raw.lines() {
-                    if let Some(rest) = line.strip_prefix(':') {
-                        let _ = rest;
-                        f.comment = true;
-                    } else if let Some(v) = line.strip_prefix("id:") {
-                        f.id = Some(v.trim().to_owned());
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        f.event = Some(v.trim().to_owned());
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        if !f.data.is_empty() {
-                            f.data.push('\n');
-                        }
-                        f.data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                    }
-                }
+            if let Some(f) = self.take_frame() {
                 return Some(f);
             }
             match tokio::time::timeout(timeout, self.stream.next()).await {

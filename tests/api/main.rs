@@ -3,6 +3,7 @@
 
 mod agent;
 mod db;
+mod durability;
 mod fake_llm;
 mod helpers;
 mod hitl;

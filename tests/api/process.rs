@@ -86,6 +86,20 @@ impl Proc {
         let _ = self.child.wait().await;
     }
 
+    /// SIGTERM, and the exit status (deadline 60 s).
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
     /// Poll `GET path` until `pred` holds (deadline 30 s).
     pub async fn wait_for(&self, path: &str, pred: impl Fn(&Value) -> bool) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

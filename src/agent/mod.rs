@@ -36,6 +36,9 @@ use crate::tools::{ToolContext, ToolRegistry};
 use plan::{PlanReply, PlannedItem};
 use prompts::truncate;
 
+/// A tool call still running after this long gets its tool-call turn committed on its own.
+pub const FLUSH_SLOW_TOOL_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Engine limits and defaults (each a service setting).
 #[derive(Debug, Clone)]
 pub struct EngineSettings {
@@ -175,6 +178,9 @@ struct Ctx<'a> {
     suspensions: Vec<Suspension>,
     usage: Usage,
     started: Instant,
+    /// Changes staged since the last commit: written together at the next point where they must
+    /// be durable (before a model or tool call, at a suspension, at the end).
+    pending: Batch,
 }
 
 impl Ctx<'_> {
@@ -198,11 +204,27 @@ impl Ctx<'_> {
         )
     }
 
-    async fn commit(&self, batch: Batch) -> Result<(), Halt> {
-        if batch.is_empty() {
+    /// Stage changes; they are committed with the next [`Ctx::flush`].
+    fn stage(&mut self, batch: Batch) {
+        self.pending.absorb(batch);
+    }
+
+    /// Commit everything staged.
+    async fn flush(&mut self) -> Result<(), Halt> {
+        if self.pending.is_empty() {
             return Ok(());
         }
+        let batch = std::mem::replace(
+            &mut self.pending,
+            Batch::new(self.tenant.clone(), self.thread_id.clone()),
+        );
         self.journal.commit(batch).await.map_err(Halt::from)
+    }
+
+    /// Stage and commit now.
+    async fn commit(&mut self, batch: Batch) -> Result<(), Halt> {
+        self.stage(batch);
+        self.flush().await
     }
 
     /// Run `fut` unless the run is cancelled or the process stops first.
@@ -294,6 +316,7 @@ impl Engine {
                     EngineError::Store(format!("no provider `{provider_name}` is configured"))
                 })?,
         };
+        let pending = Batch::new(input.run.tenant.clone(), input.run.thread_id.clone());
         let mut ctx = Ctx {
             journal,
             signals,
@@ -308,10 +331,17 @@ impl Engine {
             history: input.history,
             suspensions: input.suspensions,
             started: Instant::now(),
+            pending,
         };
         match self.drive_inner(&mut ctx).await {
             Ok(end) => Ok(end),
-            Err(Halt::Shutdown) => Err(EngineError::Stopped),
+            Err(Halt::Shutdown) => {
+                // Draining: keep what was staged, so the next owner does not redo it.
+                if !signals.shutdown.is_cancelled() {
+                    ctx.flush().await.map_err(halt_to_error)?;
+                }
+                Err(EngineError::Stopped)
+            }
             Err(Halt::LeaseLost) => Err(EngineError::LeaseLost),
             Err(Halt::Store(s)) => Err(EngineError::Store(s)),
             Err(Halt::Cancel) => {
@@ -386,7 +416,7 @@ impl Engine {
             phase: Some("planning".into()),
             ..Default::default()
         }));
-        ctx.commit(b).await?;
+        ctx.stage(b);
         ctx.run.phase = "planning".into();
         Ok(())
     }
@@ -473,6 +503,7 @@ impl Engine {
                 }),
                 hints: hints.clone(),
             };
+            ctx.flush().await?;
             let (value, resp) = ctx
                 .guard(complete_structured(ctx.llm.as_ref(), req))
                 .await?
@@ -561,7 +592,7 @@ impl Engine {
             usage: Some(ctx.usage),
             ..Default::default()
         }));
-        ctx.commit(b).await?;
+        ctx.stage(b);
         ctx.run.phase = "executing".into();
         Ok(())
     }
@@ -648,7 +679,7 @@ impl Engine {
             b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
             b.op(Op::SetAgentState(ctx.state.clone()));
             b.observe(ctx.status_change(&ctx.items[idx], ItemStatus::Pending));
-            ctx.commit(b).await?;
+            ctx.stage(b);
         }
         let item_id = ctx.items[idx].id.to_string();
 
@@ -704,6 +735,7 @@ impl Engine {
                     ..Default::default()
                 },
             };
+            ctx.flush().await?;
             let resp: ChatResponse = ctx
                 .guard(ctx.llm.complete(req))
                 .await?
@@ -749,7 +781,7 @@ impl Engine {
                     usage: Some(ctx.usage),
                     ..Default::default()
                 }));
-                ctx.commit(b).await?;
+                ctx.stage(b);
                 continue;
             }
 
@@ -797,7 +829,7 @@ impl Engine {
                     usage: Some(ctx.usage),
                     ..Default::default()
                 }));
-                ctx.commit(b).await?;
+                ctx.stage(b);
                 continue;
             }
             if !missing.is_empty() && it.tool_validation_mode == ToolValidationMode::Strict {
@@ -847,7 +879,7 @@ impl Engine {
                 usage: Some(ctx.usage),
                 ..Default::default()
             }));
-            ctx.commit(b).await?;
+            ctx.stage(b);
             return Ok(None);
         }
     }
@@ -1001,10 +1033,13 @@ impl Engine {
             .then_some(SuspensionKind::Approval)
     }
 
-    /// Run a tool (its arguments are validated by the registry) and describe the outcome.
+    /// Run a tool (its arguments are validated by the registry) and describe the outcome. The
+    /// staged tool-call turn is committed together with the result when the tool is quick, and on
+    /// its own as soon as the tool has taken [`FLUSH_SLOW_TOOL_AFTER`], so a person watching sees
+    /// a slow call while it runs.
     async fn invoke(
         &self,
-        ctx: &Ctx<'_>,
+        ctx: &mut Ctx<'_>,
         call: &ToolCallRecord,
         args: Value,
     ) -> Result<ToolResultRecord, Halt> {
@@ -1013,18 +1048,28 @@ impl Engine {
             thread_id: ctx.thread_id.to_string(),
             idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
         };
-        let outcome = ctx
-            .guard(self.tools.invoke(&call.name, args, &tctx))
-            .await?;
+        let signals = ctx.signals;
+        let running = self.tools.invoke(&call.name, args, &tctx);
+        tokio::pin!(running);
+        let slow = tokio::time::sleep(FLUSH_SLOW_TOOL_AFTER);
+        tokio::pin!(slow);
+        let mut flushed = ctx.pending.is_empty();
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                _ = signals.shutdown.cancelled() => return Err(Halt::Shutdown),
+                _ = signals.cancel.cancelled() => return Err(Halt::Cancel),
+                outcome = &mut running => break outcome,
+                _ = &mut slow, if !flushed => {
+                    flushed = true;
+                    ctx.flush().await?;
+                }
+            }
+        };
         Ok(ToolResultRecord {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
-            status: if outcome.error.is_none() {
-                "success"
-            } else {
-                "error"
-            }
-            .into(),
+            status: if outcome.error.is_none() { "success" } else { "error" }.into(),
             error: outcome.error.map(|e| e.to_string()),
             output: outcome.output,
         })
@@ -1033,7 +1078,7 @@ impl Engine {
     /// The result a person's decision gives a suspended call.
     async fn apply_decision(
         &self,
-        ctx: &Ctx<'_>,
+        ctx: &mut Ctx<'_>,
         call: &ToolCallRecord,
         s: &Suspension,
     ) -> Result<ToolResultRecord, Halt> {
@@ -1297,7 +1342,8 @@ impl Engine {
             usage: Some(ctx.usage),
             ..Default::default()
         }));
-        ctx.commit(b).await
+        ctx.stage(b);
+        Ok(())
     }
 
     /// No item can run any more: cancel pending items whose dependencies cannot complete, and
@@ -1343,7 +1389,7 @@ impl Engine {
             phase: Some("synthesizing".into()),
             ..Default::default()
         }));
-        ctx.commit(b).await?;
+        ctx.stage(b);
         ctx.run.phase = "synthesizing".into();
         Ok(())
     }
@@ -1373,6 +1419,7 @@ impl Engine {
                 ..Default::default()
             },
         };
+        ctx.flush().await?;
         let (value, resp) = ctx
             .guard(complete_structured(ctx.llm.as_ref(), req))
             .await?

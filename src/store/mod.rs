@@ -137,6 +137,18 @@ pub struct RunUpdate {
     pub ended: bool,
 }
 
+impl RunUpdate {
+    /// Fold a later update into this one: fields it sets win.
+    pub fn merge(&mut self, later: RunUpdate) {
+        self.status = later.status.or(self.status);
+        self.phase = later.phase.or(self.phase.take());
+        self.usage = later.usage.or(self.usage);
+        self.error = later.error.or(self.error.take());
+        self.final_response = later.final_response.or(self.final_response.take());
+        self.ended |= later.ended;
+    }
+}
+
 /// One state change inside a [`Batch`].
 #[derive(Debug, Clone)]
 pub enum Op {
@@ -172,9 +184,52 @@ impl Batch {
             observations: Vec::new(),
         }
     }
+    /// Add a change. Changes to the same row coalesce (a later item row or agent state replaces
+    /// the earlier one in place; run updates merge field by field), so a batch that gathered
+    /// several steps still writes each row once.
     pub fn op(&mut self, op: Op) -> &mut Self {
-        self.ops.push(op);
+        match op {
+            Op::UpsertItem(item) => {
+                if let Some(slot) = self.ops.iter_mut().find_map(|o| match o {
+                    Op::UpsertItem(i) if i.id == item.id => Some(i),
+                    _ => None,
+                }) {
+                    *slot = item;
+                } else {
+                    self.ops.push(Op::UpsertItem(item));
+                }
+            }
+            Op::SetAgentState(state) => {
+                if let Some(slot) = self.ops.iter_mut().find_map(|o| match o {
+                    Op::SetAgentState(s) => Some(s),
+                    _ => None,
+                }) {
+                    *slot = state;
+                } else {
+                    self.ops.push(Op::SetAgentState(state));
+                }
+            }
+            Op::UpdateRun(u) => {
+                if let Some(slot) = self.ops.iter_mut().find_map(|o| match o {
+                    Op::UpdateRun(r) => Some(r),
+                    _ => None,
+                }) {
+                    slot.merge(u);
+                } else {
+                    self.ops.push(Op::UpdateRun(u));
+                }
+            }
+            other => self.ops.push(other),
+        }
         self
+    }
+
+    /// Append another batch of the same thread: its changes after ours, coalesced.
+    pub fn absorb(&mut self, other: Batch) {
+        for op in other.ops {
+            self.op(op);
+        }
+        self.observations.extend(other.observations);
     }
     pub fn observe(&mut self, obs: NewObservation) -> &mut Self {
         self.observations.push(obs);

@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::agent::{Engine, EngineError, Journal, RunEnd, RunInput, Signals};
 use crate::events::EventBus;
-use crate::model::{MessageRole, Run, SuspensionStatus};
+use crate::model::{Run, SuspensionStatus};
 use crate::store::{Batch, Fence, Resolution, Store, StoreError};
 
 /// Cancel tokens of the runs this process drives, so a cancel request reaches the run at once.
@@ -56,6 +56,9 @@ impl RunRegistry {
         self.len() == 0
     }
 }
+
+/// Conversation messages loaded as the planner's context (the engine keeps its own limit).
+const HISTORY_MESSAGES: u32 = 40;
 
 /// Counters exported on `/metrics`.
 #[derive(Default)]
@@ -343,11 +346,10 @@ impl Worker {
         };
         let history = self
             .store
-            .list_messages(&run.tenant, &run.thread_id, 1000, None)
+            .recent_messages(&run.tenant, &run.thread_id, HISTORY_MESSAGES + 1)
             .await?
-            .unwrap_or_default()
             .into_iter()
-            .filter(|m| m.run_id != Some(run.run_id) && m.role != MessageRole::Tool)
+            .filter(|m| m.run_id != Some(run.run_id))
             .collect();
         // The thread's suspensions, not only this run's: an item a cancelled run left waiting
         // continues with that suspension's outcome instead of asking again.

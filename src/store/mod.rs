@@ -359,6 +359,14 @@ pub trait Store: Send + Sync + 'static {
         cursor: Option<&PageCursor>,
     ) -> StoreResult<Option<Vec<Message>>>;
 
+    /// The newest `limit` user and assistant messages, oldest first (the planner's context).
+    async fn recent_messages(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        limit: u32,
+    ) -> StoreResult<Vec<Message>>;
+
     // ----- runs ----------------------------------------------------------------------------
 
     /// Enqueue a run, applying the idempotency key and the multitask strategy atomically.

@@ -706,6 +706,25 @@ impl Store for SqliteStore {
         map_rows(&q.fetch_all(&self.reader).await?, rows::message_from_row).map(Some)
     }
 
+    async fn recent_messages(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        limit: u32,
+    ) -> StoreResult<Vec<Message>> {
+        let rows = sqlx::query(
+            "SELECT * FROM (SELECT * FROM messages WHERE tenant = $1 AND thread_id = $2 \
+               AND role IN ('user', 'assistant') ORDER BY created_at DESC, id DESC LIMIT $3) m \
+             ORDER BY created_at, id",
+        )
+        .bind(tenant)
+        .bind(thread_id.as_str())
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        map_rows(&rows, rows::message_from_row)
+    }
+
     #[instrument(skip_all, fields(tenant = %new.tenant, thread_id = %new.thread_id))]
     async fn create_run(&self, new: NewRun) -> StoreResult<CreatedRun> {
         let (tenant, thread_id) = (new.tenant.as_str(), &new.thread_id);

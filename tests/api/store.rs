@@ -1383,6 +1383,9 @@ async fn messages_list_oldest_first_with_a_cursor(store: S) {
         .unwrap()
         .unwrap();
     assert_eq!(second, written[2..4]);
+    // The planner's context: the newest user and assistant messages, oldest first.
+    let recent = store.recent_messages(A, &tid("t"), 2).await.unwrap();
+    assert_eq!(recent, vec![written[2].clone(), written[4].clone()]);
 }
 
 // ----- runs list, deletion, status -------------------------------------------------------------

@@ -71,7 +71,13 @@ const CANCEL_PENDING_SUSPENSIONS: &str = "UPDATE suspensions SET status = 'cance
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// When this process last looked for runs with an expired lease: that look is made at most
+    /// every [`EXPIRED_CHECK_EVERY`], not on every claim (expiry is rare; claims are not).
+    expired_checked: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
+
+/// How often a claim also looks for runs whose lease expired.
+const EXPIRED_CHECK_EVERY: Duration = Duration::from_millis(250);
 
 impl PgStore {
     /// Connect a pool of at most `max_connections` to `url` (`postgres://…`). Does not migrate.
@@ -84,12 +90,25 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await?;
-        Ok(Self { pool })
+        Ok(Self::from_pool(pool))
     }
 
     /// Wrap an existing pool.
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            expired_checked: Default::default(),
+        }
+    }
+
+    /// Whether this claim should also look for expired leases.
+    fn expired_check_due(&self) -> bool {
+        let mut last = self.expired_checked.lock().expect("lock poisoned");
+        let due = last.is_none_or(|t| t.elapsed() >= EXPIRED_CHECK_EVERY);
+        if due {
+            *last = Some(std::time::Instant::now());
+        }
+        due
     }
 
     /// The underlying pool (e.g. for a `LISTEN` connection or benchmarks).
@@ -955,7 +974,12 @@ impl Store for PgStore {
 
     #[instrument(skip_all, fields(%owner))]
     async fn claim_run(&self, owner: &str, lease: Duration) -> StoreResult<Option<Run>> {
-        for candidate in [EXPIRED_CANDIDATE, QUEUED_CANDIDATE] {
+        let candidates: &[&str] = if self.expired_check_due() {
+            &[EXPIRED_CANDIDATE, QUEUED_CANDIDATE]
+        } else {
+            &[QUEUED_CANDIDATE]
+        };
+        for candidate in candidates {
             let claimed = sqlx::query(&claim_sql(candidate))
                 .bind(owner)
                 .bind(secs(lease))
@@ -1016,15 +1040,30 @@ impl Store for PgStore {
             observations,
         } = batch;
         let n = i64::try_from(observations.len()).map_err(|e| StoreError::Decode(e.to_string()))?;
+        // The run's own update (a batch holds at most one: `Batch::op` merges them) rides on the
+        // fence statement instead of costing a statement of its own.
+        let update = ops.iter().find_map(|op| match op {
+            Op::UpdateRun(u) => Some(u.clone()),
+            _ => None,
+        });
+        let u = update.clone().unwrap_or_default();
+        let clear_lease = u.status.is_some_and(rows::clears_lease);
         let mut tx = self.pool.begin().await?;
         // One round trip: lock the thread row and reserve the seqs (thread first: lock order),
-        // then check the fence and extend the lease. No row: the lease is gone; the rollback
-        // (dropping `tx`) also takes the counter back.
+        // then check the fence, extend the lease and apply the run's update. No row: the lease is
+        // gone; the rollback (dropping `tx`) also takes the counter back.
         let row = sqlx::query(
             "WITH t AS (UPDATE threads SET last_seq = last_seq + $5, \
                           updated_at = CASE WHEN $5 > 0 THEN now() ELSE updated_at END \
                         WHERE tenant = $3 AND thread_id = $4 RETURNING last_seq) \
-             UPDATE runs SET lease_expires_at = now() + make_interval(secs => $6) \
+             UPDATE runs SET \
+               lease_expires_at = CASE WHEN $13 THEN NULL \
+                                  ELSE now() + make_interval(secs => $6) END, \
+               lease_owner = CASE WHEN $13 THEN NULL ELSE lease_owner END, \
+               status = COALESCE($7, status), phase = COALESCE($8, phase), \
+               usage = COALESCE($9, usage), error = COALESCE($10, error), \
+               final_response = COALESCE($11, final_response), \
+               ended_at = CASE WHEN $12 THEN now() ELSE ended_at END \
              WHERE run_id = $1 AND attempt = $2 AND status = 'running' \
                AND tenant = $3 AND thread_id = $4 AND EXISTS (SELECT 1 FROM t) \
              RETURNING cancel_requested, (SELECT last_seq FROM t) AS last_seq, now() AS now",
@@ -1035,6 +1074,13 @@ impl Store for PgStore {
         .bind(thread_id.as_str())
         .bind(n)
         .bind(secs(lease))
+        .bind(u.status.map(RunStatus::as_str))
+        .bind(&u.phase)
+        .bind(rows::opt_json(u.usage.as_ref())?)
+        .bind(rows::opt_json(u.error.as_ref())?)
+        .bind(&u.final_response)
+        .bind(u.ended)
+        .bind(clear_lease)
         .fetch_optional(&mut *tx)
         .await?;
         let row = lease_lost_if_none(row)?;
@@ -1042,7 +1088,13 @@ impl Store for PgStore {
         let last_seq: i64 = row.try_get("last_seq")?;
         let now: DateTime<Utc> = row.try_get("now")?;
         for op in &ops {
-            apply_op(&mut tx, fence, &tenant, &thread_id, op).await?;
+            if !matches!(op, Op::UpdateRun(_)) {
+                apply_op(&mut tx, fence, &tenant, &thread_id, op).await?;
+            }
+        }
+        if clear_lease {
+            // The thread is free (or the run waits for a person): a queued run may start.
+            notify(&mut tx, &Signal::RunReady).await?;
         }
         let observations = insert_observations(
             &mut tx,

@@ -1069,7 +1069,12 @@ impl Engine {
         Ok(ToolResultRecord {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
-            status: if outcome.error.is_none() { "success" } else { "error" }.into(),
+            status: if outcome.error.is_none() {
+                "success"
+            } else {
+                "error"
+            }
+            .into(),
             error: outcome.error.map(|e| e.to_string()),
             output: outcome.output,
         })

@@ -242,20 +242,14 @@ pub async fn list_runs(
     let id = parse_thread_id(&thread_id)?;
     let limit = page_limit(params.limit)?;
     let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
-    let mut items = state
+    let items = state
         .store
         .list_runs(&tenant, &id, limit + 1, cursor.as_ref())
         .await?
         .ok_or_else(ApiError::thread_not_found)?;
-    let next_cursor = if items.len() > limit as usize {
-        items.truncate(limit as usize);
-        items
-            .last()
-            .map(|r| encode_cursor(r.created_at, &r.run_id.to_string()))
-    } else {
-        None
-    };
-    Ok(AppJson(Page { items, next_cursor }))
+    Ok(AppJson(Page::from_overfetch(items, limit, |r| {
+        encode_cursor(r.created_at, &r.run_id.to_string())
+    })))
 }
 
 fn parse_run_id(raw: &str) -> Result<Uuid, ApiError> {

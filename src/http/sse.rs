@@ -253,18 +253,14 @@ pub async fn list_observations(
         parent_id: params.parent_id,
         run_id: params.run_id,
     };
-    let mut items = state
+    let items = state
         .store
         .list_observations(&tenant, &id, &query)
         .await?
         .ok_or_else(ApiError::thread_not_found)?;
-    let next_cursor = if items.len() > limit as usize {
-        items.truncate(limit as usize);
-        items.last().map(|o| o.seq.to_string())
-    } else {
-        None
-    };
-    Ok(AppJson(Page { items, next_cursor }))
+    Ok(AppJson(Page::from_overfetch(items, limit, |o| {
+        o.seq.to_string()
+    })))
 }
 
 /// Parameters of the SSE stream.

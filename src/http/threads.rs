@@ -58,6 +58,20 @@ pub struct Page<T: ToSchema> {
     pub next_cursor: Option<String>,
 }
 
+impl<T: ToSchema> Page<T> {
+    /// A page from `limit + 1` rows: the extra row only tells that there is a next page, whose
+    /// cursor `cursor_of` makes from the page's last item.
+    pub fn from_overfetch(mut items: Vec<T>, limit: u32, cursor_of: impl Fn(&T) -> String) -> Self {
+        let next_cursor = if items.len() > limit as usize {
+            items.truncate(limit as usize);
+            items.last().map(cursor_of)
+        } else {
+            None
+        };
+        Page { items, next_cursor }
+    }
+}
+
 /// Pagination parameters.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -164,19 +178,13 @@ pub async fn list_threads(
 ) -> Result<AppJson<Page<Thread>>, ApiError> {
     let limit = page_limit(params.limit)?;
     let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
-    let mut items = state
+    let items = state
         .store
         .list_threads(&tenant, limit + 1, cursor.as_ref())
         .await?;
-    let next_cursor = if items.len() > limit as usize {
-        items.truncate(limit as usize);
-        items
-            .last()
-            .map(|t| encode_cursor(t.created_at, t.thread_id.as_str()))
-    } else {
-        None
-    };
-    Ok(AppJson(Page { items, next_cursor }))
+    Ok(AppJson(Page::from_overfetch(items, limit, |t| {
+        encode_cursor(t.created_at, t.thread_id.as_str())
+    })))
 }
 
 /// Read a thread.
@@ -315,18 +323,12 @@ pub async fn list_messages(
     let id = parse_thread_id(&thread_id)?;
     let limit = page_limit(params.limit)?;
     let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
-    let mut items = state
+    let items = state
         .store
         .list_messages(&tenant, &id, limit + 1, cursor.as_ref())
         .await?
         .ok_or_else(ApiError::thread_not_found)?;
-    let next_cursor = if items.len() > limit as usize {
-        items.truncate(limit as usize);
-        items
-            .last()
-            .map(|m| encode_cursor(m.created_at, &m.id.to_string()))
-    } else {
-        None
-    };
-    Ok(AppJson(Page { items, next_cursor }))
+    Ok(AppJson(Page::from_overfetch(items, limit, |m| {
+        encode_cursor(m.created_at, &m.id.to_string())
+    })))
 }

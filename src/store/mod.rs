@@ -474,9 +474,6 @@ pub trait Store: Send + Sync + 'static {
     /// first, at most `limit`.
     async fn due_suspensions(&self, limit: u32) -> StoreResult<Vec<(String, Uuid)>>;
 
-    /// Every suspension of a run (any status), oldest first: the engine applies their decisions.
-    async fn run_suspensions(&self, tenant: &str, run_id: Uuid) -> StoreResult<Vec<Suspension>>;
-
     // ----- replicas ------------------------------------------------------------------------
 
     /// Wake-ups from other processes sharing the store; `None` when the store is not shared

@@ -32,7 +32,7 @@ use uuid::Uuid;
 use super::rows;
 use super::{
     AgentSnapshot, Applied, Batch, CancelledRun, CreatedRun, Fence, NewRun, ObservationQuery, Op,
-    PageCursor, Resolution, ResolvedSuspension, RunUpdate, Signal, Store, StoreError, StoreResult,
+    PageCursor, Resolution, ResolvedSuspension, Signal, Store, StoreError, StoreResult,
     ThreadPatch,
 };
 use crate::model::{
@@ -382,38 +382,6 @@ async fn append_message(
     Ok(())
 }
 
-async fn update_run(conn: &mut PgConnection, fence: Fence, u: &RunUpdate) -> StoreResult<()> {
-    let clear_lease = u.status.is_some_and(rows::clears_lease);
-    let done = sqlx::query(
-        "UPDATE runs SET status = COALESCE($3, status), phase = COALESCE($4, phase), \
-           usage = COALESCE($5, usage), error = COALESCE($6, error), \
-           final_response = COALESCE($7, final_response), \
-           ended_at = CASE WHEN $8 THEN now() ELSE ended_at END, \
-           lease_owner = CASE WHEN $9 THEN NULL ELSE lease_owner END, \
-           lease_expires_at = CASE WHEN $9 THEN NULL ELSE lease_expires_at END \
-         WHERE run_id = $1 AND attempt = $2",
-    )
-    .bind(fence.run_id)
-    .bind(fence.attempt)
-    .bind(u.status.map(RunStatus::as_str))
-    .bind(&u.phase)
-    .bind(rows::opt_json(u.usage.as_ref())?)
-    .bind(rows::opt_json(u.error.as_ref())?)
-    .bind(&u.final_response)
-    .bind(u.ended)
-    .bind(clear_lease)
-    .execute(&mut *conn)
-    .await?;
-    if done.rows_affected() == 0 {
-        return Err(StoreError::LeaseLost);
-    }
-    if clear_lease {
-        // The thread is free (or the run waits for a person): a queued run may start.
-        notify(conn, &Signal::RunReady).await?;
-    }
-    Ok(())
-}
-
 async fn insert_suspension(
     conn: &mut PgConnection,
     tenant: &str,
@@ -451,7 +419,6 @@ async fn insert_suspension(
 /// Run one op of a batch inside the apply transaction.
 async fn apply_op(
     conn: &mut PgConnection,
-    fence: Fence,
     tenant: &str,
     thread_id: &ThreadId,
     op: &Op,
@@ -471,7 +438,8 @@ async fn apply_op(
             Ok(())
         }
         Op::AppendMessage(m) => append_message(conn, tenant, thread_id, m).await,
-        Op::UpdateRun(u) => update_run(conn, fence, u).await,
+        // Applied by `apply`'s fence statement, with the lease check.
+        Op::UpdateRun(_) => Ok(()),
         Op::InsertSuspension(s) => insert_suspension(conn, tenant, thread_id, s).await,
     }
 }
@@ -1088,9 +1056,7 @@ impl Store for PgStore {
         let last_seq: i64 = row.try_get("last_seq")?;
         let now: DateTime<Utc> = row.try_get("now")?;
         for op in &ops {
-            if !matches!(op, Op::UpdateRun(_)) {
-                apply_op(&mut tx, fence, &tenant, &thread_id, op).await?;
-            }
+            apply_op(&mut tx, &tenant, &thread_id, op).await?;
         }
         if clear_lease {
             // The thread is free (or the run waits for a person): a queued run may start.
@@ -1318,17 +1284,5 @@ impl Store for PgStore {
                 ))
             })
             .collect()
-    }
-
-    async fn run_suspensions(&self, tenant: &str, run_id: Uuid) -> StoreResult<Vec<Suspension>> {
-        let rows = sqlx::query(
-            "SELECT * FROM suspensions WHERE run_id = $1 AND tenant = $2 \
-             ORDER BY created_at, suspension_id",
-        )
-        .bind(run_id)
-        .bind(tenant)
-        .fetch_all(&self.pool)
-        .await?;
-        map_rows(&rows, rows::suspension_from_row)
     }
 }

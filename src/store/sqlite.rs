@@ -1238,16 +1238,4 @@ impl Store for SqliteStore {
             })
             .collect()
     }
-
-    async fn run_suspensions(&self, tenant: &str, run_id: Uuid) -> StoreResult<Vec<Suspension>> {
-        let rows = sqlx::query(
-            "SELECT * FROM suspensions WHERE run_id = $1 AND tenant = $2 \
-             ORDER BY created_at, suspension_id",
-        )
-        .bind(id_text(run_id))
-        .bind(tenant)
-        .fetch_all(&self.reader)
-        .await?;
-        map_rows(&rows, rows::suspension_from_row)
-    }
 }

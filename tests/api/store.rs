@@ -1775,7 +1775,13 @@ async fn resolving_an_unknown_or_foreign_suspension_is_not_found(store: S) {
         .unwrap();
     assert_eq!(stored.status, SuspensionStatus::Pending);
     assert_eq!(seqs(&observations(&store, A, "t").await), [1]);
-    assert!(store.run_suspensions(B, s.run_id).await.unwrap().is_empty());
+    assert!(
+        store
+            .list_suspensions(B, &tid("t"), true)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 async fn resolving_a_suspension_that_is_no_longer_pending_conflicts(store: S) {
@@ -2035,7 +2041,7 @@ async fn due_suspensions_are_pending_and_past_their_expiry(store: S) {
     assert_eq!(store.due_suspensions(0).await.unwrap(), due[1..].to_vec());
 }
 
-async fn run_suspensions_lists_every_status_oldest_first(store: S) {
+async fn a_threads_suspensions_list_every_status_oldest_first(store: S) {
     let (run, f) = running(&store, A, "t").await;
     let s1 = suspend(&store, A, "t", f).await;
     store
@@ -2058,7 +2064,11 @@ async fn run_suspensions_lists_every_status_oldest_first(store: S) {
     let (_, g) = running(&store, A, "u").await;
     suspend(&store, A, "u", g).await;
 
-    let list = store.run_suspensions(A, run.run_id).await.unwrap();
+    let list = store
+        .list_suspensions(A, &tid("t"), true)
+        .await
+        .unwrap()
+        .unwrap();
     let got: Vec<(Uuid, SuspensionStatus)> =
         list.iter().map(|s| (s.suspension_id, s.status)).collect();
     assert_eq!(
@@ -2073,17 +2083,20 @@ async fn run_suspensions_lists_every_status_oldest_first(store: S) {
     assert_eq!(list[2], s3);
 
     store.cancel_run(A, &tid("t"), run.run_id).await.unwrap();
-    let list = store.run_suspensions(A, run.run_id).await.unwrap();
+    let list = store
+        .list_suspensions(A, &tid("t"), true)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(list.len(), 3);
     assert_eq!(list[2].status, SuspensionStatus::Cancelled);
     assert!(
         store
-            .run_suspensions(B, run.run_id)
+            .list_suspensions(B, &tid("t"), true)
             .await
             .unwrap()
-            .is_empty()
+            .is_none()
     );
-    assert!(store.run_suspensions(A, new_id()).await.unwrap().is_empty());
 
     let all = observations(&store, A, "t").await;
     assert_eq!(of_type(&all, ObservationType::AgentResumed).len(), 2);
@@ -2162,7 +2175,7 @@ conformance!(
     resolving_while_cancelling_neither_deadlocks_nor_loses_a_change,
     an_expired_suspension_resumes_its_run_as_expired,
     due_suspensions_are_pending_and_past_their_expiry,
-    run_suspensions_lists_every_status_oldest_first,
+    a_threads_suspensions_list_every_status_oldest_first,
     ready_after_migrate_and_migrate_is_idempotent,
 );
 

@@ -44,25 +44,38 @@ pub fn plan_schema() -> Value {
     })
 }
 
-/// `pes_synthesis`: `{response, sources?, suggestions?}`.
+/// `pes_synthesis`: `{response, sources, suggestions}`. OpenAI's strict mode wants every property
+/// required, so "no sources" is an empty array (or null, which the engine reads as empty).
 pub fn synthesis_schema() -> Value {
     json!({
         "type": "object",
         "additionalProperties": false,
-        "required": ["response"],
+        "required": ["response", "sources", "suggestions"],
         "properties": {
             "response": {"type": "string"},
             "sources": {
-                "type": "array",
+                "type": ["array", "null"],
                 "items": {
                     "type": "object",
+                    "additionalProperties": false,
                     "required": ["title", "url"],
                     "properties": {"title": {"type": "string"}, "url": {"type": "string"}}
                 }
             },
-            "suggestions": {"type": "array", "items": {"type": "string"}}
+            "suggestions": {"type": ["array", "null"], "items": {"type": "string"}}
         }
     })
+}
+
+/// Every schema the service sends to a model as a structured-output format or a tool's
+/// parameters, by name: the strict-mode test walks them all, so a schema added here cannot break
+/// OpenAI's `strict: true` rules unnoticed.
+pub fn sent_schemas() -> Vec<(&'static str, Value)> {
+    vec![
+        (PLAN_SCHEMA_NAME, plan_schema()),
+        (SYNTHESIS_SCHEMA_NAME, synthesis_schema()),
+        (UPDATE_PLAN_TOOL, update_plan_parameters()),
+    ]
 }
 
 /// Arguments of `update_plan`: the full new list of items not yet started.
@@ -188,10 +201,26 @@ mod tests {
     }
 
     #[test]
-    fn plan_schema_requires_every_field_for_strict_mode() {
-        let s = plan_schema();
-        let item = &s["properties"]["todoList"]["items"];
-        assert_eq!(item["required"].as_array().unwrap().len(), 6);
-        assert_eq!(item["additionalProperties"], false);
+    fn every_sent_schema_is_valid_for_openai_strict_mode() {
+        for (name, schema) in sent_schemas() {
+            let problems = crate::llm::strict_mode_violations(&schema);
+            assert!(problems.is_empty(), "{name}: {problems:#?}");
+        }
+    }
+
+    #[test]
+    fn the_strict_mode_check_catches_what_openai_refuses() {
+        let open =
+            json!({"type": "object", "required": ["a"], "properties": {"a": {"type": "string"}}});
+        assert!(!crate::llm::strict_mode_violations(&open).is_empty());
+        let optional = json!({"type": "object", "additionalProperties": false, "required": [],
+            "properties": {"a": {"type": "string"}}});
+        assert!(!crate::llm::strict_mode_violations(&optional).is_empty());
+        let nested = json!({"type": "object", "additionalProperties": false, "required": ["a"],
+            "properties": {"a": {"type": "array", "items": {"type": "object", "properties": {}}}}});
+        assert!(!crate::llm::strict_mode_violations(&nested).is_empty());
+        let unsupported = json!({"type": "object", "additionalProperties": false, "required": ["a"],
+            "properties": {"a": {"type": "string", "minLength": 1}}});
+        assert!(!crate::llm::strict_mode_violations(&unsupported).is_empty());
     }
 }

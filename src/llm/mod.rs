@@ -11,7 +11,10 @@ use crate::model::Usage;
 
 pub mod offline;
 pub mod openai;
+pub mod strict;
 pub mod structured;
+
+pub use strict::strict_mode_violations;
 
 /// Which phase of the agent a request belongs to (for logs, metrics and the offline model).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -298,6 +298,9 @@ async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task:
                 Signal::Cancel { run } => {
                     runs.cancel(run);
                 }
+                Signal::ThreadDeleted { tenant, thread } => {
+                    bus.thread_deleted(&tenant, &ThreadId::from_stored(thread));
+                }
             }
         }
     });
@@ -321,8 +324,15 @@ async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task:
                 watched.into_iter().map(|(t, id, _)| (t, id)).collect();
             match store.thread_seqs(&keys).await {
                 Ok(seqs) => {
+                    let mut missing: std::collections::HashSet<(String, ThreadId)> =
+                        keys.into_iter().collect();
                     for (tenant, id, seq) in seqs {
+                        missing.remove(&(tenant.clone(), id.clone()));
                         bus.wake(&tenant, &id, seq);
+                    }
+                    // A watched thread with no row was deleted by another replica.
+                    for (tenant, id) in missing {
+                        bus.thread_deleted(&tenant, &id);
                     }
                 }
                 Err(e) => warn!(error = %e, "polling watched threads failed"),

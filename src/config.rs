@@ -159,8 +159,9 @@ pub struct Config {
     #[arg(long, env = "PES_SSE_KEEPALIVE_SECONDS", default_value_t = 15)]
     pub sse_keepalive_seconds: u64,
 
-    /// Default suspension expiry in seconds when a thread sets none (0 = never).
-    #[arg(long, env = "PES_SUSPENSION_TTL_SECONDS", default_value_t = 0)]
+    /// Default suspension expiry in seconds when a thread sets none (0 = never; at most one year).
+    #[arg(long, env = "PES_SUSPENSION_TTL_SECONDS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=crate::model::MAX_SUSPENSION_TTL_SECONDS))]
     pub suspension_ttl_seconds: u64,
 
     /// How often expired suspensions are looked for (milliseconds).

@@ -26,6 +26,10 @@ pub enum BusMsg {
     Obs(Arc<Observation>),
     /// Observations up to this `seq` were committed elsewhere: read them from the table.
     Wake(i64),
+    /// The thread was deleted: streams end with a final event saying so. The channel is dropped
+    /// with it, so a thread created again under the same id starts a channel of its own and no
+    /// old subscriber ever sees the new thread's log.
+    ThreadDeleted,
 }
 
 struct Channel {
@@ -86,6 +90,15 @@ impl EventBus {
             if ch.tx.send(BusMsg::Wake(seq)).is_err() {
                 map.remove(&key);
             }
+        }
+    }
+
+    /// A thread is gone (deleted here, or found missing by the replica poll): tell its
+    /// subscribers, then forget its channel.
+    pub fn thread_deleted(&self, tenant: &str, thread_id: &ThreadId) {
+        let mut map = self.channels.lock().expect("event bus lock poisoned");
+        if let Some(ch) = map.remove(&(tenant.to_owned(), thread_id.clone())) {
+            let _ = ch.tx.send(BusMsg::ThreadDeleted);
         }
     }
 

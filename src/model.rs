@@ -391,13 +391,19 @@ pub struct AgentConfig {
     /// Tool names whose every call waits for a person's decision before it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub require_approval: Option<Vec<String>>,
-    /// How long a suspension waits before it is resolved as a rejection; none = forever.
+    /// How long a suspension waits before it is resolved as a rejection, in seconds (at most one
+    /// year); none or 0 = forever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 31_536_000)]
     pub suspension_ttl_seconds: Option<u64>,
     /// TAEF mode for items with `requiredTools`; default `strict`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_validation_mode: Option<ToolValidationMode>,
 }
+
+/// The longest suspension expiry a client or the operator may ask for: one year. Bounded so a
+/// deadline can always be computed and stored.
+pub const MAX_SUSPENSION_TTL_SECONDS: u64 = 31_536_000;
 
 impl AgentConfig {
     /// `self` with every field `over` sets replacing ours.
@@ -436,6 +442,13 @@ impl AgentConfig {
             && !(1..=100).contains(&n)
         {
             return Err("config.maxItems must be between 1 and 100".into());
+        }
+        if let Some(n) = self.suspension_ttl_seconds
+            && n > MAX_SUSPENSION_TTL_SECONDS
+        {
+            return Err(format!(
+                "config.suspensionTtlSeconds must be between 0 and {MAX_SUSPENSION_TTL_SECONDS} (one year)"
+            ));
         }
         Ok(())
     }

@@ -1197,8 +1197,13 @@ impl Engine {
             decision: None,
             created_at: now,
             resolved_at: None,
-            expires_at: (ttl > 0)
-                .then(|| now + chrono::Duration::seconds(ttl.min(i64::MAX as u64 / 1000) as i64)),
+            // Bounded at the edge; clamped again here so a value stored before the bound existed
+            // can never overflow the deadline.
+            expires_at: (ttl > 0).then(|| {
+                let secs = ttl.min(crate::model::MAX_SUSPENSION_TTL_SECONDS) as i64;
+                now.checked_add_signed(chrono::Duration::seconds(secs))
+                    .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
+            }),
         };
         let it = &mut ctx.items[idx];
         let previous = it.status;
@@ -1437,8 +1442,8 @@ impl Engine {
             .to_owned();
         let final_response = json!({
             "response": response,
-            "sources": value.get("sources").cloned().unwrap_or_else(|| json!([])),
-            "suggestions": value.get("suggestions").cloned().unwrap_or_else(|| json!([])),
+            "sources": non_null_or_empty(value.get("sources")),
+            "suggestions": non_null_or_empty(value.get("suggestions")),
         });
         ctx.state.current_step_id = None;
         let mut b = ctx.batch();
@@ -1558,6 +1563,14 @@ impl Engine {
             ..Default::default()
         }));
         ctx.commit(b).await
+    }
+}
+
+/// A nullable array of a structured reply: null or absent is empty.
+fn non_null_or_empty(v: Option<&Value>) -> Value {
+    match v {
+        Some(v @ Value::Array(_)) => v.clone(),
+        _ => json!([]),
     }
 }
 

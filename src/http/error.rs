@@ -32,6 +32,12 @@ pub struct Problem {
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
+    /// 400 `invalid_header`: a request header that cannot be parsed.
+    #[error("{0}")]
+    BadHeader(String),
+    /// 400 `malformed_json`: the body is not syntactically JSON.
+    #[error("{0}")]
+    MalformedJson(String),
     #[error("{0}")]
     Validation(String),
     /// 422 with a specific code.
@@ -80,6 +86,8 @@ impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request", "Bad request"),
+            Self::BadHeader(_) => (StatusCode::BAD_REQUEST, "invalid_header", "Bad request"),
+            Self::MalformedJson(_) => (StatusCode::BAD_REQUEST, "malformed_json", "Malformed JSON"),
             Self::Validation(_) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "validation_failed",
@@ -186,7 +194,7 @@ impl From<JsonRejection> for ApiError {
             ),
             JsonRejection::JsonDataError(e) => Self::Validation(e.body_text()),
             JsonRejection::JsonSyntaxError(e) => {
-                Self::BadRequest(format!("malformed JSON: {}", e.body_text()))
+                Self::MalformedJson(format!("malformed JSON: {}", e.body_text()))
             }
             JsonRejection::BytesRejection(e) => {
                 if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -200,7 +208,10 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
-/// `Json` whose rejections are problem+json.
+/// `Json` whose rejections are problem+json, with one rule for every route: a body that is not
+/// syntactically JSON is 400 `malformed_json`; JSON that is not an object, holds a NUL character
+/// in a string (Postgres `text` cannot store one, so both stores refuse it alike), or does not
+/// fit the route's shape is 422 `validation_failed`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AppJson<T>(pub T);
 
@@ -212,11 +223,86 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(Self(v)),
-            Err(r) => Err(r.into()),
+        let value = match axum::Json::<serde_json::Value>::from_request(req, state).await {
+            Ok(axum::Json(v)) => v,
+            Err(r) => return Err(r.into()),
+        };
+        if !value.is_object() {
+            return Err(ApiError::Validation(format!(
+                "the body must be a JSON object, not {}",
+                json_kind(&value)
+            )));
+        }
+        reject_nul(&value)?;
+        serde_json::from_value(value)
+            .map(Self)
+            .map_err(|e| ApiError::Validation(format!("invalid body: {e}")))
+    }
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// 422 when a string (or an object key) anywhere in `value` holds a NUL character, naming where.
+///
+/// # Errors
+/// [`ApiError::Validation`] with the JSON path of the first offending string.
+pub fn reject_nul(value: &serde_json::Value) -> Result<(), ApiError> {
+    fn walk(v: &serde_json::Value, path: &mut String) -> Result<(), ApiError> {
+        let bad = |path: &str| {
+            ApiError::Validation(format!(
+                "strings may not contain the NUL character (\\u0000): found at {path}"
+            ))
+        };
+        match v {
+            serde_json::Value::String(s) if s.contains('\0') => Err(bad(path)),
+            serde_json::Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!("[{i}]"));
+                    walk(item, path)?;
+                    path.truncate(len);
+                }
+                Ok(())
+            }
+            serde_json::Value::Object(map) => {
+                for (k, item) in map {
+                    let len = path.len();
+                    path.push('.');
+                    path.push_str(k);
+                    if k.contains('\0') {
+                        return Err(bad(path));
+                    }
+                    walk(item, path)?;
+                    path.truncate(len);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
+    walk(value, &mut "$".to_owned())
+}
+
+/// 422 when a request string outside a JSON body (a query parameter, a header) holds a NUL.
+///
+/// # Errors
+/// [`ApiError::Validation`] naming the parameter.
+pub fn reject_nul_str(name: &str, value: &str) -> Result<(), ApiError> {
+    if value.contains('\0') {
+        return Err(ApiError::Validation(format!(
+            "`{name}` may not contain the NUL character (\\u0000)"
+        )));
+    }
+    Ok(())
 }
 
 impl<T: Serialize> IntoResponse for AppJson<T> {
@@ -237,6 +323,15 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // Every decoded name and value is checked for NUL first: no store can hold one.
+        if let Ok(axum::extract::Query(pairs)) =
+            axum::extract::Query::<Vec<(String, String)>>::from_request_parts(parts, state).await
+        {
+            for (name, value) in &pairs {
+                reject_nul_str(name, name)?;
+                reject_nul_str(name, value)?;
+            }
+        }
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(Self(v)),
             Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(ApiError::Validation(

@@ -103,21 +103,45 @@ pub fn encode_cursor(created_at: DateTime<Utc>, id: &str) -> String {
     raw.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What the id inside a page cursor must be: the list's own key, checked at the edge so a forged
+/// cursor is a 422, never a store error.
+#[derive(Debug, Clone, Copy)]
+pub enum CursorKey {
+    /// A thread id (lists of threads).
+    ThreadId,
+    /// A UUID (lists of runs and messages).
+    Uuid,
+}
+
 /// # Errors
-/// 422 when the cursor was not made by [`encode_cursor`].
-pub fn decode_cursor(cursor: &str) -> Result<PageCursor, ApiError> {
+/// 422 when the cursor was not made by [`encode_cursor`] for a list keyed by `key`.
+pub fn decode_cursor(cursor: &str, key: CursorKey) -> Result<PageCursor, ApiError> {
     let bad = || ApiError::Validation("invalid cursor".into());
     if !cursor.len().is_multiple_of(2) || cursor.len() > 1024 {
         return Err(bad());
     }
-    let bytes: Result<Vec<u8>, _> = (0..cursor.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&cursor[i..i + 2], 16))
+    // Work on bytes: a cursor is ASCII hex, and slicing a `str` at odd places would panic on
+    // multibyte characters.
+    let bytes: Option<Vec<u8>> = cursor
+        .as_bytes()
+        .chunks(2)
+        .map(|pair| {
+            let hi = (pair[0] as char).to_digit(16)?;
+            let lo = (pair[1] as char).to_digit(16)?;
+            u8::try_from(hi * 16 + lo).ok()
+        })
         .collect();
-    let text = String::from_utf8(bytes.map_err(|_| bad())?).map_err(|_| bad())?;
+    let text = String::from_utf8(bytes.ok_or_else(bad)?).map_err(|_| bad())?;
     let (micros, id) = text.split_once(':').ok_or_else(bad)?;
     let micros: i64 = micros.parse().map_err(|_| bad())?;
     let created_at = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
+    let id_ok = match key {
+        CursorKey::ThreadId => ThreadId::parse(id).is_ok(),
+        CursorKey::Uuid => uuid::Uuid::parse_str(id).is_ok(),
+    };
+    if !id_ok {
+        return Err(bad());
+    }
     Ok(PageCursor {
         created_at,
         id: id.to_owned(),
@@ -219,4 +243,38 @@ pub fn router(state: AppState) -> Router {
             tracing::info_span!("request", method = %req.method(), route = %route)
         }))
         .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_round_trips() {
+        let at = DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        let id = uuid::Uuid::now_v7().to_string();
+        let c = decode_cursor(&encode_cursor(at, &id), CursorKey::Uuid).unwrap();
+        assert_eq!((c.created_at, c.id), (at, id));
+        let c = decode_cursor(&encode_cursor(at, "t-1"), CursorKey::ThreadId).unwrap();
+        assert_eq!(c.id, "t-1");
+    }
+
+    #[test]
+    fn forged_cursors_are_refused_without_panicking() {
+        let at = DateTime::from_timestamp_micros(1).unwrap();
+        for bad in [
+            "😀".to_owned(),
+            "é1".to_owned(),
+            "zz".to_owned(),
+            "+1".to_owned(),
+            "abc".to_owned(),
+            "00".to_owned(),
+            encode_cursor(at, "not-a-uuid"),
+            encode_cursor(at, "a\0b"),
+            "3a".repeat(600),
+        ] {
+            assert!(decode_cursor(&bad, CursorKey::Uuid).is_err(), "{bad}");
+        }
+        assert!(decode_cursor(&encode_cursor(at, "a b"), CursorKey::ThreadId).is_err());
+    }
 }

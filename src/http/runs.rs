@@ -15,8 +15,8 @@ use uuid::Uuid;
 use super::sse::{StreamSpec, observation_sse};
 use super::threads::{Page, PageParams, check_config};
 use super::{
-    ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, decode_cursor, encode_cursor,
-    page_limit, parse_thread_id,
+    ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
+    encode_cursor, page_limit, parse_thread_id,
 };
 use crate::events::BusMsg;
 use crate::model::{AgentConfig, MultitaskStrategy, Run, RunStatus, ThreadId};
@@ -119,6 +119,16 @@ async fn enqueue(
     Ok((created.run, created.created))
 }
 
+/// The thread id of a run request. Without `ifNotExists: "create"` an id that cannot exist names
+/// no thread (404); with it, the client asks us to create a thread under an invalid id (422).
+fn run_thread_id(raw: &str, body: &CreateRun) -> Result<ThreadId, ApiError> {
+    if body.if_not_exists == Some(IfNotExists::Create) {
+        ThreadId::parse(raw).map_err(|e| ApiError::Validation(format!("invalid thread id: {e}")))
+    } else {
+        parse_thread_id(raw)
+    }
+}
+
 pub(crate) fn wants_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
@@ -145,7 +155,7 @@ pub async fn create_run(
     headers: HeaderMap,
     AppJson(body): AppJson<CreateRun>,
 ) -> Result<Response, ApiError> {
-    let id = parse_thread_id(&thread_id)?;
+    let id = run_thread_id(&thread_id, &body)?;
     let (run, created) = enqueue(&state, tenant.clone(), id.clone(), body).await?;
     if wants_event_stream(&headers) {
         let spec = StreamSpec {
@@ -197,7 +207,7 @@ pub(crate) async fn wait_for_run(
                 msg = rx.recv() => match msg {
                     Ok(BusMsg::Obs(o)) if o.run_id == Some(run_id) && o.kind.ends_run_stream() => break,
                     Ok(BusMsg::Obs(_)) => {}
-                    Ok(BusMsg::Wake(_)) | Err(_) => break,
+                    Ok(BusMsg::Wake(_) | BusMsg::ThreadDeleted) | Err(_) => break,
                 },
             }
         }
@@ -219,7 +229,7 @@ pub async fn wait_run(
     AppPath(thread_id): AppPath<String>,
     AppJson(body): AppJson<CreateRun>,
 ) -> Result<AppJson<Run>, ApiError> {
-    let id = parse_thread_id(&thread_id)?;
+    let id = run_thread_id(&thread_id, &body)?;
     let (run, _) = enqueue(&state, tenant.clone(), id.clone(), body).await?;
     Ok(AppJson(
         wait_for_run(&state, &tenant, &id, run.run_id).await?,
@@ -241,7 +251,11 @@ pub async fn list_runs(
 ) -> Result<AppJson<Page<Run>>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
     let limit = page_limit(params.limit)?;
-    let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
+    let cursor = params
+        .cursor
+        .as_deref()
+        .map(|c| decode_cursor(c, CursorKey::Uuid))
+        .transpose()?;
     let items = state
         .store
         .list_runs(&tenant, &id, limit + 1, cursor.as_ref())

@@ -85,6 +85,17 @@ struct Producer {
     spec: StreamSpec,
     tx: mpsc::Sender<Event>,
     last: i64,
+    /// When the streamed thread was created: a thread deleted and created again under the same
+    /// id is another thread, whose log this stream must never show.
+    thread_created_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The last frame of a stream whose thread was deleted: no `id:` (it is not an observation and
+/// is never replayed), `event: THREAD_DELETED`.
+fn thread_deleted_event(thread_id: &ThreadId) -> Event {
+    Event::default()
+        .event("THREAD_DELETED")
+        .data(serde_json::json!({"type": "THREAD_DELETED", "threadId": thread_id}).to_string())
 }
 
 impl Producer {
@@ -102,6 +113,22 @@ impl Producer {
     /// Deliver everything after `last` from the table. `seen` is a `seq` known to be committed
     /// (a bus message that revealed a gap): everything up to it has been accounted for afterwards.
     async fn catch_up(&mut self, seen: Option<i64>) -> Flow {
+        // The table is about to be read: first make sure it is still this stream's thread.
+        match self
+            .state
+            .store
+            .get_thread(&self.spec.tenant, &self.spec.thread_id)
+            .await
+        {
+            Ok(Some(t)) if self.thread_created_at.is_none_or(|c| c == t.created_at) => {
+                self.thread_created_at = Some(t.created_at);
+            }
+            Ok(_) => return self.deleted().await,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a streamed thread failed; ending the stream");
+                return Flow::Stop;
+            }
+        }
         loop {
             let query = ObservationQuery {
                 after: self.last,
@@ -117,7 +144,7 @@ impl Producer {
                 .await
             {
                 Ok(Some(p)) => p,
-                Ok(None) => return Flow::Stop, // the thread was deleted
+                Ok(None) => return self.deleted().await,
                 Err(e) => {
                     tracing::warn!(error = %e, "reading observations for a stream failed; ending it");
                     return Flow::Stop;
@@ -140,6 +167,15 @@ impl Producer {
         Flow::Continue
     }
 
+    /// Tell the client the thread is gone, then end.
+    async fn deleted(&mut self) -> Flow {
+        let _ = self
+            .tx
+            .send(thread_deleted_event(&self.spec.thread_id))
+            .await;
+        Flow::Stop
+    }
+
     async fn run(mut self, mut rx: broadcast::Receiver<BusMsg>) {
         if let Flow::Stop = self.catch_up(None).await {
             return;
@@ -159,8 +195,10 @@ impl Producer {
                 Ok(BusMsg::Obs(o)) => self.catch_up(Some(o.seq)).await,
                 Ok(BusMsg::Wake(seq)) if seq <= self.last => Flow::Continue,
                 Ok(BusMsg::Wake(seq)) => self.catch_up(Some(seq)).await,
+                Ok(BusMsg::ThreadDeleted) => self.deleted().await,
                 Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up(None).await,
-                Err(broadcast::error::RecvError::Closed) => return,
+                // The channel is only dropped with its thread.
+                Err(broadcast::error::RecvError::Closed) => self.deleted().await,
             };
             if let Flow::Stop = flow {
                 return;
@@ -181,6 +219,7 @@ pub fn observation_sse(
         last: spec.after,
         spec,
         tx,
+        thread_created_at: None,
     };
     state.tracker.spawn(producer.run(bus_rx));
     let keepalive = Duration::from_secs(state.config.sse_keepalive_seconds.max(1));
@@ -303,7 +342,7 @@ pub async fn events(
                 .and_then(|s| s.trim().parse::<i64>().ok())
                 .filter(|n| *n >= 0)
                 .ok_or_else(|| {
-                    ApiError::Validation("Last-Event-ID must be a seq (an integer ≥ 0)".into())
+                    ApiError::BadHeader("Last-Event-ID must be a seq (an integer ≥ 0)".into())
                 })?,
         ),
         None => None,

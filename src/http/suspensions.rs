@@ -136,6 +136,18 @@ fn check_decision(state: &AppState, s: &Suspension, body: &ResumeRequest) -> Res
             "reason is longer than 4000 characters".into(),
         ));
     }
+    if body.modified_args.is_some() && body.decision != Decision::Edit {
+        return Err(ApiError::Validation(format!(
+            "modifiedArgs goes only with decision `edit` (not `{}`): use `edit` to run the call with other arguments",
+            body.decision
+        )));
+    }
+    if body.response.is_some() && body.decision != Decision::Respond {
+        return Err(ApiError::Validation(format!(
+            "response goes only with decision `respond` (not `{}`)",
+            body.decision
+        )));
+    }
     match body.decision {
         Decision::Edit => {
             let args = body.modified_args.as_ref().ok_or_else(|| {

@@ -10,8 +10,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, decode_cursor, encode_cursor,
-    page_limit, parse_thread_id,
+    ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
+    encode_cursor, page_limit, parse_thread_id,
 };
 use crate::model::{AgentConfig, ItemStatus, Message, Thread, ThreadId, TodoItem};
 use crate::store::ThreadPatch;
@@ -177,7 +177,11 @@ pub async fn list_threads(
     AppQuery(params): AppQuery<PageParams>,
 ) -> Result<AppJson<Page<Thread>>, ApiError> {
     let limit = page_limit(params.limit)?;
-    let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
+    let cursor = params
+        .cursor
+        .as_deref()
+        .map(|c| decode_cursor(c, CursorKey::ThreadId))
+        .transpose()?;
     let items = state
         .store
         .list_threads(&tenant, limit + 1, cursor.as_ref())
@@ -253,6 +257,7 @@ pub async fn delete_thread(
 ) -> Result<StatusCode, ApiError> {
     let id = parse_thread_id(&thread_id)?;
     if state.store.delete_thread(&tenant, &id).await? {
+        state.bus.thread_deleted(&tenant, &id);
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::thread_not_found())
@@ -322,7 +327,11 @@ pub async fn list_messages(
 ) -> Result<AppJson<Page<Message>>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
     let limit = page_limit(params.limit)?;
-    let cursor = params.cursor.as_deref().map(decode_cursor).transpose()?;
+    let cursor = params
+        .cursor
+        .as_deref()
+        .map(|c| decode_cursor(c, CursorKey::Uuid))
+        .transpose()?;
     let items = state
         .store
         .list_messages(&tenant, &id, limit + 1, cursor.as_ref())

@@ -295,6 +295,10 @@ pub enum Signal {
     /// A cancel was requested for a running run.
     #[serde(rename = "c")]
     Cancel { run: Uuid },
+    /// A thread was deleted: its streams end (before any thread created again under its id can
+    /// be announced, since notifications arrive in commit order).
+    #[serde(rename = "d")]
+    ThreadDeleted { tenant: String, thread: String },
 }
 
 /// The persistence contract. Implementations are cheap to clone behind an `Arc`.

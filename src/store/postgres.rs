@@ -595,12 +595,22 @@ impl Store for PgStore {
 
     #[instrument(skip_all, fields(%tenant, %thread_id))]
     async fn delete_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<bool> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query("DELETE FROM threads WHERE tenant = $1 AND thread_id = $2")
             .bind(tenant)
             .bind(thread_id.as_str())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
-        Ok(done.rows_affected() > 0)
+        let deleted = done.rows_affected() > 0;
+        if deleted {
+            let signal = Signal::ThreadDeleted {
+                tenant: tenant.to_owned(),
+                thread: thread_id.as_str().to_owned(),
+            };
+            notify(&mut tx, &signal).await?;
+        }
+        tx.commit().await?;
+        Ok(deleted)
     }
 
     async fn agent_snapshot(

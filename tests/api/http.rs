@@ -9,7 +9,7 @@ use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
 use crate::helpers::{Backend, SseReader, spawn, spawn_with};
 
-fn assert_problem(status: u16, body: &Value, expected: u16, code: &str) {
+pub(crate) fn assert_problem(status: u16, body: &Value, expected: u16, code: &str) {
     assert_eq!(status, expected, "{body}");
     assert_eq!(body["status"], expected, "{body}");
     assert_eq!(body["code"], code, "{body}");
@@ -117,7 +117,7 @@ async fn bad_input_gets_problem_details_and_the_service_stays_healthy(backend: B
         .await
         .unwrap();
     let (s, b) = crate::helpers::read(r).await;
-    assert_problem(s, &b, 400, "bad_request");
+    assert_problem(s, &b, 400, "malformed_json");
     // Wrong content type.
     let r = app
         .client
@@ -203,7 +203,7 @@ async fn bad_input_gets_problem_details_and_the_service_stays_healthy(backend: B
         .await
         .unwrap();
     let (s, b) = crate::helpers::read(r).await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(s, &b, 400, "invalid_header");
     // A 20 MB body.
     let big = format!("{{\"query\": \"{}\"}}", "x".repeat(20 * 1024 * 1024));
     let r = app

@@ -6,6 +6,7 @@ mod contract;
 mod db;
 mod durability;
 mod fake_llm;
+mod fuzz;
 mod helpers;
 mod hitl;
 mod http;

@@ -234,6 +234,10 @@ impl App {
             shutdown.clone(),
         ));
         let signals = spawn_signal_tasks(&state).await?;
+        tracker.spawn(crate::memory::trim_periodically(
+            Duration::from_secs(state.config.memory_trim_seconds),
+            shutdown.clone(),
+        ));
         let worker_task = tokio::spawn(worker.run(shutdown.clone()));
         let router = http::router(state);
         axum::serve(listener, router)

@@ -159,6 +159,10 @@ pub struct Config {
     #[arg(long, env = "PES_SSE_KEEPALIVE_SECONDS", default_value_t = 15)]
     pub sse_keepalive_seconds: u64,
 
+    /// Seconds between checks that return freed heap memory to the system (glibc only; 0 = off).
+    #[arg(long, env = "PES_MEMORY_TRIM_SECONDS", default_value_t = 10)]
+    pub memory_trim_seconds: u64,
+
     /// Default suspension expiry in seconds when a thread sets none (0 = never; at most one year).
     #[arg(long, env = "PES_SUSPENSION_TTL_SECONDS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=crate::model::MAX_SUSPENSION_TTL_SECONDS))]

@@ -10,6 +10,7 @@
 //! - [`store`]: all SQL, behind the [`store::Store`] trait (Postgres and SQLite);
 //! - [`llm`]: model providers (`openai`, `offline`);
 //! - [`tools`]: the tool registry and built-in tools;
+//! - [`memory`]: returns freed heap memory to the system (glibc).
 //! - [`model`]: domain types shared by every layer.
 
 pub mod agent;
@@ -18,6 +19,7 @@ pub mod config;
 pub mod events;
 pub mod http;
 pub mod llm;
+pub mod memory;
 pub mod model;
 pub mod store;
 pub mod telemetry;

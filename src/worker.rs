@@ -1,6 +1,7 @@
 //! The run worker: claims queued runs under a lease, heartbeats, drives the engine and publishes
-//! what it commits. Its unit of work is [`Worker::try_run_next`], so tests can drive it one run at
-//! a time; [`Worker::run`] is the trivial loop around it.
+//! what it commits. [`Worker::try_run_next`] claims and drives one run, so tests can drive it one
+//! run at a time; [`Worker::run`] claims for every free slot at once, drives the runs side by side
+//! and sleeps, when idle, until it is woken, the poll interval passes or the next lease runs out.
 //!
 //! Every write is fenced by the run's lease `attempt`. A worker that loses its lease stops touching
 //! the run at once; one that is shut down releases the run so another worker takes it over.
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -194,52 +195,87 @@ impl Worker {
 
     /// Claim and drive runs, up to `concurrency` at once, until `stop_claiming` fires; then wait
     /// for the runs in flight (they stop by themselves when `hard_stop` fires).
+    ///
+    /// One claim fills every free slot (one round trip), and a claim that filled them all is
+    /// followed by another as soon as a slot frees up: there may be more. A claim that came back
+    /// short took everything claimable, so the worker sleeps until it is woken (a run was
+    /// enqueued or freed), the poll interval passes, or the next lease it knows of runs out —
+    /// whichever comes first. That last one is what takes abandoned runs back the moment their
+    /// lease expires, all of them at once; with no lease about to run out the worker polls no
+    /// more often than `poll_interval`.
     pub async fn run(self, stop_claiming: CancellationToken) {
         if self.settings.concurrency == 0 {
             info!("PES_WORKER_CONCURRENCY=0: this process serves the API and runs no agents");
             return;
         }
-        let permits = Arc::new(Semaphore::new(self.settings.concurrency));
+        let slots = Arc::new(Semaphore::new(self.settings.concurrency));
         let tracker = TaskTracker::new();
         loop {
-            let permit = tokio::select! {
+            let first = tokio::select! {
                 _ = stop_claiming.cancelled() => break,
-                p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+                p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
             };
             let claimed = tokio::select! {
                 _ = stop_claiming.cancelled() => break,
-                c = self.store.claim_run(&self.settings.owner, self.settings.lease) => c,
+                c = self.fill_free_slots(first, &slots, &tracker) => c,
             };
-            match claimed {
-                Ok(Some(run)) => {
-                    let me = self.clone();
-                    tracker.spawn(async move {
-                        let _permit = permit;
-                        me.drive(run).await;
-                        // The thread may have a queued run that can start now.
-                        me.wake.notify_one();
-                    });
-                }
-                Ok(None) => {
-                    drop(permit);
-                    tokio::select! {
-                        _ = stop_claiming.cancelled() => break,
-                        _ = self.wake.notified() => {}
-                        _ = tokio::time::sleep(self.settings.poll_interval) => {}
-                    }
-                }
+            let nap = match claimed {
+                // Every slot got a run: there may be more, claim again when one frees up.
+                Ok(None) => continue,
+                Ok(Some(nap)) => nap,
                 Err(e) => {
-                    drop(permit);
-                    error!(error = %e, "claiming a run failed; retrying");
+                    error!(error = %e, "claiming runs failed; retrying");
                     tokio::select! {
                         _ = stop_claiming.cancelled() => break,
                         _ = tokio::time::sleep(self.settings.poll_interval) => {}
                     }
+                    continue;
                 }
+            };
+            tokio::select! {
+                _ = stop_claiming.cancelled() => break,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(nap) => {}
             }
         }
         tracker.close();
         tracker.wait().await;
+    }
+
+    /// Claim a run for `first` and every other free slot in one round trip, and start driving
+    /// each on `tracker`. `None` when every slot got a run; otherwise everything claimable was
+    /// taken, and the answer is how long the worker may sleep before it looks again.
+    async fn fill_free_slots(
+        &self,
+        first: OwnedSemaphorePermit,
+        slots: &Arc<Semaphore>,
+        tracker: &TaskTracker,
+    ) -> Result<Option<Duration>, StoreError> {
+        let mut permits = vec![first];
+        while let Ok(p) = slots.clone().try_acquire_owned() {
+            permits.push(p);
+        }
+        let asked = permits.len();
+        let claim = self
+            .store
+            .claim_runs(&self.settings.owner, self.settings.lease, asked)
+            .await?;
+        let filled = claim.runs.len() >= asked;
+        for run in claim.runs {
+            let Some(permit) = permits.pop() else {
+                // The store never returns more than asked; such a run's lease just expires.
+                error!(run_id = %run.run_id, "the store claimed more runs than asked for");
+                continue;
+            };
+            let me = self.clone();
+            tracker.spawn(async move {
+                let _permit = permit;
+                me.drive(run).await;
+                // The thread may have a queued run that can start now.
+                me.wake.notify_one();
+            });
+        }
+        Ok((!filled).then(|| idle_wait(self.settings.poll_interval, claim.next_expiry)))
     }
 
     async fn drive(&self, run: Run) -> Outcome {
@@ -368,6 +404,19 @@ impl Worker {
     }
 }
 
+/// Past a lease's expiry, before the worker looks: the store claims leases that expired strictly
+/// before its clock, and the nap is never shorter than this (no busy loop).
+const EXPIRY_MARGIN: Duration = Duration::from_millis(10);
+
+/// How long a worker whose claim came back short sleeps (unless woken): the poll interval, or
+/// until just after the next lease expiry if that comes sooner.
+fn idle_wait(poll: Duration, next_expiry: Option<Duration>) -> Duration {
+    match next_expiry {
+        Some(expiry) => poll.min(expiry + EXPIRY_MARGIN),
+        None => poll,
+    }
+}
+
 /// Resolve suspensions whose expiry has passed as rejections (reason `expired`), so their runs go
 /// on. Safe on every replica at once: each resolution is an exactly-once compare-and-set.
 pub async fn sweep_suspensions(
@@ -405,5 +454,31 @@ pub async fn sweep_suspensions(
                 Err(e) => warn!(error = %e, suspension_id = %id, "expiring a suspension failed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_worker_wakes_for_the_next_lease_expiry_but_never_busy_loops() {
+        let poll = Duration::from_secs(1);
+        assert_eq!(
+            idle_wait(poll, None),
+            poll,
+            "no lease to wait for: the poll"
+        );
+        assert_eq!(
+            idle_wait(poll, Some(Duration::from_millis(300))),
+            Duration::from_millis(310),
+            "just after the lease runs out"
+        );
+        assert_eq!(idle_wait(poll, Some(Duration::from_secs(20))), poll);
+        assert_eq!(
+            idle_wait(poll, Some(Duration::ZERO)),
+            EXPIRY_MARGIN,
+            "a lost race is retried soon, not in a busy loop"
+        );
     }
 }

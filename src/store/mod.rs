@@ -249,6 +249,19 @@ pub struct Applied {
     pub cancel_requested: bool,
 }
 
+/// What one [`Store::claim_runs`] took, and when to look again.
+#[derive(Debug, Clone, Default)]
+pub struct Claim {
+    /// The runs claimed (now `running` under this worker's lease), at most as many as asked for.
+    pub runs: Vec<Run>,
+    /// How long until the earliest lease that has not expired yet runs out (the leases this
+    /// claim took do not count): an idle worker sleeps no longer than that, so an abandoned run
+    /// is taken back the moment its lease expires rather than at the next poll. `None` when no
+    /// such lease exists; zero when the claim lost a race with another claimer and should be
+    /// tried again at once.
+    pub next_expiry: Option<Duration>,
+}
+
 /// The agent-facing view of a thread: thread-level fields, the todo list in plan order, and the
 /// pending suspension if any.
 #[derive(Debug, Clone)]
@@ -409,10 +422,17 @@ pub trait Store: Send + Sync + 'static {
 
     // ----- worker --------------------------------------------------------------------------
 
-    /// Claim the next runnable run: the oldest queued run of a thread that has no running or
-    /// suspended run, or a running run whose lease expired. The claim bumps `attempt`, sets the
-    /// lease owner and expiry and moves the run to `running`.
-    async fn claim_run(&self, owner: &str, lease: Duration) -> StoreResult<Option<Run>>;
+    /// Claim up to `max` runnable runs at once: running runs whose lease expired (earliest
+    /// expiry first), then the oldest queued run of each thread that has no running or suspended
+    /// run (oldest first). Each claim bumps `attempt`, sets the lease owner and expiry and moves
+    /// the run to `running`; never two running runs on one thread. Fewer than `max` runs means
+    /// nothing else was claimable; [`Claim::next_expiry`] then says when to look again.
+    async fn claim_runs(&self, owner: &str, lease: Duration, max: usize) -> StoreResult<Claim>;
+
+    /// Claim the next runnable run (see [`Store::claim_runs`]).
+    async fn claim_run(&self, owner: &str, lease: Duration) -> StoreResult<Option<Run>> {
+        Ok(self.claim_runs(owner, lease, 1).await?.runs.pop())
+    }
 
     /// Extend the lease; returns whether a cancel was requested.
     ///

@@ -6,11 +6,12 @@
 //!   thread and a rollback takes the counter back with it.
 //! - **Fences.** Every worker write matches `run_id` *and* `attempt` of a `running` run; zero rows
 //!   means [`StoreError::LeaseLost`] and the transaction is rolled back.
-//! - **One run per thread.** Claims pick rows with `FOR UPDATE SKIP LOCKED`; a partial unique
-//!   index (`runs_one_running_per_thread_idx`) backs the rule up.
+//! - **One run per thread.** Claims pick rows with `FOR UPDATE SKIP LOCKED` (one statement fills
+//!   every free slot of a worker); a partial unique index (`runs_one_running_per_thread_idx`)
+//!   backs the rule up.
 //! - **Lock order thread → run → suspension** in every multi-row transaction (`create_run`,
 //!   `cancel_run`, `apply`, `resolve_suspension`), so they never deadlock each other; claims lock
-//!   one run row and nothing else.
+//!   run rows and nothing else, and never wait for one (`SKIP LOCKED`).
 //! - **One clock.** Every timestamp the store makes, and every lease comparison, uses the
 //!   database's `now()`.
 //!
@@ -31,9 +32,9 @@ use uuid::Uuid;
 
 use super::rows;
 use super::{
-    AgentSnapshot, Applied, Batch, CancelledRun, CreatedRun, Fence, NewRun, ObservationQuery, Op,
-    PageCursor, Resolution, ResolvedSuspension, Signal, Store, StoreError, StoreResult,
-    ThreadPatch,
+    AgentSnapshot, Applied, Batch, CancelledRun, Claim, CreatedRun, Fence, NewRun,
+    ObservationQuery, Op, PageCursor, Resolution, ResolvedSuspension, Signal, Store, StoreError,
+    StoreResult, ThreadPatch,
 };
 use crate::model::{
     AgentConfig, AgentStateRow, Message, MultitaskStrategy, NewObservation, Observation, Run,
@@ -71,13 +72,7 @@ const CANCEL_PENDING_SUSPENSIONS: &str = "UPDATE suspensions SET status = 'cance
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
-    /// When this process last looked for runs with an expired lease: that look is made at most
-    /// every [`EXPIRED_CHECK_EVERY`], not on every claim (expiry is rare; claims are not).
-    expired_checked: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
-
-/// How often a claim also looks for runs whose lease expired.
-const EXPIRED_CHECK_EVERY: Duration = Duration::from_millis(250);
 
 impl PgStore {
     /// Connect a pool of at most `max_connections` to `url` (`postgres://…`). Does not migrate.
@@ -95,20 +90,7 @@ impl PgStore {
 
     /// Wrap an existing pool.
     pub fn from_pool(pool: PgPool) -> Self {
-        Self {
-            pool,
-            expired_checked: Default::default(),
-        }
-    }
-
-    /// Whether this claim should also look for expired leases.
-    fn expired_check_due(&self) -> bool {
-        let mut last = self.expired_checked.lock().expect("lock poisoned");
-        let due = last.is_none_or(|t| t.elapsed() >= EXPIRED_CHECK_EVERY);
-        if due {
-            *last = Some(std::time::Instant::now());
-        }
-        due
+        Self { pool }
     }
 
     /// The underlying pool (e.g. for a `LISTEN` connection or benchmarks).
@@ -444,28 +426,37 @@ async fn apply_op(
     }
 }
 
-/// Claim statement shared by both claim kinds: `$3` is the candidate sub-select.
-fn claim_sql(candidate: &str) -> String {
-    format!(
-        "UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = $1, \
-           lease_expires_at = now() + make_interval(secs => $2), \
-           started_at = COALESCE(started_at, now()) \
-         WHERE run_id = ({candidate}) RETURNING *"
-    )
-}
-
-/// A running run whose lease expired (its worker died or stalled).
-const EXPIRED_CANDIDATE: &str = "SELECT run_id FROM runs \
-    WHERE status = 'running' AND lease_expires_at < now() \
-    ORDER BY lease_expires_at LIMIT 1 FOR UPDATE SKIP LOCKED";
-
-/// The oldest queued run of a thread with no running or suspended run and no older queued run.
-const QUEUED_CANDIDATE: &str = "SELECT r.run_id FROM runs r \
-    WHERE r.status = 'queued' AND NOT EXISTS ( \
-      SELECT 1 FROM runs o WHERE o.tenant = r.tenant AND o.thread_id = r.thread_id \
-        AND (o.status IN ('running', 'suspended') \
-             OR (o.status = 'queued' AND (o.created_at, o.run_id) < (r.created_at, r.run_id)))) \
-    ORDER BY r.created_at, r.run_id LIMIT 1 FOR UPDATE OF r SKIP LOCKED";
+/// One round trip claims up to `$3` runs: running runs whose lease expired (earliest first),
+/// then, for the slots left, the oldest queued run of each thread with no running or suspended
+/// run and no older queued run. Both picks lock with `SKIP LOCKED`, so concurrent claimers take
+/// different runs; `runs_one_running_per_thread_idx` backs the one-run-per-thread rule up.
+///
+/// It returns a row per claimed run, or one row of NULL run columns when none was claimed; every
+/// row carries `next_expiry`, the seconds until the earliest lease still in the future runs out
+/// (read from the statement's snapshot: the expired leases claimed here do not count, and an
+/// expired one that another claimer has locked is that claimer's to take).
+const CLAIM_RUNS: &str = "WITH expired AS ( \
+      SELECT run_id FROM runs WHERE status = 'running' AND lease_expires_at < now() \
+      ORDER BY lease_expires_at LIMIT $3 FOR UPDATE SKIP LOCKED), \
+    queued AS ( \
+      SELECT r.run_id FROM runs r \
+      WHERE r.status = 'queued' AND NOT EXISTS ( \
+        SELECT 1 FROM runs o WHERE o.tenant = r.tenant AND o.thread_id = r.thread_id \
+          AND (o.status IN ('running', 'suspended') \
+               OR (o.status = 'queued' AND (o.created_at, o.run_id) < (r.created_at, r.run_id)))) \
+      ORDER BY r.created_at, r.run_id LIMIT $3 - (SELECT count(*) FROM expired) \
+      FOR UPDATE OF r SKIP LOCKED), \
+    claimed AS ( \
+      UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = $1, \
+        lease_expires_at = now() + make_interval(secs => $2), \
+        started_at = COALESCE(started_at, now()) \
+      WHERE run_id IN (SELECT run_id FROM expired UNION ALL SELECT run_id FROM queued) \
+      RETURNING *) \
+    SELECT c.*, n.next_expiry FROM ( \
+      SELECT EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8 AS next_expiry \
+      FROM runs WHERE status = 'running' AND lease_expires_at >= now()) n \
+    LEFT JOIN claimed c ON true \
+    ORDER BY c.created_at, c.run_id";
 
 #[async_trait]
 impl Store for PgStore {
@@ -950,32 +941,37 @@ impl Store for PgStore {
         })
     }
 
-    #[instrument(skip_all, fields(%owner))]
-    async fn claim_run(&self, owner: &str, lease: Duration) -> StoreResult<Option<Run>> {
-        let candidates: &[&str] = if self.expired_check_due() {
-            &[EXPIRED_CANDIDATE, QUEUED_CANDIDATE]
-        } else {
-            &[QUEUED_CANDIDATE]
+    #[instrument(skip_all, fields(%owner, max))]
+    async fn claim_runs(&self, owner: &str, lease: Duration, max: usize) -> StoreResult<Claim> {
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let rows = match sqlx::query(CLAIM_RUNS)
+            .bind(owner)
+            .bind(secs(lease))
+            .bind(max)
+            .fetch_all(&self.pool)
+            .await
+        {
+            Ok(rows) => rows,
+            // Another claimer won a thread in a race the candidate query cannot see: nothing was
+            // claimed (the statement is atomic); look again at once.
+            Err(e) if rows::is_unique_violation(&e, Some("runs_one_running_per_thread_idx")) => {
+                return Ok(Claim {
+                    runs: Vec::new(),
+                    next_expiry: Some(Duration::ZERO),
+                });
+            }
+            Err(e) => return Err(e.into()),
         };
-        for candidate in candidates {
-            let claimed = sqlx::query(&claim_sql(candidate))
-                .bind(owner)
-                .bind(secs(lease))
-                .fetch_optional(&self.pool)
-                .await;
-            match claimed {
-                Ok(Some(row)) => return rows::run_from_row(&row).map(Some),
-                Ok(None) => {}
-                // Another claimer won the thread in a race the candidate query cannot see.
-                Err(e)
-                    if rows::is_unique_violation(&e, Some("runs_one_running_per_thread_idx")) =>
-                {
-                    return Ok(None);
-                }
-                Err(e) => return Err(e.into()),
+        let mut claim = Claim::default();
+        for row in &rows {
+            let next: Option<f64> = row.try_get("next_expiry")?;
+            claim.next_expiry = next.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok());
+            let run_id: Option<Uuid> = row.try_get("run_id")?;
+            if run_id.is_some() {
+                claim.runs.push(rows::run_from_row(row)?);
             }
         }
-        Ok(None)
+        Ok(claim)
     }
 
     async fn heartbeat(&self, fence: Fence, lease: Duration) -> StoreResult<bool> {

@@ -25,15 +25,15 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
 };
-use sqlx::{Sqlite, Transaction};
+use sqlx::{Row as _, Sqlite, Transaction};
 use tracing::instrument;
 use uuid::Uuid;
 
 use super::rows;
 use super::{
-    AgentSnapshot, Applied, Batch, CancelledRun, CreatedRun, Fence, NewRun, ObservationQuery, Op,
-    PageCursor, Resolution, ResolvedSuspension, RunUpdate, Store, StoreError, StoreResult,
-    ThreadPatch,
+    AgentSnapshot, Applied, Batch, CancelledRun, Claim, CreatedRun, Fence, NewRun,
+    ObservationQuery, Op, PageCursor, Resolution, ResolvedSuspension, RunUpdate, Store, StoreError,
+    StoreResult, ThreadPatch,
 };
 use crate::model::{
     AgentConfig, AgentStateRow, Message, MultitaskStrategy, NewObservation, Observation, Run,
@@ -67,17 +67,24 @@ const CANCEL_QUEUED_OR_SUSPENDED: &str = "UPDATE runs SET status = 'cancelled', 
 const CANCEL_PENDING_SUSPENSIONS: &str = "UPDATE suspensions SET status = 'cancelled', \
     resolved_at = $2 WHERE run_id IN (SELECT value FROM json_each($1)) AND status = 'pending'";
 
-/// A running run whose lease expired; `$3` is now.
-const EXPIRED_CANDIDATE: &str = "SELECT run_id FROM runs \
-    WHERE status = 'running' AND lease_expires_at < $3 ORDER BY lease_expires_at LIMIT 1";
+/// Running runs whose lease expired, earliest first; `$3` is now, `$4` how many.
+const EXPIRED_CANDIDATES: &str = "SELECT run_id FROM runs \
+    WHERE status = 'running' AND lease_expires_at < $3 ORDER BY lease_expires_at LIMIT $4";
 
-/// The oldest queued run of a thread with no running or suspended run and no older queued run.
-const QUEUED_CANDIDATE: &str = "SELECT r.run_id FROM runs r \
+/// The oldest queued run of each thread with no running or suspended run (so no two of one
+/// thread), oldest first; `$4` is how many.
+const QUEUED_CANDIDATES: &str = "SELECT r.run_id FROM runs r \
     WHERE r.status = 'queued' AND NOT EXISTS ( \
       SELECT 1 FROM runs o WHERE o.tenant = r.tenant AND o.thread_id = r.thread_id \
         AND (o.status IN ('running', 'suspended') \
              OR (o.status = 'queued' AND (o.created_at, o.run_id) < (r.created_at, r.run_id)))) \
-    ORDER BY r.created_at, r.run_id LIMIT 1";
+    ORDER BY r.created_at, r.run_id LIMIT $4";
+
+/// Whether any running run's lease expired, and when the earliest lease still in the future
+/// runs out; `$1` is now.
+const LEASES: &str = "SELECT COALESCE(MAX(lease_expires_at < $1), 0) AS any_expired, \
+    MIN(CASE WHEN lease_expires_at >= $1 THEN lease_expires_at END) AS next_expiry \
+    FROM runs WHERE status = 'running'";
 
 /// The SQLite [`Store`].
 #[derive(Debug, Clone)]
@@ -489,12 +496,12 @@ async fn apply_op(
     }
 }
 
-/// The claim statement; `candidate` selects the run id.
-fn claim_sql(candidate: &str) -> String {
+/// The claim statement; `candidates` selects the run ids.
+fn claim_sql(candidates: &str) -> String {
     format!(
         "UPDATE runs SET status = 'running', attempt = attempt + 1, lease_owner = $1, \
            lease_expires_at = $2, started_at = COALESCE(started_at, $3) \
-         WHERE run_id = ({candidate}) RETURNING *"
+         WHERE run_id IN ({candidates}) RETURNING *"
     )
 }
 
@@ -982,33 +989,59 @@ impl Store for SqliteStore {
         })
     }
 
-    #[instrument(skip_all, fields(%owner))]
-    async fn claim_run(&self, owner: &str, lease: Duration) -> StoreResult<Option<Run>> {
+    #[instrument(skip_all, fields(%owner, max))]
+    async fn claim_runs(&self, owner: &str, lease: Duration, max: usize) -> StoreResult<Claim> {
         let mut tx = self.write().await?;
         let now = rows::now_micros();
         let now_text = rows::ts_text(now);
         let expires = lease_expiry(now, lease);
-        let mut claimed = None;
-        for candidate in [EXPIRED_CANDIDATE, QUEUED_CANDIDATE] {
-            let row = sqlx::query(&claim_sql(candidate))
+        let leases = sqlx::query(LEASES)
+            .bind(&now_text)
+            .fetch_one(&mut *tx)
+            .await?;
+        let any_expired: bool = leases.try_get("any_expired")?;
+        let next_expiry = match leases.try_get::<Option<String>, _>("next_expiry")? {
+            Some(t) => Some(
+                (rows::parse_ts_text(&t)? - now)
+                    .to_std()
+                    .unwrap_or(Duration::ZERO),
+            ),
+            None => None,
+        };
+        let mut runs = Vec::new();
+        // Expired leases first; the statement is skipped when none is (the idle case).
+        let kinds = [(any_expired, EXPIRED_CANDIDATES), (true, QUEUED_CANDIDATES)];
+        for (wanted, candidates) in kinds {
+            let left = max.saturating_sub(runs.len());
+            if !wanted || left == 0 {
+                continue;
+            }
+            let claimed = sqlx::query(&claim_sql(candidates))
                 .bind(owner)
                 .bind(&expires)
                 .bind(&now_text)
-                .fetch_optional(&mut *tx)
+                .bind(i64::try_from(left).unwrap_or(i64::MAX))
+                .fetch_all(&mut *tx)
                 .await;
-            match row {
-                Ok(Some(row)) => {
-                    claimed = Some(rows::run_from_row(&row)?);
-                    break;
+            match claimed {
+                Ok(rows) => {
+                    for row in &rows {
+                        runs.push(rows::run_from_row(row)?);
+                    }
                 }
-                Ok(None) => {}
-                // Cannot happen while writers are serialized; kept in step with Postgres.
-                Err(e) if rows::is_unique_violation(&e, None) => return Ok(None),
+                // Cannot happen while writers are serialized; kept in step with Postgres (the
+                // dropped transaction takes every claim back).
+                Err(e) if rows::is_unique_violation(&e, None) => {
+                    return Ok(Claim {
+                        runs: Vec::new(),
+                        next_expiry: Some(Duration::ZERO),
+                    });
+                }
                 Err(e) => return Err(e.into()),
             }
         }
         tx.commit().await?;
-        Ok(claimed)
+        Ok(Claim { runs, next_expiry })
     }
 
     async fn heartbeat(&self, fence: Fence, lease: Duration) -> StoreResult<bool> {

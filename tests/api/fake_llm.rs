@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -30,8 +30,19 @@ pub enum Reply {
 
 type Pred = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
 
+/// Closed (`true`) while every request is held before it is answered.
+struct Gate(tokio::sync::watch::Sender<bool>);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate(tokio::sync::watch::Sender::new(false))
+    }
+}
+
 #[derive(Default)]
 struct Inner {
+    /// Held requests wait here (they are recorded on arrival).
+    gate: Gate,
     /// Delay the first request that matches, once.
     slow_once: Option<(Pred, Duration)>,
     /// Delay every execute request.
@@ -40,6 +51,8 @@ struct Inner {
     execute: VecDeque<Reply>,
     synthesis: VecDeque<Reply>,
     requests: Vec<Value>,
+    /// When each request of `requests` arrived.
+    arrivals: Vec<Instant>,
     calls: u64,
 }
 
@@ -112,6 +125,17 @@ impl FakeLlm {
         self.inner.lock().unwrap().execute_delay = Some(delay);
     }
 
+    /// Hold every request from now on (recorded on arrival, answered only after [`Self::release`]):
+    /// model calls stay in flight for as long as a test needs.
+    pub fn hold(&self) {
+        self.inner.lock().unwrap().gate.0.send_replace(true);
+    }
+
+    /// Answer the held requests and stop holding.
+    pub fn release(&self) {
+        self.inner.lock().unwrap().gate.0.send_replace(false);
+    }
+
     /// Wait (deadline 30 s) until a request matching `pred` has arrived.
     pub async fn wait_for_request(&self, pred: impl Fn(&Value) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -127,6 +151,12 @@ impl FakeLlm {
     /// Every request received, in order.
     pub fn requests(&self) -> Vec<Value> {
         self.inner.lock().unwrap().requests.clone()
+    }
+
+    /// Every request received, in order, with the instant it arrived.
+    pub fn requests_timed(&self) -> Vec<(Instant, Value)> {
+        let g = self.inner.lock().unwrap();
+        g.arrivals.iter().copied().zip(g.requests.clone()).collect()
     }
 
     /// Requests of one phase.
@@ -221,9 +251,11 @@ fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
 
 async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) -> Response {
     let phase = phase_of(&req);
+    let mut gate = inner.lock().unwrap().gate.0.subscribe();
     let (reply, n, delay) = {
         let mut g = inner.lock().unwrap();
         g.requests.push(req.clone());
+        g.arrivals.push(Instant::now());
         g.calls += 1;
         let mut delay = if phase == "execute" {
             g.execute_delay
@@ -248,6 +280,7 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) 
             delay,
         )
     };
+    let _ = gate.wait_for(|held| !held).await;
     if let Some(d) = delay {
         tokio::time::sleep(d).await;
     }

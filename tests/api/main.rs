@@ -11,4 +11,5 @@ mod helpers;
 mod hitl;
 mod http;
 mod process;
+mod reclaim;
 mod store;

@@ -1,0 +1,280 @@
+//! Taking back abandoned runs: after a `kill -9` with many runs in flight, every run is claimed
+//! again as soon as its lease expires — all of them at once, not one per poll — on both stores;
+//! and the multi-run claim underneath ([`Store::claim_runs`]), store by store.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pes_server::model::{AgentConfig, MultitaskStrategy, Run, RunStatus, ThreadId};
+use pes_server::store::{NewRun, Store};
+use serde_json::json;
+
+use crate::both_stores;
+use crate::fake_llm::FakeLlm;
+use crate::helpers::Backend;
+use crate::process::{Proc, env_for};
+
+/// Runs in flight when the process dies.
+const RUNS: usize = 8;
+/// The lease, in seconds.
+const LEASE: u64 = 2;
+/// The worker's poll, far longer than the lease: a poll must not be what finds abandoned runs.
+const POLL_MS: u64 = 10_000;
+/// How long after its lease may run out a run may wait to be claimed again.
+const SLACK: Duration = Duration::from_millis(1500);
+
+/// The query of run `i`, which its model requests carry.
+fn marker(i: usize) -> String {
+    format!("reclaim-run-{i}-of-{RUNS}")
+}
+
+/// 8 runs in flight (each held in its plan call by the fake model), `kill -9`, restart: every
+/// run is taken back (its model call is made again) within the lease + 1.5 s of the kill, and
+/// every run completes on its second attempt. The worker polls only every 10 s (five leases), so
+/// the runs come back only if the worker wakes for the lease expiry itself.
+async fn every_abandoned_run_is_reclaimed_within_a_lease(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    llm.hold();
+    let db = crate::helpers::database_url(backend).await;
+    let mut env = env_for(&db, &llm.url);
+    env.push(("PES_LEASE_SECONDS", LEASE.to_string()));
+    env.push(("PES_POLL_INTERVAL_MS", POLL_MS.to_string()));
+    let p1 = Proc::start(&env).await;
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let (s, run) = p1
+            .post(
+                &format!("/v1/threads/t{i}/runs"),
+                json!({"query": marker(i), "ifNotExists": "create"}),
+            )
+            .await;
+        assert_eq!(s, 202, "{run}");
+        let path = format!("/v1/threads/t{i}/runs/{}", run["runId"].as_str().unwrap());
+        runs.push(path);
+    }
+    // Every run is running, in its (held) plan call.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while llm.requests().len() < RUNS {
+        assert!(
+            Instant::now() < deadline,
+            "the runs never all reached the model"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for path in &runs {
+        let (_, r) = p1.get(path).await;
+        assert_eq!(r["status"], "running", "{r}");
+        assert_eq!(r["attempt"], 1, "{r}");
+    }
+    p1.kill9().await;
+    let killed = Instant::now();
+    llm.release();
+
+    let p2 = Proc::start(&env).await;
+    // A run has been taken back once its model call reaches the fake model again.
+    let deadline = killed + Duration::from_secs(60);
+    let reclaimed = loop {
+        let again: Vec<Option<Duration>> = (0..RUNS)
+            .map(|i| {
+                llm.requests_timed()
+                    .into_iter()
+                    .find(|(at, r)| *at > killed && r.to_string().contains(&marker(i)))
+                    .map(|(at, _)| at - killed)
+            })
+            .collect();
+        if again.iter().all(Option::is_some) {
+            break again;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "runs never taken back: {again:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let mut times: Vec<Duration> = reclaimed.into_iter().flatten().collect();
+    times.sort();
+    let shown: Vec<String> = times
+        .iter()
+        .map(|d| format!("{:.2}", d.as_secs_f64()))
+        .collect();
+    eprintln!(
+        "{backend:?}: re-claimed at {} s after the kill",
+        shown.join(", ")
+    );
+    let bound = Duration::from_secs(LEASE) + SLACK;
+    assert!(
+        times.iter().all(|t| *t <= bound),
+        "every run is re-claimed within the lease + {SLACK:?} of the kill; \
+         re-claimed at {shown:?} s"
+    );
+    for path in &runs {
+        let done = p2.wait_for(path, |r| r["status"] == "completed").await;
+        assert_eq!(
+            done["attempt"], 2,
+            "claimed once more, then completed: {done}"
+        );
+    }
+    p2.kill9().await;
+}
+both_stores!(
+    reclaim_after_kill_9,
+    every_abandoned_run_is_reclaimed_within_a_lease
+);
+
+// ----- the claim, store by store -----------------------------------------------------------------
+
+type S = Arc<dyn Store>;
+
+async fn enqueue(store: &S, thread: &str) -> Run {
+    store
+        .create_run(NewRun {
+            tenant: "a".into(),
+            thread_id: ThreadId::parse(thread).unwrap(),
+            query: "q".into(),
+            config: AgentConfig::default(),
+            strategy: MultitaskStrategy::Enqueue,
+            idempotency_key: None,
+            create_thread: true,
+        })
+        .await
+        .unwrap()
+        .run
+}
+
+/// Runs (one per thread) claimed by a worker that then died: their leases have run out already.
+/// Call it before anything else is queued.
+async fn abandoned(store: &S, threads: &[&str]) -> Vec<Run> {
+    let mut queued = Vec::new();
+    for t in threads {
+        queued.push(enqueue(store, t).await.run_id);
+    }
+    let claim = store
+        .claim_runs("dead", Duration::ZERO, threads.len())
+        .await
+        .unwrap();
+    let mut claimed: Vec<_> = claim.runs.iter().map(|r| r.run_id).collect();
+    claimed.sort();
+    queued.sort();
+    assert_eq!(claimed, queued);
+    claim.runs
+}
+
+/// One claim fills every free slot: expired leases first (earliest first), then the oldest queued
+/// run of each free thread; it says when the next lease runs out, so an idle worker knows when to
+/// look again; and it never takes a live lease or a second run of a busy thread.
+async fn one_claim_takes_expired_then_queued_runs_up_to_max(store: S) {
+    let empty = store.claim_runs("w", LEASE_30, 8).await.unwrap();
+    assert!(empty.runs.is_empty());
+    assert_eq!(
+        empty.next_expiry, None,
+        "no run is running: nothing to wake for"
+    );
+
+    let live = enqueue(&store, "live").await;
+    assert_eq!(
+        store.claim_runs("live", LEASE_30, 1).await.unwrap().runs[0].run_id,
+        live.run_id
+    );
+    let dead = abandoned(&store, &["e1", "e2"]).await;
+    let q1 = enqueue(&store, "q1").await;
+    let q1_next = enqueue(&store, "q1").await;
+    let q2 = enqueue(&store, "q2").await;
+    let q3 = enqueue(&store, "q3").await;
+
+    let first = store.claim_runs("w", LEASE_30, 3).await.unwrap();
+    let ids: Vec<_> = first.runs.iter().map(|r| r.run_id).collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(
+        ids[..2].iter().collect::<HashSet<_>>(),
+        dead.iter().map(|r| &r.run_id).collect(),
+        "expired leases first"
+    );
+    assert_eq!(ids[2], q1.run_id, "then the oldest queued run");
+    for run in &first.runs {
+        assert_eq!(run.status, RunStatus::Running);
+    }
+    assert_eq!(first.runs[0].attempt, 2, "a re-claim bumps the attempt");
+    assert_eq!(first.runs[2].attempt, 1);
+    let next = first
+        .next_expiry
+        .expect("the live run's lease runs out later");
+    assert!(
+        next <= LEASE_30 && next > LEASE_30 - Duration::from_secs(10),
+        "{next:?}"
+    );
+
+    // Fewer than asked: q1's next run waits for q1, and the live lease is not taken.
+    let second = store.claim_runs("w", LEASE_30, 8).await.unwrap();
+    let ids: HashSet<_> = second.runs.iter().map(|r| r.run_id).collect();
+    assert_eq!(ids, [q2.run_id, q3.run_id].into_iter().collect());
+    assert!(second.next_expiry.is_some_and(|d| d <= LEASE_30));
+    let third = store.claim_runs("w", LEASE_30, 8).await.unwrap();
+    assert!(third.runs.is_empty(), "{:?}", third.runs);
+    let _ = q1_next;
+}
+
+/// Claimers taking several runs each, all at once, still never run two runs of one thread and
+/// never claim one run twice.
+async fn concurrent_multi_claims_never_run_two_runs_of_one_thread(store: S) {
+    abandoned(&store, &["x0", "x1", "x2", "x3"]).await;
+    for t in 0..6 {
+        for _ in 0..3 {
+            enqueue(&store, &format!("t{t}")).await;
+        }
+    }
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let claim = store
+                    .claim_runs(&format!("w{i}"), LEASE_30, 3)
+                    .await
+                    .unwrap();
+                if claim.runs.is_empty() && claim.next_expiry != Some(Duration::ZERO) {
+                    return got;
+                }
+                got.extend(claim.runs);
+            }
+        }));
+    }
+    let mut claimed = Vec::new();
+    for t in tasks {
+        claimed.extend(t.await.unwrap());
+    }
+    let threads: HashSet<String> = claimed.iter().map(|r| r.thread_id.to_string()).collect();
+    assert_eq!(claimed.len(), 10, "one run per thread: {claimed:?}");
+    assert_eq!(threads.len(), 10);
+}
+
+const LEASE_30: Duration = Duration::from_secs(30);
+
+macro_rules! on_both_stores {
+    ($($case:ident),+ $(,)?) => {
+        mod claim_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let store = crate::db::postgres_store().await;
+                    super::$case(std::sync::Arc::new(store)).await;
+                }
+            )+
+        }
+        mod claim_sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let (store, _dir) = crate::db::sqlite_store().await;
+                    super::$case(std::sync::Arc::new(store)).await;
+                }
+            )+
+        }
+    };
+}
+
+on_both_stores!(
+    one_claim_takes_expired_then_queued_runs_up_to_max,
+    concurrent_multi_claims_never_run_two_runs_of_one_thread,
+);

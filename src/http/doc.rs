@@ -226,3 +226,265 @@ pub(super) fn add_shared_parts(api: &mut Document) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde::Serialize;
+    use serde_json::{Value, json};
+
+    use crate::http::runs::IfNotExists;
+    use crate::http::suspensions::SuspensionFilter;
+    use crate::model::*;
+
+    fn document() -> Value {
+        serde_json::to_value(crate::http::openapi()).unwrap()
+    }
+
+    fn wire<T: Serialize>(values: &[T]) -> Value {
+        serde_json::to_value(values).unwrap()
+    }
+
+    /// Every operation of the document: (path, method, operation).
+    fn operations(doc: &Value) -> Vec<(String, String, Value)> {
+        let mut out = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                out.push((path.clone(), method.clone(), op.clone()));
+            }
+        }
+        out
+    }
+
+    /// A response of `op` for `status`, with `$ref`s to shared responses followed.
+    fn response<'a>(doc: &'a Value, op: &'a Value, status: &str) -> Option<&'a Value> {
+        let r = op["responses"].get(status)?;
+        match r.get("$ref").and_then(Value::as_str) {
+            Some(reference) => {
+                let name = reference.rsplit('/').next().unwrap();
+                doc["components"]["responses"].get(name)
+            }
+            None => Some(r),
+        }
+    }
+
+    #[test]
+    fn every_enum_schema_spells_the_values_on_the_wire() {
+        let doc = document();
+        let expected: BTreeMap<&str, Value> = [
+            ("RunStatus", wire(RunStatus::ALL)),
+            ("ThreadStatus", wire(ThreadStatus::ALL)),
+            ("MultitaskStrategy", wire(MultitaskStrategy::ALL)),
+            ("ItemStatus", wire(ItemStatus::ALL)),
+            ("StepType", wire(StepType::ALL)),
+            ("ToolValidationMode", wire(ToolValidationMode::ALL)),
+            ("ValidationStatus", wire(ValidationStatus::ALL)),
+            ("MessageRole", wire(MessageRole::ALL)),
+            ("ObservationType", wire(ObservationType::ALL)),
+            ("SuspensionKind", wire(SuspensionKind::ALL)),
+            ("SuspensionStatus", wire(SuspensionStatus::ALL)),
+            ("Decision", wire(Decision::ALL)),
+            (
+                "IfNotExists",
+                wire(&[IfNotExists::Create, IfNotExists::Reject]),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let mut seen = 0;
+        for (name, schema) in doc["components"]["schemas"].as_object().unwrap() {
+            if let Some(values) = schema.get("enum") {
+                let want = expected
+                    .get(name.as_str())
+                    .unwrap_or_else(|| panic!("enum schema {name} is not checked here: add it"));
+                assert_eq!(values, want, "{name}");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, expected.len(), "an expected enum schema is missing");
+        assert_eq!(ObservationType::ALL[0].as_str(), "RUN_STARTED");
+
+        let status = &doc["paths"]["/v1/threads/{threadId}/suspensions"]["get"]["parameters"][1];
+        assert_eq!(status["name"], "status");
+        let values = status["schema"]["enum"].as_array().unwrap();
+        let parsed: Vec<SuspensionFilter> = values
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()).unwrap())
+            .collect();
+        assert_eq!(parsed, [SuspensionFilter::Pending, SuspensionFilter::All]);
+    }
+
+    #[test]
+    fn parameters_are_where_the_server_reads_them_and_optional_unless_in_the_path() {
+        let doc = document();
+        let mut queries = 0;
+        for (path, method, op) in operations(&doc) {
+            for p in op["parameters"].as_array().into_iter().flatten() {
+                let name = p["name"].as_str().unwrap();
+                let placeholder = path.contains(&format!("{{{name}}}"));
+                match p["in"].as_str().unwrap() {
+                    "path" => assert!(placeholder, "{method} {path}: `{name}` is not in the path"),
+                    "query" | "header" => {
+                        assert!(
+                            !placeholder,
+                            "{method} {path}: `{name}` is a path parameter"
+                        );
+                        assert_eq!(p["required"], false, "{method} {path}: `{name}`");
+                        queries += 1;
+                    }
+                    other => panic!("{method} {path}: `{name}` in {other}"),
+                }
+            }
+        }
+        // limit+cursor ×3, observations 5, events 4 + Last-Event-ID, suspensions 1.
+        assert_eq!(queries, 17);
+        let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
+        assert_eq!(limit["name"], "limit");
+        assert_eq!(limit["in"], "query");
+        assert_eq!(limit["schema"]["minimum"], 1);
+        assert_eq!(limit["schema"]["maximum"], 200);
+    }
+
+    #[test]
+    fn open_routes_need_no_key_and_every_v1_route_documents_401() {
+        let doc = document();
+        assert_eq!(doc["security"], json!([{"bearer": []}]));
+        for (path, method, op) in operations(&doc) {
+            if path.starts_with("/v1/") {
+                assert!(
+                    op.get("security").is_none(),
+                    "{method} {path} overrides the bearer"
+                );
+                let r = response(&doc, &op, "401").unwrap_or_else(|| panic!("{method} {path}"));
+                assert!(r["headers"]["WWW-Authenticate"].is_object());
+            } else {
+                assert_eq!(op["security"], json!([]), "{method} {path} needs no key");
+                assert!(op["responses"].get("401").is_none());
+            }
+        }
+        for open in ["/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"] {
+            assert!(doc["paths"][open]["get"].is_object(), "{open}");
+        }
+    }
+
+    #[test]
+    fn every_error_response_is_a_problem_and_body_routes_document_their_rejections() {
+        let doc = document();
+        let mut bodies = 0;
+        for (path, method, op) in operations(&doc) {
+            let mut statuses = vec!["414", "431"];
+            if op.get("requestBody").is_some() {
+                bodies += 1;
+                statuses.extend(["400", "413", "415", "422"]);
+            }
+            for status in statuses {
+                assert!(
+                    response(&doc, &op, status).is_some(),
+                    "{method} {path} lacks {status}"
+                );
+            }
+            for status in op["responses"].as_object().unwrap().keys() {
+                if status.as_str() >= "400" {
+                    let r = response(&doc, &op, status).unwrap();
+                    assert_eq!(
+                        r["content"]["application/problem+json"]["schema"]["$ref"],
+                        "#/components/schemas/Problem",
+                        "{method} {path} {status}"
+                    );
+                }
+            }
+        }
+        assert_eq!(bodies, 5, "threads POST/PATCH, runs, runs/wait, resume");
+        let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
+        assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");
+    }
+
+    #[test]
+    fn streams_are_described_as_server_sent_events_of_observations() {
+        let doc = document();
+        for (path, method) in [
+            ("/v1/threads/{threadId}/events", "get"),
+            ("/v1/threads/{threadId}/runs", "post"),
+            ("/v1/suspensions/{suspensionId}/resume", "post"),
+        ] {
+            let content = &doc["paths"][path][method]["responses"]["200"]["content"];
+            let sse = &content[super::EVENT_STREAM];
+            assert_eq!(sse["schema"]["type"], "string", "{method} {path}");
+            assert_eq!(
+                sse["x-itemSchema"]["properties"]["data"]["contentSchema"]["$ref"],
+                "#/components/schemas/Observation",
+                "{method} {path}"
+            );
+        }
+        let run_200 = &doc["paths"]["/v1/threads/{threadId}/runs"]["post"]["responses"]["200"];
+        assert_eq!(
+            run_200["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/Run",
+            "a repeated idempotency key answers the run as JSON"
+        );
+    }
+
+    #[test]
+    fn body_constraints_are_stated() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        assert_eq!(schemas["CreateRun"]["properties"]["query"]["minLength"], 1);
+        assert_eq!(schemas["CreateRun"]["required"], json!(["query"]));
+        for body in ["CreateThread", "UpdateThread"] {
+            assert_eq!(
+                schemas[body]["properties"]["metadata"]["type"],
+                json!(["object", "null"]),
+                "{body}"
+            );
+            assert_eq!(schemas[body]["additionalProperties"], false, "{body}");
+        }
+        assert_eq!(
+            schemas["Thread"]["properties"]["metadata"]["type"],
+            "object"
+        );
+        assert_eq!(
+            schemas["ResumeRequest"]["properties"]["reason"]["maxLength"],
+            4000
+        );
+    }
+
+    /// The integer ranges the document states for a config are the ones `validate` enforces.
+    #[test]
+    #[ignore = "TODO(issue 7 point 4b): enable once the config bounds (maxItems 1–200, \
+                suspensionTtlSeconds 1–31,536,000) are merged"]
+    fn config_ranges_are_the_ones_the_server_enforces() {
+        let doc = document();
+        let props = &doc["components"]["schemas"]["AgentConfig"]["properties"];
+        type Setter = fn(&mut AgentConfig, u64);
+        let fields: [(&str, Setter); 3] = [
+            ("maxIterations", |c, n| c.max_iterations = Some(n as u32)),
+            ("maxItems", |c, n| c.max_items = Some(n as u32)),
+            ("suspensionTtlSeconds", |c, n| {
+                c.suspension_ttl_seconds = Some(n)
+            }),
+        ];
+        for (name, set) in fields {
+            let min = props[name]["minimum"].as_u64().unwrap();
+            let max = props[name]["maximum"].as_u64().unwrap();
+            for (n, ok) in [(min - 1, false), (min, true), (max, true), (max + 1, false)] {
+                let mut c = AgentConfig::default();
+                set(&mut c, n);
+                assert_eq!(c.validate().is_ok(), ok, "{name} = {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_page_limit_range_is_the_one_the_server_enforces() {
+        let doc = document();
+        let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0]["schema"];
+        let (min, max) = (
+            limit["minimum"].as_u64().unwrap() as u32,
+            limit["maximum"].as_u64().unwrap() as u32,
+        );
+        assert!(crate::http::page_limit(Some(min - 1)).is_err());
+        assert!(crate::http::page_limit(Some(min)).is_ok());
+        assert!(crate::http::page_limit(Some(max)).is_ok());
+        assert!(crate::http::page_limit(Some(max + 1)).is_err());
+    }
+}

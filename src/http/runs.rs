@@ -43,6 +43,7 @@ pub enum IfNotExists {
 /// Body of `POST /v1/threads/{threadId}/runs` and `…/runs/wait`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"query": "What is 17 * 23?", "multitaskStrategy": "enqueue"}))]
 pub struct CreateRun {
     /// The user's query: at least one character that is not white space, at most
     /// `PES_MAX_QUERY_CHARS` characters (32,768 by default) once trimmed.

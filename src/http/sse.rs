@@ -214,9 +214,10 @@ pub struct ObservationParams {
     /// Observations per page: 1–1000, default 100.
     #[param(minimum = 1, maximum = 1000, nullable = false)]
     pub limit: Option<u32>,
-    /// Comma-separated observation types (`RUN_STARTED,PLAN,…`); an unknown type is refused (422).
+    /// Only these observation types, comma-separated (`type=PLAN,FINAL_RESPONSE`); an unknown
+    /// type is refused (422).
     #[serde(rename = "type")]
-    #[param(rename = "type", nullable = false)]
+    #[param(rename = "type", value_type = Option<Vec<ObservationType>>, style = Form, explode = false, nullable = false)]
     pub kind: Option<String>,
     /// Only observations with this `parentId` (an item id, or another observation's id).
     #[param(nullable = false)]
@@ -278,8 +279,9 @@ pub struct EventParams {
     /// Replay after this `seq` (the `Last-Event-ID` header wins when both are given).
     #[param(minimum = 0, nullable = false)]
     pub after: Option<i64>,
-    /// Comma-separated observation types (`RUN_STARTED,PLAN,…`); an unknown type is refused (422).
-    #[param(nullable = false)]
+    /// Only these observation types, comma-separated (`types=PLAN,FINAL_RESPONSE`); an unknown
+    /// type is refused (422).
+    #[param(value_type = Option<Vec<ObservationType>>, style = Form, explode = false, nullable = false)]
     pub types: Option<String>,
     /// Only observations with this `parentId` (an item id, or another observation's id).
     #[param(nullable = false)]

@@ -96,6 +96,7 @@ pub async fn get_suspension(
 /// Body of `POST /v1/suspensions/{suspensionId}/resume`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"decision": "reject", "reason": "Not this one."}))]
 pub struct ResumeRequest {
     /// `approve` (run the call as proposed), `edit` (run it with `modifiedArgs`), `reject` (do not
     /// run it; the model is told why), `respond` (do not run it; `response` is its result).

@@ -27,6 +27,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Body of `POST /v1/threads`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"metadata": {"project": "demo"}, "config": {"tools": ["calculator", "current_time"], "maxIterations": 5}}))]
 pub struct CreateThread {
     /// Client-chosen id (1–128 characters of `A-Za-z0-9_.:-`); a UUIDv7 when absent.
     #[serde(default)]
@@ -84,8 +85,9 @@ pub struct PageParams {
     /// Items per page: 1–200, default 50.
     #[param(minimum = 1, maximum = 200, nullable = false)]
     pub limit: Option<u32>,
-    /// `nextCursor` of the previous page; a cursor this API did not make is refused (422).
-    #[param(nullable = false)]
+    /// `nextCursor` of the previous page (opaque); a cursor this API did not make is refused
+    /// (422).
+    #[param(min_length = 1, nullable = false)]
     pub cursor: Option<String>,
 }
 

@@ -8,5 +8,6 @@ mod fake_llm;
 mod helpers;
 mod hitl;
 mod http;
+mod openapi;
 mod process;
 mod store;

@@ -303,7 +303,7 @@ pub struct EventParams {
     ),
     responses(
         (status = 200, description = "The event stream", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A `Last-Event-ID` that is not an integer from 0 to 2^63−1 (`bad_request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A `Last-Event-ID` that is not an integer from 0 to 2^63−1", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn events(

@@ -81,7 +81,7 @@ async fn enqueue(
         )));
     }
     if let Some(k) = &body.idempotency_key
-        && (k.is_empty() || k.len() > 256)
+        && (k.is_empty() || k.chars().count() > 256)
     {
         return Err(ApiError::Validation(
             "idempotencyKey must be 1 to 256 characters".into(),

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::both_stores;
 use crate::db::{self, TempDir};
-use crate::helpers::Backend;
+use crate::helpers::{Backend, spawn};
 use crate::process::Proc;
 
 /// The venv with `openapi-spec-validator` and `schemathesis`, or `None` (after a loud message)
@@ -210,3 +210,49 @@ async fn schemathesis_finds_nothing(backend: Backend) {
 }
 
 both_stores!(schemathesis, schemathesis_finds_nothing);
+
+/// What the document states about bodies and parameters holds at the edges, in the document's own
+/// units (JSON Schema lengths count characters, not bytes).
+async fn stated_constraints_hold_at_their_edges(backend: Backend) {
+    let app = spawn(backend, None).await;
+    let doc = serde_json::to_value(pes_server::http::openapi()).unwrap();
+    let key_len =
+        doc["components"]["schemas"]["CreateRun"]["properties"]["idempotencyKey"]["maxLength"]
+            .as_u64()
+            .unwrap() as usize;
+    let run = |key: String| json!({"query": "hi", "ifNotExists": "create", "idempotencyKey": key});
+    // Two bytes a character: a byte count would refuse the longest key the document allows.
+    let (s, r) = app
+        .post("/v1/threads/t1/runs", run("é".repeat(key_len)))
+        .await;
+    assert_eq!(s, 202, "{r}");
+    let (s, r) = app
+        .post("/v1/threads/t1/runs", run("é".repeat(key_len + 1)))
+        .await;
+    assert_eq!(s, 422, "{r}");
+    let (s, r) = app
+        .post("/v1/threads/t1/runs", json!({"query": " \t "}))
+        .await;
+    assert_eq!(
+        (s, r["code"].as_str()),
+        (422, Some("validation_failed")),
+        "{r}"
+    );
+    let (s, r) = app.post("/v1/threads", json!({"metadata": [1]})).await;
+    assert_eq!(s, 422, "metadata must be an object: {r}");
+
+    let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0]["schema"];
+    let (min, max) = (
+        limit["minimum"].as_u64().unwrap(),
+        limit["maximum"].as_u64().unwrap(),
+    );
+    for (n, want) in [(min - 1, 422), (min, 200), (max, 200), (max + 1, 422)] {
+        let (s, r) = app.get(&format!("/v1/threads?limit={n}")).await;
+        assert_eq!(s, want, "limit={n}: {r}");
+    }
+    let (s, r) = app.get("/v1/threads/t1/suspensions?status=nope").await;
+    assert_eq!(s, 422, "{r}");
+    app.stop().await;
+}
+
+both_stores!(stated_constraints, stated_constraints_hold_at_their_edges);

@@ -112,7 +112,7 @@ impl<'de> Deserialize<'de> for ItemId {
 }
 
 macro_rules! string_enum {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident => $text:tt),+ $(,)? }) => {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
         pub enum $name {
@@ -377,11 +377,11 @@ pub struct AgentConfig {
     pub system_prompt: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persona: Option<Persona>,
-    /// Model calls per item (ReAct iterations); default 5.
+    /// Model calls per item (ReAct iterations, 1–50); default 5.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 50)]
     pub max_iterations: Option<u32>,
-    /// Items a plan may hold; the server's default when absent.
+    /// Items a plan may hold (1–100); the server's default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 100)]
     pub max_items: Option<u32>,
@@ -462,6 +462,8 @@ pub struct Thread {
     #[serde(skip)]
     pub tenant: String,
     pub status: ThreadStatus,
+    /// The client's JSON object.
+    #[schema(value_type = Object)]
     pub metadata: Value,
     pub config: AgentConfig,
     pub created_at: DateTime<Utc>,

@@ -234,7 +234,7 @@ where
             )));
         }
         reject_nul(&value)?;
-        serde_json::from_value(value)
+        super::strict_json::from_value(&value)
             .map(Self)
             .map_err(|e| ApiError::Validation(format!("invalid body: {e}")))
     }

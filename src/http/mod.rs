@@ -3,10 +3,12 @@
 //! the shared [`AppState`], API-key authentication that resolves the tenant, the problem+json
 //! fallbacks for unknown routes and methods, and page cursors.
 
+pub mod doc;
 pub mod error;
 pub mod health;
 pub mod runs;
 pub mod sse;
+pub mod strict_json;
 pub mod suspensions;
 pub mod threads;
 
@@ -23,8 +25,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_http::trace::TraceLayer;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi};
+use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
@@ -159,38 +160,6 @@ pub fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
     }
 }
 
-struct BearerAuth;
-
-impl Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-    }
-}
-
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "pes-server",
-        description = "Durable Plan-Execute-Synthesize agents on threads, with an SSE observation stream.",
-        license(name = "Apache-2.0")
-    ),
-    modifiers(&BearerAuth),
-    security(("bearer" = [])),
-    components(schemas(Problem)),
-    tags(
-        (name = "threads", description = "Threads, their agent state and history"),
-        (name = "runs", description = "Runs of queries on threads"),
-        (name = "observations", description = "The observation log and its SSE stream"),
-        (name = "suspensions", description = "Pauses for a person"),
-        (name = "health", description = "Liveness, readiness, metrics")
-    )
-)]
-struct ApiDoc;
-
 fn v1_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .merge(threads::router())
@@ -201,11 +170,12 @@ fn v1_routes() -> OpenApiRouter<AppState> {
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    let (_, mut api) = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi())
+    let (_, mut api) = OpenApiRouter::<AppState>::with_openapi(doc::ApiDoc::openapi())
         .merge(v1_routes())
         .merge(health::router())
         .split_for_parts();
     health::document_extra_routes(&mut api);
+    doc::add_shared_parts(&mut api);
     api
 }
 

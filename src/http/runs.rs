@@ -43,8 +43,11 @@ pub enum IfNotExists {
 /// Body of `POST /v1/threads/{threadId}/runs` and `…/runs/wait`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"query": "What is 17 * 23?", "multitaskStrategy": "enqueue"}))]
 pub struct CreateRun {
-    /// The user's query.
+    /// The user's query: at least one character that is not white space, at most
+    /// `PES_MAX_QUERY_CHARS` characters (32,768 by default) once trimmed.
+    #[schema(min_length = 1, pattern = "\\S")]
     pub query: String,
     /// Per-run overrides of the thread's config.
     #[serde(default)]
@@ -52,10 +55,12 @@ pub struct CreateRun {
     /// What to do while another run of the thread is active; default `enqueue`.
     #[serde(default)]
     pub multitask_strategy: Option<MultitaskStrategy>,
+    /// `create` makes the thread when it does not exist; `reject` (the default) answers 404.
     #[serde(default)]
     pub if_not_exists: Option<IfNotExists>,
     /// A repeated key on the same thread returns the first run (200) instead of a new one.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: Option<String>,
 }
 
@@ -76,7 +81,7 @@ async fn enqueue(
         )));
     }
     if let Some(k) = &body.idempotency_key
-        && (k.is_empty() || k.len() > 256)
+        && (k.is_empty() || k.chars().count() > 256)
     {
         return Err(ApiError::Validation(
             "idempotencyKey must be 1 to 256 characters".into(),
@@ -140,13 +145,13 @@ pub(crate) fn wants_event_stream(headers: &HeaderMap) -> bool {
 /// Post a query: enqueue a run. With `Accept: text/event-stream` the response streams the run's
 /// observations until it completes, fails, is cancelled or suspends.
 #[utoipa::path(post, path = "/v1/threads/{threadId}/runs", tag = "runs", request_body = CreateRun,
-    params(("threadId" = String, Path, description = "Thread id")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
     responses(
         (status = 202, description = "Enqueued", body = Run),
-        (status = 200, description = "The run already created with this idempotency key (or, with `Accept: text/event-stream`, the run's observations as SSE)", body = Run),
-        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Another run is active and multitaskStrategy is `reject`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid body", body = Problem, content_type = "application/problem+json")
+        (status = 200, description = "With `Accept: text/event-stream`: the run's observations as Server-Sent Events until it completes, fails, is cancelled or suspends. Otherwise: the run already created with this `idempotencyKey`.",
+            content((Run = "application/json"), (String = "text/event-stream"))),
+        (status = 404, description = "No such thread (and `ifNotExists` is not `create`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another run is active and multitaskStrategy is `reject`", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn create_run(
     State(state): State<AppState>,
@@ -216,12 +221,12 @@ pub(crate) async fn wait_for_run(
 
 /// Post a query and answer when its run completes, fails, is cancelled or suspends.
 #[utoipa::path(post, path = "/v1/threads/{threadId}/runs/wait", tag = "runs", request_body = CreateRun,
-    params(("threadId" = String, Path, description = "Thread id")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
     responses(
         (status = 200, description = "The run, ended or suspended, with its final response", body = Run),
-        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (and `ifNotExists` is not `create`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Another run is active and multitaskStrategy is `reject`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid body", body = Problem, content_type = "application/problem+json")
+        (status = 503, description = "The service shut down before the run ended (`unavailable`)", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn wait_run(
     State(state): State<AppState>,
@@ -238,7 +243,7 @@ pub async fn wait_run(
 
 /// List a thread's runs, newest first.
 #[utoipa::path(get, path = "/v1/threads/{threadId}/runs", tag = "runs",
-    params(("threadId" = String, Path, description = "Thread id"), PageParams),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), PageParams),
     responses(
         (status = 200, description = "A page of runs", body = Page<Run>),
         (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
@@ -272,7 +277,7 @@ fn parse_run_id(raw: &str) -> Result<Uuid, ApiError> {
 
 /// Read one run.
 #[utoipa::path(get, path = "/v1/threads/{threadId}/runs/{runId}", tag = "runs",
-    params(("threadId" = String, Path, description = "Thread id"), ("runId" = String, Path, description = "Run id")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), ("runId" = String, Path, description = "Run id (a UUID; any other id is not found)")),
     responses(
         (status = 200, description = "The run", body = Run),
         (status = 404, description = "No such thread or run", body = Problem, content_type = "application/problem+json")
@@ -295,7 +300,7 @@ pub async fn get_run(
 /// Cancel a queued, running or suspended run. A running run stops at its next safe point, with
 /// its in-flight model or tool call abandoned.
 #[utoipa::path(post, path = "/v1/threads/{threadId}/runs/{runId}/cancel", tag = "runs",
-    params(("threadId" = String, Path, description = "Thread id"), ("runId" = String, Path, description = "Run id")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), ("runId" = String, Path, description = "Run id (a UUID; any other id is not found)")),
     responses(
         (status = 202, description = "Cancelled, or cancelling", body = Run),
         (status = 404, description = "No such thread or run", body = Problem, content_type = "application/problem+json"),

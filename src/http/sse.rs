@@ -241,29 +241,37 @@ fn parse_types(raw: Option<&str>) -> Result<Option<Vec<ObservationType>>, ApiErr
         .map(Some)
 }
 
-/// Filters of `GET /v1/threads/{threadId}/observations`.
+/// Filters of `GET /v1/threads/{threadId}/observations` (query string). Unknown parameters are
+/// refused (422).
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ObservationParams {
     /// Only observations with a larger `seq` (default 0).
+    #[param(minimum = 0, nullable = false)]
     pub after: Option<i64>,
-    /// 1–1000, default 100.
+    /// Observations per page: 1–1000, default 100.
+    #[param(minimum = 1, maximum = 1000, nullable = false)]
     pub limit: Option<u32>,
-    /// Comma-separated observation types.
+    /// Only these observation types, comma-separated (`type=PLAN,FINAL_RESPONSE`); an unknown
+    /// type is refused (422).
     #[serde(rename = "type")]
-    #[param(rename = "type")]
+    #[param(rename = "type", value_type = Option<Vec<ObservationType>>, style = Form, explode = false, nullable = false)]
     pub kind: Option<String>,
+    /// Only observations with this `parentId` (an item id, or another observation's id).
+    #[param(nullable = false)]
     pub parent_id: Option<String>,
+    /// Only observations of this run.
+    #[param(nullable = false)]
     pub run_id: Option<Uuid>,
 }
 
 /// The observation log as JSON, in `seq` order; `nextCursor` is the `seq` to pass as `after`.
 #[utoipa::path(get, path = "/v1/threads/{threadId}/observations", tag = "observations",
-    params(("threadId" = String, Path, description = "Thread id"), ObservationParams),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), ObservationParams),
     responses(
         (status = 200, description = "A page of observations", body = Page<Observation>),
-        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid filter", body = Problem, content_type = "application/problem+json")
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn list_observations(
     State(state): State<AppState>,
@@ -302,29 +310,39 @@ pub async fn list_observations(
     })))
 }
 
-/// Parameters of the SSE stream.
+/// Parameters of the SSE stream (query string). Unknown parameters are refused (422).
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct EventParams {
     /// Replay after this `seq` (the `Last-Event-ID` header wins when both are given).
+    #[param(minimum = 0, nullable = false)]
     pub after: Option<i64>,
-    /// Comma-separated observation types.
+    /// Only these observation types, comma-separated (`types=PLAN,FINAL_RESPONSE`); an unknown
+    /// type is refused (422).
+    #[param(value_type = Option<Vec<ObservationType>>, style = Form, explode = false, nullable = false)]
     pub types: Option<String>,
+    /// Only observations with this `parentId` (an item id, or another observation's id).
+    #[param(nullable = false)]
     pub parent_id: Option<String>,
     /// Ephemeral token deltas (accepted; providers do not stream tokens yet).
+    #[param(nullable = false)]
     pub tokens: Option<bool>,
 }
 
 /// The thread's observations as Server-Sent Events: `id: <seq>`, `event: <type>`,
-/// `data: <observation JSON>`; a `: keep-alive` comment every 15 s.
+/// `data: <observation JSON>`; a `: keep-alive` comment every 15 s. The stream replays the log
+/// after `Last-Event-ID` (or `after`) and then goes on live until the client leaves.
 #[utoipa::path(get, path = "/v1/threads/{threadId}/events", tag = "observations",
     params(
-        ("threadId" = String, Path, description = "Thread id"),
-        ("Last-Event-ID" = Option<String>, Header, description = "Replay after this seq"),
+        ("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"),
+        ("Last-Event-ID" = Option<i64>, Header, minimum = 0, nullable = false,
+            description = "Replay after this `seq` (the `id:` of the last event the client saw); wins over `after`. Anything but an integer from 0 to 2^63−1 is answered 400."),
         EventParams
     ),
     responses(
         (status = 200, description = "The event stream", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A `Last-Event-ID` that is not an integer from 0 to 2^63−1", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn events(

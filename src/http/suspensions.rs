@@ -26,17 +26,29 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(resume_suspension))
 }
 
-/// Filter of the suspension list.
+/// Which suspensions the list shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SuspensionFilter {
+    /// Only those waiting for a person (the default).
+    Pending,
+    /// Every suspension of the thread, whatever its status.
+    All,
+}
+
+/// Filter of the suspension list (query string). Unknown parameters or values are refused (422).
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct SuspensionParams {
     /// `pending` (default) or `all`.
-    pub status: Option<String>,
+    #[param(inline, nullable = false)]
+    pub status: Option<SuspensionFilter>,
 }
 
 /// Pending suspensions of a thread (all of them with `status=all`), oldest first.
 #[utoipa::path(get, path = "/v1/threads/{threadId}/suspensions", tag = "suspensions",
-    params(("threadId" = String, Path, description = "Thread id"), SuspensionParams),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), SuspensionParams),
     responses(
         (status = 200, description = "The suspensions", body = Page<Suspension>),
         (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
@@ -48,15 +60,7 @@ pub async fn list_suspensions(
     AppQuery(params): AppQuery<SuspensionParams>,
 ) -> Result<AppJson<Page<Suspension>>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
-    let all = match params.status.as_deref() {
-        None | Some("pending") => false,
-        Some("all") => true,
-        Some(other) => {
-            return Err(ApiError::Validation(format!(
-                "status must be `pending` or `all`, not `{other}`"
-            )));
-        }
-    };
+    let all = params.status == Some(SuspensionFilter::All);
     let items = state
         .store
         .list_suspensions(&tenant, &id, all)
@@ -70,7 +74,7 @@ pub async fn list_suspensions(
 
 /// Read one suspension.
 #[utoipa::path(get, path = "/v1/suspensions/{suspensionId}", tag = "suspensions",
-    params(("suspensionId" = String, Path, description = "Suspension id")),
+    params(("suspensionId" = String, Path, description = "Suspension id (a UUID; any other id is not found)")),
     responses(
         (status = 200, description = "The suspension", body = Suspension),
         (status = 404, description = "No such suspension", body = Problem, content_type = "application/problem+json")
@@ -92,12 +96,14 @@ pub async fn get_suspension(
 /// Body of `POST /v1/suspensions/{suspensionId}/resume`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"decision": "reject", "reason": "Not this one."}))]
 pub struct ResumeRequest {
     /// `approve` (run the call as proposed), `edit` (run it with `modifiedArgs`), `reject` (do not
     /// run it; the model is told why), `respond` (do not run it; `response` is its result).
     pub decision: Decision,
-    /// Why (given to the model on `reject`).
+    /// Why (given to the model on `reject`); at most 4,000 characters.
     #[serde(default)]
+    #[schema(max_length = 4000)]
     pub reason: Option<String>,
     /// The arguments to run the call with (`edit`), valid for the tool's schema.
     #[serde(default)]
@@ -187,12 +193,13 @@ fn check_decision(state: &AppState, s: &Suspension, body: &ResumeRequest) -> Res
 /// the response streams the run's observations until it ends or suspends again.
 #[utoipa::path(post, path = "/v1/suspensions/{suspensionId}/resume", tag = "suspensions",
     request_body = ResumeRequest,
-    params(("suspensionId" = String, Path, description = "Suspension id")),
+    params(("suspensionId" = String, Path, description = "Suspension id (a UUID; any other id is not found)")),
     responses(
         (status = 202, description = "Resumed: the run is queued again", body = Run),
+        (status = 200, description = "With `Accept: text/event-stream`: resumed, and the run's observations as Server-Sent Events until it ends or suspends again", content_type = "text/event-stream", body = String),
         (status = 404, description = "No such suspension", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Already resolved, expired or cancelled", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A decision the suspension does not allow, or arguments/response that do not fit", body = Problem, content_type = "application/problem+json")
+        (status = 422, description = "A body the route does not take (`validation_failed`), a decision the suspension does not allow (`decision_not_allowed`), or arguments/response that do not fit (`validation_failed`)", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn resume_suspension(
     State(state): State<AppState>,

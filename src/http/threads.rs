@@ -27,13 +27,15 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Body of `POST /v1/threads`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"metadata": {"project": "demo"}, "config": {"tools": ["calculator", "current_time"], "maxIterations": 5}}))]
 pub struct CreateThread {
     /// Client-chosen id (1–128 characters of `A-Za-z0-9_.:-`); a UUIDv7 when absent.
     #[serde(default)]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<String>, pattern = "^[A-Za-z0-9_.:-]{1,128}$")]
     pub thread_id: Option<ThreadId>,
-    /// Any JSON object.
+    /// Any JSON object (`{}` when absent).
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Value>,
     #[serde(default)]
     pub config: Option<AgentConfig>,
@@ -43,8 +45,11 @@ pub struct CreateThread {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdateThread {
+    /// Any JSON object; replaces the stored metadata.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Value>,
+    /// Replaces the stored config.
     #[serde(default)]
     pub config: Option<AgentConfig>,
 }
@@ -72,13 +77,17 @@ impl<T: ToSchema> Page<T> {
     }
 }
 
-/// Pagination parameters.
+/// Pagination parameters (query string). Unknown parameters are refused (422).
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PageParams {
-    /// 1–200, default 50.
+    /// Items per page: 1–200, default 50.
+    #[param(minimum = 1, maximum = 200, nullable = false)]
     pub limit: Option<u32>,
-    /// `nextCursor` of the previous page.
+    /// `nextCursor` of the previous page (opaque); a cursor this API did not make is refused
+    /// (422).
+    #[param(min_length = 1, nullable = false)]
     pub cursor: Option<String>,
 }
 
@@ -146,8 +155,7 @@ fn check_metadata(metadata: &Option<Value>) -> Result<(), ApiError> {
 #[utoipa::path(post, path = "/v1/threads", tag = "threads", request_body = CreateThread,
     responses(
         (status = 201, description = "Created", body = Thread),
-        (status = 409, description = "A thread with this id exists", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid body", body = Problem, content_type = "application/problem+json")
+        (status = 409, description = "A thread with this id exists", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn create_thread(
     State(state): State<AppState>,
@@ -193,7 +201,7 @@ pub async fn list_threads(
 
 /// Read a thread.
 #[utoipa::path(get, path = "/v1/threads/{threadId}", tag = "threads",
-    params(("threadId" = String, Path, description = "Thread id")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
     responses(
         (status = 200, description = "The thread", body = Thread),
         (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
@@ -214,11 +222,10 @@ pub async fn get_thread(
 
 /// Update a thread's metadata and/or config.
 #[utoipa::path(patch, path = "/v1/threads/{threadId}", tag = "threads", request_body = UpdateThread,
-    params(("threadId" = String, Path, description = "Thread id")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
     responses(
         (status = 200, description = "The updated thread", body = Thread),
-        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid body", body = Problem, content_type = "application/problem+json")
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn patch_thread(
     State(state): State<AppState>,
@@ -245,7 +252,7 @@ pub async fn patch_thread(
 
 /// Delete a thread with its runs, state, messages, suspensions and observations.
 #[utoipa::path(delete, path = "/v1/threads/{threadId}", tag = "threads",
-    params(("threadId" = String, Path, description = "Thread id")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
     responses(
         (status = 204, description = "Deleted"),
         (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
@@ -266,7 +273,7 @@ pub async fn delete_thread(
 
 /// The agent state of a thread (`PESAgentStateData`).
 #[utoipa::path(get, path = "/v1/threads/{threadId}/state", tag = "threads",
-    params(("threadId" = String, Path, description = "Thread id")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
     responses(
         (status = 200, description = "The agent state", body = AgentStateView),
         (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
@@ -314,7 +321,7 @@ pub async fn get_state(
 
 /// Conversation history, oldest first.
 #[utoipa::path(get, path = "/v1/threads/{threadId}/messages", tag = "threads",
-    params(("threadId" = String, Path, description = "Thread id"), PageParams),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), PageParams),
     responses(
         (status = 200, description = "A page of messages", body = Page<Message>),
         (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")

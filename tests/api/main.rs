@@ -10,6 +10,7 @@ mod fuzz;
 mod helpers;
 mod hitl;
 mod http;
+mod openapi;
 mod process;
 mod reclaim;
 mod store;

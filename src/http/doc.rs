@@ -1,0 +1,492 @@
+//! The OpenAPI 3.1 document: its root (info, tags, the bearer scheme) and the parts every
+//! operation shares. Those are added here, in one pass over the finished document, so that no
+//! route can forget them: the problem+json answers of the body parser (400, 413, 415, 422), of
+//! authentication (401 on `/v1`), of the query parser (422) and of the connection layer (414,
+//! 431); `security: []` on the open routes; and the description of every Server-Sent Events
+//! response. The routes themselves document only what is theirs (success bodies, 404, 409, …).
+
+use serde_json::json;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Content, OpenApi as Document, Ref, RefOr, Response};
+use utoipa::{Modify, OpenApi};
+
+use super::Problem;
+
+/// The media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The media type of the observation streams.
+pub const EVENT_STREAM: &str = "text/event-stream";
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut Document) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "pes-server",
+        description = "Durable Plan-Execute-Synthesize agents on threads, with an SSE observation stream.\n\n\
+Every error is an RFC 9457 problem (`application/problem+json`, the `Problem` schema) with a stable \
+`code`. When the server has API keys (`PES_API_KEYS`), every `/v1` route needs \
+`Authorization: Bearer <key>`; the health, metrics and documentation routes never do.",
+        license(name = "Apache-2.0")
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    components(schemas(Problem)),
+    tags(
+        (name = "threads", description = "Threads, their agent state and history"),
+        (name = "runs", description = "Runs of queries on threads"),
+        (name = "observations", description = "The observation log and its SSE stream"),
+        (name = "suspensions", description = "Pauses for a person"),
+        (name = "health", description = "Liveness, readiness, metrics")
+    )
+)]
+pub(super) struct ApiDoc;
+
+/// A shared problem+json response: (component name, status, description).
+type Shared = (&'static str, &'static str, &'static str);
+
+const MALFORMED_JSON: Shared = (
+    "MalformedJson",
+    "400",
+    "The body is not syntactically valid JSON (`malformed_json`).",
+);
+const UNAUTHORIZED: Shared = (
+    "Unauthorized",
+    "401",
+    "The server has API keys (`PES_API_KEYS`) and the request carries no valid \
+     `Authorization: Bearer <key>` (`unauthorized`).",
+);
+const URI_TOO_LONG: Shared = (
+    "UriTooLong",
+    "414",
+    "The request target is longer than the server reads.",
+);
+const PAYLOAD_TOO_LARGE: Shared = (
+    "PayloadTooLarge",
+    "413",
+    "The body is larger than `PES_MAX_BODY_BYTES` (`payload_too_large`).",
+);
+const UNSUPPORTED_MEDIA_TYPE: Shared = (
+    "UnsupportedMediaType",
+    "415",
+    "The body is not sent as `Content-Type: application/json` (`unsupported_media_type`).",
+);
+const INVALID_BODY: Shared = (
+    "InvalidBody",
+    "422",
+    "Valid JSON that the route does not take: not an object, an unknown or missing field, a \
+     value of the wrong type or out of range (`validation_failed`, or a more specific code).",
+);
+const INVALID_QUERY: Shared = (
+    "InvalidQuery",
+    "422",
+    "A query parameter that is unknown, of the wrong type or out of range, or a cursor this API \
+     did not make (`validation_failed`).",
+);
+const HEADERS_TOO_LARGE: Shared = (
+    "HeadersTooLarge",
+    "431",
+    "The request headers are larger than the server reads.",
+);
+
+/// Every shared response, for the components section.
+const SHARED: [Shared; 8] = [
+    MALFORMED_JSON,
+    UNAUTHORIZED,
+    URI_TOO_LONG,
+    PAYLOAD_TOO_LARGE,
+    UNSUPPORTED_MEDIA_TYPE,
+    INVALID_BODY,
+    INVALID_QUERY,
+    HEADERS_TOO_LARGE,
+];
+
+fn shared_response((_, status, description): Shared) -> Response {
+    let mut response = json!({
+        "description": description,
+        "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    });
+    if status == "401" {
+        response["headers"] = json!({"WWW-Authenticate": {
+            "description": "Always `Bearer`.",
+            "schema": {"type": "string"},
+        }});
+    }
+    serde_json::from_value(response).expect("a response object")
+}
+
+/// Add `shared` to `op` unless the route documents that status itself.
+fn add(op: &mut Operation, (name, status, _): Shared) {
+    op.responses
+        .responses
+        .entry(status.to_owned())
+        .or_insert_with(|| RefOr::Ref(Ref::new(format!("#/components/responses/{name}"))));
+}
+
+/// The description of a `text/event-stream` response body, with its events' schema. OpenAPI 3.1
+/// has no way to describe the items of a stream (3.2 adds `itemSchema`); the stream is a string
+/// here, and `x-itemSchema` says what 3.2 would: each event's `data` is one `Observation`.
+fn event_stream_content() -> Content {
+    serde_json::from_value(json!({
+        "schema": {
+            "type": "string",
+            "description": "Server-Sent Events, one per observation: `id: <seq>`, \
+                `event: <observation type>`, `data: <the Observation as JSON>` (see the \
+                `Observation` schema, and `x-itemSchema`). Comment lines (`: keep-alive`) come \
+                every `PES_SSE_KEEPALIVE_SECONDS` (15 s by default). Reconnect with \
+                `Last-Event-ID: <last id seen>` to continue without a gap or a duplicate.",
+        },
+        "example": "id: 1\nevent: RUN_STARTED\ndata: {\"id\":\"0196…\",\"seq\":1,\"threadId\":\"t1\",\
+            \"runId\":\"0196…\",\"parentId\":null,\"type\":\"RUN_STARTED\",\"title\":\"Run started\",\
+            \"content\":{},\"createdAt\":\"2025-01-01T00:00:00Z\"}\n\n",
+        "x-itemSchema": {
+            "type": "object",
+            "description": "One event of the stream (the shape OpenAPI 3.2 gives SSE items).",
+            "required": ["id", "event", "data"],
+            "properties": {
+                "id": {"type": "string", "description": "The observation's `seq`."},
+                "event": {"$ref": "#/components/schemas/ObservationType"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"$ref": "#/components/schemas/Observation"},
+                },
+            },
+        },
+    }))
+    .expect("a media type object")
+}
+
+/// Add the shared parts to every operation of `api` (see the module documentation).
+pub(super) fn add_shared_parts(api: &mut Document) {
+    let components = api.components.get_or_insert_with(Default::default);
+    for shared in SHARED {
+        components
+            .responses
+            .insert(shared.0.to_owned(), RefOr::T(shared_response(shared)));
+    }
+    for (path, item) in api.paths.paths.iter_mut() {
+        let guarded = path.starts_with("/v1/");
+        let ops = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.options,
+            &mut item.head,
+            &mut item.patch,
+            &mut item.trace,
+        ];
+        for op in ops.into_iter().flatten() {
+            if guarded {
+                add(op, UNAUTHORIZED);
+            } else {
+                // The open routes need no key, whatever the document's default says.
+                op.security = Some(vec![]);
+            }
+            if op.request_body.is_some() {
+                for shared in [
+                    MALFORMED_JSON,
+                    PAYLOAD_TOO_LARGE,
+                    UNSUPPORTED_MEDIA_TYPE,
+                    INVALID_BODY,
+                ] {
+                    add(op, shared);
+                }
+            }
+            let has_query = op
+                .parameters
+                .iter()
+                .flatten()
+                .any(|p| matches!(p.parameter_in, utoipa::openapi::path::ParameterIn::Query));
+            if has_query {
+                add(op, INVALID_QUERY);
+            }
+            add(op, URI_TOO_LONG);
+            add(op, HEADERS_TOO_LARGE);
+            for response in op.responses.responses.values_mut() {
+                if let RefOr::T(response) = response
+                    && let Some(content) = response.content.get_mut(EVENT_STREAM)
+                {
+                    *content = event_stream_content();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde::Serialize;
+    use serde_json::{Value, json};
+
+    use crate::http::runs::IfNotExists;
+    use crate::http::suspensions::SuspensionFilter;
+    use crate::model::*;
+
+    fn document() -> Value {
+        serde_json::to_value(crate::http::openapi()).unwrap()
+    }
+
+    fn wire<T: Serialize>(values: &[T]) -> Value {
+        serde_json::to_value(values).unwrap()
+    }
+
+    /// Every operation of the document: (path, method, operation).
+    fn operations(doc: &Value) -> Vec<(String, String, Value)> {
+        let mut out = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                out.push((path.clone(), method.clone(), op.clone()));
+            }
+        }
+        out
+    }
+
+    /// A response of `op` for `status`, with `$ref`s to shared responses followed.
+    fn response<'a>(doc: &'a Value, op: &'a Value, status: &str) -> Option<&'a Value> {
+        let r = op["responses"].get(status)?;
+        match r.get("$ref").and_then(Value::as_str) {
+            Some(reference) => {
+                let name = reference.rsplit('/').next().unwrap();
+                doc["components"]["responses"].get(name)
+            }
+            None => Some(r),
+        }
+    }
+
+    #[test]
+    fn every_enum_schema_spells_the_values_on_the_wire() {
+        let doc = document();
+        let expected: BTreeMap<&str, Value> = [
+            ("RunStatus", wire(RunStatus::ALL)),
+            ("ThreadStatus", wire(ThreadStatus::ALL)),
+            ("MultitaskStrategy", wire(MultitaskStrategy::ALL)),
+            ("ItemStatus", wire(ItemStatus::ALL)),
+            ("StepType", wire(StepType::ALL)),
+            ("ToolValidationMode", wire(ToolValidationMode::ALL)),
+            ("ValidationStatus", wire(ValidationStatus::ALL)),
+            ("MessageRole", wire(MessageRole::ALL)),
+            ("ObservationType", wire(ObservationType::ALL)),
+            ("SuspensionKind", wire(SuspensionKind::ALL)),
+            ("SuspensionStatus", wire(SuspensionStatus::ALL)),
+            ("Decision", wire(Decision::ALL)),
+            (
+                "IfNotExists",
+                wire(&[IfNotExists::Create, IfNotExists::Reject]),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let mut seen = 0;
+        for (name, schema) in doc["components"]["schemas"].as_object().unwrap() {
+            if let Some(values) = schema.get("enum") {
+                let want = expected
+                    .get(name.as_str())
+                    .unwrap_or_else(|| panic!("enum schema {name} is not checked here: add it"));
+                assert_eq!(values, want, "{name}");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, expected.len(), "an expected enum schema is missing");
+        assert_eq!(ObservationType::ALL[0].as_str(), "RUN_STARTED");
+
+        let status = &doc["paths"]["/v1/threads/{threadId}/suspensions"]["get"]["parameters"][1];
+        assert_eq!(status["name"], "status");
+        let values = status["schema"]["enum"].as_array().unwrap();
+        let parsed: Vec<SuspensionFilter> = values
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()).unwrap())
+            .collect();
+        assert_eq!(parsed, [SuspensionFilter::Pending, SuspensionFilter::All]);
+    }
+
+    #[test]
+    fn parameters_are_where_the_server_reads_them_and_optional_unless_in_the_path() {
+        let doc = document();
+        let mut queries = 0;
+        for (path, method, op) in operations(&doc) {
+            for p in op["parameters"].as_array().into_iter().flatten() {
+                let name = p["name"].as_str().unwrap();
+                let placeholder = path.contains(&format!("{{{name}}}"));
+                match p["in"].as_str().unwrap() {
+                    "path" => assert!(placeholder, "{method} {path}: `{name}` is not in the path"),
+                    "query" | "header" => {
+                        assert!(
+                            !placeholder,
+                            "{method} {path}: `{name}` is a path parameter"
+                        );
+                        assert_eq!(p["required"], false, "{method} {path}: `{name}`");
+                        queries += 1;
+                    }
+                    other => panic!("{method} {path}: `{name}` in {other}"),
+                }
+            }
+        }
+        // limit+cursor ×3, observations 5, events 4 + Last-Event-ID, suspensions 1.
+        assert_eq!(queries, 17);
+        let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
+        assert_eq!(limit["name"], "limit");
+        assert_eq!(limit["in"], "query");
+        assert_eq!(limit["schema"]["minimum"], 1);
+        assert_eq!(limit["schema"]["maximum"], 200);
+    }
+
+    #[test]
+    fn open_routes_need_no_key_and_every_v1_route_documents_401() {
+        let doc = document();
+        assert_eq!(doc["security"], json!([{"bearer": []}]));
+        for (path, method, op) in operations(&doc) {
+            if path.starts_with("/v1/") {
+                assert!(
+                    op.get("security").is_none(),
+                    "{method} {path} overrides the bearer"
+                );
+                let r = response(&doc, &op, "401").unwrap_or_else(|| panic!("{method} {path}"));
+                assert!(r["headers"]["WWW-Authenticate"].is_object());
+            } else {
+                assert_eq!(op["security"], json!([]), "{method} {path} needs no key");
+                assert!(op["responses"].get("401").is_none());
+            }
+        }
+        for open in ["/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"] {
+            assert!(doc["paths"][open]["get"].is_object(), "{open}");
+        }
+    }
+
+    #[test]
+    fn every_error_response_is_a_problem_and_body_routes_document_their_rejections() {
+        let doc = document();
+        let mut bodies = 0;
+        for (path, method, op) in operations(&doc) {
+            let mut statuses = vec!["414", "431"];
+            if op.get("requestBody").is_some() {
+                bodies += 1;
+                statuses.extend(["400", "413", "415", "422"]);
+            }
+            for status in statuses {
+                assert!(
+                    response(&doc, &op, status).is_some(),
+                    "{method} {path} lacks {status}"
+                );
+            }
+            for status in op["responses"].as_object().unwrap().keys() {
+                if status.as_str() >= "400" {
+                    let r = response(&doc, &op, status).unwrap();
+                    assert_eq!(
+                        r["content"]["application/problem+json"]["schema"]["$ref"],
+                        "#/components/schemas/Problem",
+                        "{method} {path} {status}"
+                    );
+                }
+            }
+        }
+        assert_eq!(bodies, 5, "threads POST/PATCH, runs, runs/wait, resume");
+        let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
+        assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");
+    }
+
+    #[test]
+    fn streams_are_described_as_server_sent_events_of_observations() {
+        let doc = document();
+        for (path, method) in [
+            ("/v1/threads/{threadId}/events", "get"),
+            ("/v1/threads/{threadId}/runs", "post"),
+            ("/v1/suspensions/{suspensionId}/resume", "post"),
+        ] {
+            let content = &doc["paths"][path][method]["responses"]["200"]["content"];
+            let sse = &content[super::EVENT_STREAM];
+            assert_eq!(sse["schema"]["type"], "string", "{method} {path}");
+            assert_eq!(
+                sse["x-itemSchema"]["properties"]["data"]["contentSchema"]["$ref"],
+                "#/components/schemas/Observation",
+                "{method} {path}"
+            );
+        }
+        let run_200 = &doc["paths"]["/v1/threads/{threadId}/runs"]["post"]["responses"]["200"];
+        assert_eq!(
+            run_200["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/Run",
+            "a repeated idempotency key answers the run as JSON"
+        );
+    }
+
+    #[test]
+    fn body_constraints_are_stated() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        assert_eq!(schemas["CreateRun"]["properties"]["query"]["minLength"], 1);
+        assert_eq!(schemas["CreateRun"]["required"], json!(["query"]));
+        for body in ["CreateThread", "UpdateThread"] {
+            assert_eq!(
+                schemas[body]["properties"]["metadata"]["type"],
+                json!(["object", "null"]),
+                "{body}"
+            );
+            assert_eq!(schemas[body]["additionalProperties"], false, "{body}");
+        }
+        assert_eq!(
+            schemas["Thread"]["properties"]["metadata"]["type"],
+            "object"
+        );
+        assert_eq!(
+            schemas["ResumeRequest"]["properties"]["reason"]["maxLength"],
+            4000
+        );
+    }
+
+    /// The integer ranges the document states for a config are the ones `validate` enforces.
+    #[test]
+    fn config_ranges_are_the_ones_the_server_enforces() {
+        let doc = document();
+        let props = &doc["components"]["schemas"]["AgentConfig"]["properties"];
+        type Setter = fn(&mut AgentConfig, u64);
+        let fields: [(&str, Setter); 3] = [
+            ("maxIterations", |c, n| c.max_iterations = Some(n as u32)),
+            ("maxItems", |c, n| c.max_items = Some(n as u32)),
+            ("suspensionTtlSeconds", |c, n| {
+                c.suspension_ttl_seconds = Some(n)
+            }),
+        ];
+        for (name, set) in fields {
+            let min = props[name]["minimum"].as_u64().unwrap();
+            let max = props[name]["maximum"].as_u64().unwrap();
+            let below = min.checked_sub(1).map(|n| (n, false));
+            for (n, ok) in below
+                .into_iter()
+                .chain([(min, true), (max, true), (max + 1, false)])
+            {
+                let mut c = AgentConfig::default();
+                set(&mut c, n);
+                assert_eq!(c.validate().is_ok(), ok, "{name} = {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_page_limit_range_is_the_one_the_server_enforces() {
+        let doc = document();
+        let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0]["schema"];
+        let (min, max) = (
+            limit["minimum"].as_u64().unwrap() as u32,
+            limit["maximum"].as_u64().unwrap() as u32,
+        );
+        assert!(crate::http::page_limit(Some(min - 1)).is_err());
+        assert!(crate::http::page_limit(Some(min)).is_ok());
+        assert!(crate::http::page_limit(Some(max)).is_ok());
+        assert!(crate::http::page_limit(Some(max + 1)).is_err());
+    }
+}

@@ -140,7 +140,7 @@ async fn random_requests_never_get_a_5xx_or_lose_data(backend: Backend) {
         .to_owned();
     let before = app.observations(&t).await;
 
-    let mut rng = StdRng::seed_from_u64(0x5eed_7);
+    let mut rng = StdRng::seed_from_u64(0x0005_eed7);
     for i in 0..150 {
         let body = if rng.random_bool(0.8) {
             random_object(&mut rng, 0)

@@ -705,6 +705,36 @@ pub struct Suspension {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
+/// Replace every NUL character in the strings (and keys) of `value` with U+FFFD. Text that comes
+/// from outside the API (a model's reply, a tool's output) is stored as it is, and Postgres
+/// cannot hold a NUL in `text` or `jsonb`: a model that wrote one would fail every commit of its
+/// run. The API itself refuses NUL in what clients send (a 422), so this only ever rewrites
+/// what a model or a tool produced.
+pub fn scrub_nul(value: &mut Value) {
+    match value {
+        Value::String(s) => scrub_nul_str(s),
+        Value::Array(items) => items.iter_mut().for_each(scrub_nul),
+        Value::Object(map) => {
+            if map.keys().any(|k| k.contains('\0')) {
+                let entries = std::mem::take(map);
+                for (mut k, v) in entries {
+                    scrub_nul_str(&mut k);
+                    map.insert(k, v);
+                }
+            }
+            map.values_mut().for_each(scrub_nul);
+        }
+        _ => {}
+    }
+}
+
+/// [`scrub_nul`] for one string.
+pub fn scrub_nul_str(s: &mut String) {
+    if s.contains('\0') {
+        *s = s.replace('\0', "\u{FFFD}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

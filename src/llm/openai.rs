@@ -227,12 +227,14 @@ fn build_body(req: &ChatRequest, model: &str, inline_schema: bool) -> Value {
 
 /// Parse a 2xx reply body into a [`ChatResponse`] (usage without `llm_calls`).
 fn parse_reply(body: &str) -> Result<ChatResponse, LlmError> {
-    let v: Value = serde_json::from_str(body).map_err(|e| {
+    let mut v: Value = serde_json::from_str(body).map_err(|e| {
         LlmError::BadReply(format!(
             "not JSON ({e}): {}",
             truncate(body, MAX_ERROR_BODY)
         ))
     })?;
+    // What a model writes is stored: no store may be handed a NUL.
+    crate::model::scrub_nul(&mut v);
     let Some(choice) = v.get("choices").and_then(|c| c.get(0)) else {
         return Err(LlmError::BadReply(format!(
             "no `choices[0]` in the reply: {}",
@@ -257,7 +259,7 @@ fn parse_reply(body: &str) -> Result<ChatResponse, LlmError> {
                 .get("id")
                 .and_then(Value::as_str)
                 .map_or_else(|| format!("call_{}", i + 1), str::to_owned);
-            let arguments = match function.get("arguments") {
+            let mut arguments = match function.get("arguments") {
                 Some(Value::String(raw)) if raw.trim().is_empty() => json!({}),
                 Some(Value::String(raw)) => {
                     serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.clone()))
@@ -267,6 +269,8 @@ fn parse_reply(body: &str) -> Result<ChatResponse, LlmError> {
                 None | Some(Value::Null) => json!({}),
                 Some(other) => Value::String(other.to_string()),
             };
+            // The arguments were JSON text inside the reply: scrub what parsing it revealed.
+            crate::model::scrub_nul(&mut arguments);
             tool_calls.push(ToolCall {
                 id,
                 name: name.to_owned(),

@@ -67,9 +67,11 @@ fn check_reply(content: Option<&str>, schema_value: &Value) -> Result<Value, Str
     if text.is_empty() {
         return Err("the reply is empty".into());
     }
-    let Some(value) = extract_json(text) else {
+    let Some(mut value) = extract_json(text) else {
         return Err("the reply is not a JSON object".into());
     };
+    // JSON text inside the reply may spell a NUL (`\u0000`) that no store can hold.
+    crate::model::scrub_nul(&mut value);
     schema::validate(schema_value, &value).map_err(|errors| errors.join("; "))?;
     Ok(value)
 }

@@ -91,8 +91,9 @@ pub struct ToolOutcome {
 }
 
 impl ToolOutcome {
-    /// A successful call.
-    pub fn success(output: Value) -> Self {
+    /// A successful call. Any NUL in the output becomes U+FFFD (see [`crate::model::scrub_nul`]).
+    pub fn success(mut output: Value) -> Self {
+        crate::model::scrub_nul(&mut output);
         Self {
             output,
             error: None,
@@ -101,8 +102,10 @@ impl ToolOutcome {
 
     /// A failed call; `output` becomes `{"error": "<message>"}`.
     pub fn failure(error: ToolError) -> Self {
+        let mut message = error.to_string();
+        crate::model::scrub_nul_str(&mut message);
         Self {
-            output: json!({ "error": error.to_string() }),
+            output: json!({ "error": message }),
             error: Some(error),
         }
     }

@@ -368,3 +368,46 @@ async fn a_thread_deleted_on_another_replica_ends_its_streams() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A model that writes a NUL (in a plan, a tool call's arguments, an answer) must not wedge its
+/// run on Postgres, where no `text` or `jsonb` can hold one: what a model writes is stored with
+/// U+FFFD in its place, on both stores alike.
+async fn a_model_that_writes_nul_characters_does_not_wedge_its_run(backend: Backend) {
+    let llm = crate::fake_llm::FakeLlm::start().await;
+    let app = crate::helpers::spawn(backend, Some(&llm)).await;
+    llm.push(
+        "plan",
+        crate::fake_llm::plan(&[("s1", "Compute\u{0} 2+2", &["calculator"], &[])]),
+    );
+    llm.push(
+        "execute",
+        crate::fake_llm::Reply::ToolCalls(vec![(
+            "calculator".into(),
+            json!({"expression": "2+2\u{0}"}),
+        )]),
+    );
+    llm.push("execute", crate::fake_llm::Reply::Text("four\u{0}".into()));
+    llm.push(
+        "synthesis",
+        crate::fake_llm::Reply::Json(
+            json!({"response": "it is\u{0} 4", "sources": null, "suggestions": ["a\u{0}"]}),
+        ),
+    );
+    let t = app.thread(json!({})).await;
+    let run = app.run_wait(&t, "what is 2+2?").await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["finalResponse"]["response"], "it is\u{FFFD} 4");
+    assert_eq!(run["finalResponse"]["sources"], json!([]), "null is empty");
+    let (_, state) = app.get(&format!("/v1/threads/{t}/state")).await;
+    assert_eq!(state["todoList"][0]["description"], "Compute\u{FFFD} 2+2");
+    assert_eq!(state["todoList"][0]["result"], "four\u{FFFD}");
+    let obs = app.observations(&t).await;
+    let exec = obs.iter().find(|o| o["type"] == "TOOL_EXECUTION").unwrap();
+    assert_eq!(exec["content"]["status"], "error", "{exec}");
+    assert!(!exec.to_string().contains("\\u0000"), "{exec}");
+    app.stop().await;
+}
+both_stores!(
+    model_nul,
+    a_model_that_writes_nul_characters_does_not_wedge_its_run
+);

@@ -7,6 +7,7 @@
 //! directly; anything else (a gap, a lag, an observation committed by another replica) makes it
 //! re-read the table after its last `seq`. The table is the truth; the bus is only a fast path.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -16,8 +17,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use futures::StreamExt;
 use serde::Deserialize;
-use tokio::sync::{broadcast, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::broadcast;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -74,20 +74,27 @@ fn to_event(o: &Observation) -> Event {
         .data(serde_json::to_string(o).unwrap_or_else(|_| "{}".into()))
 }
 
-/// Whether the stream goes on.
-enum Flow {
-    Continue,
-    Stop,
-}
-
+/// One subscriber's stream, pulled by the response body: no task and no channel of its own, so an
+/// idle subscriber costs its bus receiver and this struct. Observations to send wait in `pending`
+/// (at most one table page); the bus is read only when `pending` is empty, so a slow client makes
+/// the bus lag, which falls back to the table like any gap.
 struct Producer {
     state: AppState,
     spec: StreamSpec,
-    tx: mpsc::Sender<Event>,
+    rx: broadcast::Receiver<BusMsg>,
+    /// The last `seq` accounted for (sent, or filtered out).
     last: i64,
     /// When the streamed thread was created: a thread deleted and created again under the same
     /// id is another thread, whose log this stream must never show.
     thread_created_at: Option<chrono::DateTime<chrono::Utc>>,
+    pending: VecDeque<Event>,
+    /// A table read under way: `Some(seen)` until a short page ends it, where `seen` is a `seq`
+    /// known committed (a bus message that revealed a gap).
+    catching_up: Option<Option<i64>>,
+    /// Whether the first page of this catch-up has been read (the thread is checked before it).
+    checked: bool,
+    /// Send what is pending, then end.
+    ended: bool,
 }
 
 /// The last frame of a stream whose thread was deleted: no `id:` (it is not an observation and
@@ -99,132 +106,143 @@ fn thread_deleted_event(thread_id: &ThreadId) -> Event {
 }
 
 impl Producer {
-    async fn send(&mut self, o: &Observation) -> Flow {
-        if self.spec.matches(o) && self.tx.send(to_event(o)).await.is_err() {
-            return Flow::Stop;
+    /// Queue `o` if the stream shows it; end after the run's end when asked to.
+    fn push(&mut self, o: &Observation) {
+        if self.spec.matches(o) {
+            self.pending.push_back(to_event(o));
         }
         if self.spec.ends_with(o) {
-            Flow::Stop
-        } else {
-            Flow::Continue
+            self.ended = true;
         }
-    }
-
-    /// Deliver everything after `last` from the table. `seen` is a `seq` known to be committed
-    /// (a bus message that revealed a gap): everything up to it has been accounted for afterwards.
-    async fn catch_up(&mut self, seen: Option<i64>) -> Flow {
-        // The table is about to be read: first make sure it is still this stream's thread.
-        match self
-            .state
-            .store
-            .get_thread(&self.spec.tenant, &self.spec.thread_id)
-            .await
-        {
-            Ok(Some(t)) if self.thread_created_at.is_none_or(|c| c == t.created_at) => {
-                self.thread_created_at = Some(t.created_at);
-            }
-            Ok(_) => return self.deleted().await,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading a streamed thread failed; ending the stream");
-                return Flow::Stop;
-            }
-        }
-        loop {
-            let query = ObservationQuery {
-                after: self.last,
-                limit: REPLAY_PAGE,
-                types: self.spec.types.clone(),
-                parent_id: self.spec.parent_id.clone(),
-                run_id: self.spec.run_id,
-            };
-            let page = match self
-                .state
-                .store
-                .list_observations(&self.spec.tenant, &self.spec.thread_id, &query)
-                .await
-            {
-                Ok(Some(p)) => p,
-                Ok(None) => return self.deleted().await,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading observations for a stream failed; ending it");
-                    return Flow::Stop;
-                }
-            };
-            let full = page.len() as u32 == REPLAY_PAGE;
-            for o in &page {
-                self.last = o.seq;
-                if let Flow::Stop = self.send(o).await {
-                    return Flow::Stop;
-                }
-            }
-            if !full {
-                break;
-            }
-        }
-        if let Some(s) = seen {
-            self.last = self.last.max(s);
-        }
-        Flow::Continue
     }
 
     /// Tell the client the thread is gone, then end.
-    async fn deleted(&mut self) -> Flow {
-        let _ = self
-            .tx
-            .send(thread_deleted_event(&self.spec.thread_id))
-            .await;
-        Flow::Stop
+    fn deleted(&mut self) {
+        self.pending
+            .push_back(thread_deleted_event(&self.spec.thread_id));
+        self.ended = true;
     }
 
-    async fn run(mut self, mut rx: broadcast::Receiver<BusMsg>) {
-        if let Flow::Stop = self.catch_up(None).await {
-            return;
+    /// Read the next page of the table after `last` (checking first, once per catch-up, that
+    /// the thread is still this stream's thread).
+    async fn catch_up_page(&mut self, seen: Option<i64>) {
+        if !self.checked {
+            self.checked = true;
+            match self
+                .state
+                .store
+                .get_thread(&self.spec.tenant, &self.spec.thread_id)
+                .await
+            {
+                Ok(Some(t)) if self.thread_created_at.is_none_or(|c| c == t.created_at) => {
+                    self.thread_created_at = Some(t.created_at);
+                }
+                Ok(_) => return self.deleted(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading a streamed thread failed; ending the stream");
+                    self.ended = true;
+                    return;
+                }
+            }
         }
+        let query = ObservationQuery {
+            after: self.last,
+            limit: REPLAY_PAGE,
+            types: self.spec.types.clone(),
+            parent_id: self.spec.parent_id.clone(),
+            run_id: self.spec.run_id,
+        };
+        let page = match self
+            .state
+            .store
+            .list_observations(&self.spec.tenant, &self.spec.thread_id, &query)
+            .await
+        {
+            Ok(Some(p)) => p,
+            Ok(None) => return self.deleted(),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading observations for a stream failed; ending it");
+                self.ended = true;
+                return;
+            }
+        };
+        let full = page.len() as u32 == REPLAY_PAGE;
+        for o in &page {
+            self.last = o.seq;
+            self.push(o);
+            if self.ended {
+                return;
+            }
+        }
+        if !full {
+            if let Some(s) = seen {
+                self.last = self.last.max(s);
+            }
+            self.catching_up = None;
+        }
+    }
+
+    fn start_catch_up(&mut self, seen: Option<i64>) {
+        self.catching_up = Some(seen);
+        self.checked = false;
+    }
+
+    /// The next frame to send, or `None` when the stream is over.
+    async fn next_event(&mut self) -> Option<Event> {
         loop {
-            let msg = tokio::select! {
-                _ = self.state.shutdown.cancelled() => return,
-                _ = self.tx.closed() => return,
-                msg = rx.recv() => msg,
-            };
-            let flow = match msg {
-                Ok(BusMsg::Obs(o)) if o.seq <= self.last => Flow::Continue,
+            if let Some(e) = self.pending.pop_front() {
+                return Some(e);
+            }
+            if self.ended {
+                return None;
+            }
+            if let Some(seen) = self.catching_up {
+                self.catch_up_page(seen).await;
+                continue;
+            }
+            match self.rx.recv().await {
+                Ok(BusMsg::Obs(o)) if o.seq <= self.last => {}
                 Ok(BusMsg::Obs(o)) if o.seq == self.last + 1 => {
                     self.last = o.seq;
-                    self.send(&o).await
+                    self.push(&o);
                 }
-                Ok(BusMsg::Obs(o)) => self.catch_up(Some(o.seq)).await,
-                Ok(BusMsg::Wake(seq)) if seq <= self.last => Flow::Continue,
-                Ok(BusMsg::Wake(seq)) => self.catch_up(Some(seq)).await,
-                Ok(BusMsg::ThreadDeleted) => self.deleted().await,
-                Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up(None).await,
+                Ok(BusMsg::Obs(o)) => self.start_catch_up(Some(o.seq)),
+                Ok(BusMsg::Wake(seq)) if seq <= self.last => {}
+                Ok(BusMsg::Wake(seq)) => self.start_catch_up(Some(seq)),
+                Ok(BusMsg::ThreadDeleted) => self.deleted(),
+                Err(broadcast::error::RecvError::Lagged(_)) => self.start_catch_up(None),
                 // The channel is only dropped with its thread.
-                Err(broadcast::error::RecvError::Closed) => self.deleted().await,
-            };
-            if let Flow::Stop = flow {
-                return;
+                Err(broadcast::error::RecvError::Closed) => self.deleted(),
             }
         }
     }
 }
 
-/// An SSE response streaming the observations `spec` selects.
+/// An SSE response streaming the observations `spec` selects. It subscribes to the bus before
+/// its first table read, so nothing committed in between is missed; it ends with the service's
+/// shutdown token.
 pub fn observation_sse(
     state: &AppState,
     spec: StreamSpec,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
-    let (tx, rx) = mpsc::channel(64);
-    let bus_rx = state.bus.subscribe(&spec.tenant, &spec.thread_id);
     let producer = Producer {
         state: state.clone(),
+        rx: state.bus.subscribe(&spec.tenant, &spec.thread_id),
         last: spec.after,
         spec,
-        tx,
         thread_created_at: None,
+        pending: VecDeque::new(),
+        catching_up: Some(None),
+        checked: false,
+        ended: false,
     };
-    state.tracker.spawn(producer.run(bus_rx));
+    let events = futures::stream::unfold(producer, |mut p| async move {
+        let e = p.next_event().await?;
+        Some((Ok(e), p))
+    })
+    .take_until(state.shutdown.clone().cancelled_owned());
     let keepalive = Duration::from_secs(state.config.sse_keepalive_seconds.max(1));
-    Sse::new(ReceiverStream::new(rx).map(Ok))
-        .keep_alive(KeepAlive::new().interval(keepalive).text("keep-alive"))
+    Sse::new(events).keep_alive(KeepAlive::new().interval(keepalive).text("keep-alive"))
 }
 
 fn parse_types(raw: Option<&str>) -> Result<Option<Vec<ObservationType>>, ApiError> {

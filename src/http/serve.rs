@@ -174,13 +174,14 @@ async fn make_room(slots: &Arc<Semaphore>, shared: &Shared) -> Option<OwnedSemap
         if let Ok(slot) = slots.clone().try_acquire_owned() {
             return Some(slot);
         }
-        let evicted = shared.evict_oldest_idle();
+        shared.evict_oldest_idle();
         tokio::select! {
             () = shared.shutdown.cancelled() => return None,
             slot = slots.clone().acquire_owned() => return slot.ok(),
-            // An evicted connection closes at once, unless a request arrived on it just now:
-            // then it finishes that first, and the next oldest idle one is asked too.
-            () = tokio::time::sleep(Duration::from_millis(100)), if evicted => {}
+            // An evicted connection closes at once, unless a request arrived on it just now (it
+            // finishes that first); and when every connection was busy, one may have gone idle
+            // since. Either way, look again shortly.
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
     }
 }
@@ -215,22 +216,18 @@ impl Shared {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Ask the oldest connection with no request in flight to close; false when all are busy.
-    fn evict_oldest_idle(&self) -> bool {
+    /// Ask the oldest connection with no request in flight to close (none when all are busy).
+    fn evict_oldest_idle(&self) {
         let open = self.lock_open();
         let victim = open
             .values()
             .find(|c| !c.evict.is_cancelled() && c.activity().busy == 0);
-        match victim {
-            Some(c) => {
-                debug!(
-                    connection = c.id,
-                    "at PES_MAX_CONNECTIONS: closing the oldest idle connection"
-                );
-                c.evict.cancel();
-                true
-            }
-            None => false,
+        if let Some(c) = victim {
+            debug!(
+                connection = c.id,
+                "at PES_MAX_CONNECTIONS: closing the oldest idle connection"
+            );
+            c.evict.cancel();
         }
     }
 }
@@ -290,9 +287,10 @@ impl Conn {
             return None;
         }
         Some(match a.head_started {
+            // A fresh connection's clock runs from the accept, however late its first byte.
+            _ if !a.served => a.idle_since + s.header_read_timeout,
             Some(t) => t + s.header_read_timeout,
-            None if a.served => a.idle_since + s.idle_timeout,
-            None => a.idle_since + s.header_read_timeout,
+            None => a.idle_since + s.idle_timeout,
         })
     }
 

@@ -186,6 +186,31 @@ async fn a_trickled_request_head_is_closed_at_the_header_read_timeout() {
     app.stop().await;
 }
 
+/// The head clock of a new connection runs from the accept: a first byte sent late does not
+/// restart it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_first_byte_does_not_restart_the_header_read_timeout() {
+    let app = spawn_with(Backend::Sqlite, None, |c| c.header_read_timeout_seconds = 2).await;
+    let mut stream = connect(&app).await;
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let (got, after) = until_closed(&mut stream, start, Duration::from_secs(6)).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    assert!(
+        after >= Duration::from_millis(1900),
+        "closed after {after:?}"
+    );
+    assert!(
+        after < Duration::from_millis(3000),
+        "closed after {after:?}"
+    );
+    app.stop().await;
+}
+
 /// A body that stops and a body that drips a byte every 100 ms are both answered 408 at the
 /// body clock: the deadline is for the whole body, not between bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,6 +329,68 @@ async fn healthz_answers_while_silent_sockets_fill_the_connection_cap() {
     // The stream was busy, so it was not evicted: keep-alives still flow.
     let frame = sse.next(Duration::from_secs(5)).await.expect("stream open");
     assert!(frame.comment, "{frame:?}");
+    app.stop().await;
+}
+
+/// At a cap of 1 with that connection busy, a new client waits; as soon as the busy one's
+/// response ends (it stays kept-alive, idle), the newcomer takes its place — not after the idle
+/// clock (20 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_waiting_at_the_cap_takes_the_place_of_a_connection_gone_idle() {
+    let app = spawn_with(Backend::Sqlite, None, |c| {
+        c.max_connections = 1;
+        c.idle_timeout_seconds = 20;
+    })
+    .await;
+    let body = br#"{"metadata":{}}"#;
+    let mut busy = connect(&app).await;
+    // `Expect: 100-continue`: the server says "100 Continue" once the handler reads the body,
+    // so the connection is known to be busy (a half-sent head would be idle, and evicted).
+    let head = format!(
+        "POST /v1/threads HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    busy.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = busy.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before 100 Continue");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    busy.write_all(&body[..5]).await.unwrap();
+
+    let waiting = connect(&app).await;
+    let newcomer = tokio::spawn(async move {
+        let mut waiting = waiting;
+        exchange(&mut waiting, HEALTHZ).await.status
+    });
+    // The body completes within its clock: the busy connection answers and goes idle.
+    busy.write_all(&body[5..]).await.unwrap();
+    got.clear();
+    let created = loop {
+        if let Some((r, _)) = RawResponse::parse(&got) {
+            break r;
+        }
+        let n = busy.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before answering");
+        got.extend_from_slice(&buf[..n]);
+    };
+    assert_eq!(created.status, 201, "{created:?}");
+    let idle_since = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(5), newcomer)
+        .await
+        .expect("the waiting client is served within 5 s of a connection going idle")
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(idle_since.elapsed() < Duration::from_secs(5));
+    // The idle connection made room: it was closed.
+    let (_, _) = until_closed(&mut busy, idle_since, Duration::from_secs(5)).await;
     app.stop().await;
 }
 

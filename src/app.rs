@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use crate::agent::{Engine, EngineSettings};
 use crate::config::{Config, ProviderKind};
 use crate::events::EventBus;
+use crate::http::serve::ServeSettings;
 use crate::http::{self, AppState};
 use crate::llm::LlmProvider;
 use crate::llm::offline::OfflineProvider;
@@ -145,6 +146,7 @@ impl App {
         if api_keys.is_empty() {
             warn!("PES_API_KEYS is not set: the API accepts requests without authentication");
         }
+        warn_if_fd_limit_is_low(config.max_connections);
         let listener = TcpListener::bind(config.bind)
             .await
             .with_context(|| format!("binding {}", config.bind))?;
@@ -239,11 +241,9 @@ impl App {
             shutdown.clone(),
         ));
         let worker_task = tokio::spawn(worker.run(shutdown.clone()));
+        let settings = ServeSettings::from_config(&state.config);
         let router = http::router(state);
-        axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-            .await
-            .context("serving HTTP")?;
+        http::serve::serve(listener, router, settings, shutdown.clone()).await;
         info!("shutting down: no new runs are claimed");
         let mut worker_task = worker_task;
         if tokio::time::timeout(grace, &mut worker_task).await.is_err() {
@@ -344,6 +344,34 @@ async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task:
         }
     });
     Ok(vec![listen, poll])
+}
+
+/// File descriptors kept for everything but client connections (database pool, SQLite files,
+/// the model client, logs).
+const FD_RESERVE: u64 = 256;
+
+/// `PES_MAX_CONNECTIONS` only protects the process if it can actually open that many sockets:
+/// say so at start when the open-file limit is below it (Linux; elsewhere nothing is checked).
+fn warn_if_fd_limit_is_low(max_connections: u64) {
+    let Some(limit) = open_file_limit() else {
+        return;
+    };
+    if limit < max_connections + FD_RESERVE {
+        warn!(
+            open_file_limit = limit,
+            max_connections,
+            "the open-file limit (ulimit -n) is below PES_MAX_CONNECTIONS + {FD_RESERVE}: a flood \
+             of connections can exhaust file descriptors before the cap evicts idle ones; raise \
+             the limit or lower PES_MAX_CONNECTIONS"
+        );
+    }
+}
+
+/// The soft `nofile` limit, from `/proc/self/limits`.
+fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 fn hostname() -> String {

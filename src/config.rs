@@ -131,6 +131,44 @@ pub struct Config {
     #[arg(long, env = "PES_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Seconds a connection may take to send a complete request head, counted from the accept
+    /// or from the first byte of a later request on a kept-alive connection; then it is closed.
+    /// Silent and half-sent connections cannot hold a socket longer than this.
+    #[arg(long, env = "PES_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_seconds: u64,
+
+    /// Seconds a request body may take to arrive in full, counted from its head (a total
+    /// deadline, so a byte-by-byte drip cannot stretch it); then the request is answered 408.
+    #[arg(long, env = "PES_BODY_READ_TIMEOUT_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout_seconds: u64,
+
+    /// Seconds a kept-alive connection may wait for its next request after a response; then it
+    /// is closed. Never applies while a response (an SSE stream, a `runs/wait`) is being sent.
+    #[arg(long, env = "PES_IDLE_TIMEOUT_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_seconds: u64,
+
+    /// Open HTTP connections at most. At the cap a new connection closes the oldest connection
+    /// that has no request in flight; when every one is busy, new ones wait in the accept
+    /// backlog. Keep it below the process's open-file limit (`ulimit -n`).
+    #[arg(long, env = "PES_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+
+    /// Largest request header section in bytes (each field counted as name, `: `, value and
+    /// CRLF); above it the answer is 431. At most 256 KiB.
+    #[arg(long, env = "PES_MAX_HEADER_BYTES", default_value_t = 32 * 1024,
+          value_parser = clap::value_parser!(u64).range(1..=256 * 1024))]
+    pub max_header_bytes: u64,
+
+    /// Longest request target (path and query) in bytes; above it the answer is 414. At most
+    /// 65534, the HTTP parser's own bound.
+    #[arg(long, env = "PES_MAX_URI_BYTES", default_value_t = 8 * 1024,
+          value_parser = clap::value_parser!(u64).range(1..=65_534))]
+    pub max_uri_bytes: u64,
+
     /// Largest query in characters.
     #[arg(long, env = "PES_MAX_QUERY_CHARS", default_value_t = 32 * 1024)]
     pub max_query_chars: usize,

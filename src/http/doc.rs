@@ -1,6 +1,6 @@
 //! The OpenAPI 3.1 document: its root (info, tags, the bearer scheme) and the parts every
 //! operation shares. Those are added here, in one pass over the finished document, so that no
-//! route can forget them: the problem+json answers of the body parser (400, 413, 415, 422), of
+//! route can forget them: the problem+json answers of the body parser (400, 408, 413, 415, 422), of
 //! authentication (401 on `/v1`), of the query parser (422) and of the connection layer (414,
 //! 431); `security: []` on the open routes; and the description of every Server-Sent Events
 //! response. The routes themselves document only what is theirs (success bodies, 404, 409, …).
@@ -78,6 +78,11 @@ const PAYLOAD_TOO_LARGE: Shared = (
     "413",
     "The body is larger than `PES_MAX_BODY_BYTES` (`payload_too_large`).",
 );
+const REQUEST_TIMEOUT: Shared = (
+    "RequestTimeout",
+    "408",
+    "The body did not arrive within `PES_BODY_READ_TIMEOUT_SECONDS` (`request_timeout`).",
+);
 const UNSUPPORTED_MEDIA_TYPE: Shared = (
     "UnsupportedMediaType",
     "415",
@@ -102,8 +107,9 @@ const HEADERS_TOO_LARGE: Shared = (
 );
 
 /// Every shared response, for the components section.
-const SHARED: [Shared; 8] = [
+const SHARED: [Shared; 9] = [
     MALFORMED_JSON,
+    REQUEST_TIMEOUT,
     UNAUTHORIZED,
     URI_TOO_LONG,
     PAYLOAD_TOO_LARGE,
@@ -199,6 +205,7 @@ pub(super) fn add_shared_parts(api: &mut Document) {
             if op.request_body.is_some() {
                 for shared in [
                     MALFORMED_JSON,
+                    REQUEST_TIMEOUT,
                     PAYLOAD_TOO_LARGE,
                     UNSUPPORTED_MEDIA_TYPE,
                     INVALID_BODY,
@@ -376,7 +383,7 @@ mod tests {
             let mut statuses = vec!["414", "431"];
             if op.get("requestBody").is_some() {
                 bodies += 1;
-                statuses.extend(["400", "413", "415", "422"]);
+                statuses.extend(["400", "408", "413", "415", "422"]);
             }
             for status in statuses {
                 assert!(

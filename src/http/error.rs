@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use utoipa::ToSchema;
 
+use super::serve::BodyReadTimeout;
 use crate::store::StoreError;
 
 /// An RFC 9457 problem details body.
@@ -49,6 +50,15 @@ pub enum ApiError {
     Conflict { code: &'static str, detail: String },
     #[error("the request body is larger than the limit (PES_MAX_BODY_BYTES)")]
     PayloadTooLarge,
+    /// The body did not arrive in full within `PES_BODY_READ_TIMEOUT_SECONDS`.
+    #[error("the request body did not arrive within {0} s (PES_BODY_READ_TIMEOUT_SECONDS)")]
+    RequestTimeout(u64),
+    /// The header section is larger than `PES_MAX_HEADER_BYTES`.
+    #[error("the request headers take {size} bytes; the limit is {limit} (PES_MAX_HEADER_BYTES)")]
+    HeadersTooLarge { size: usize, limit: usize },
+    /// The request target is longer than `PES_MAX_URI_BYTES`.
+    #[error("the request URI takes {size} bytes; the limit is {limit} (PES_MAX_URI_BYTES)")]
+    UriTooLong { size: usize, limit: usize },
     #[error("{0}")]
     UnsupportedMediaType(String),
     #[error("a valid API key is required: send `Authorization: Bearer <key>`")]
@@ -103,6 +113,17 @@ impl ApiError {
                 "payload_too_large",
                 "Payload too large",
             ),
+            Self::RequestTimeout(_) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "Request timeout",
+            ),
+            Self::HeadersTooLarge { .. } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers_too_large",
+                "Request header fields too large",
+            ),
+            Self::UriTooLong { .. } => (StatusCode::URI_TOO_LONG, "uri_too_long", "URI too long"),
             Self::UnsupportedMediaType(_) => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
@@ -199,6 +220,8 @@ impl From<JsonRejection> for ApiError {
             JsonRejection::BytesRejection(e) => {
                 if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                     Self::PayloadTooLarge
+                } else if let Some(t) = body_timeout_in(&e) {
+                    Self::RequestTimeout(t.seconds())
                 } else {
                     Self::BadRequest(e.body_text())
                 }
@@ -206,6 +229,18 @@ impl From<JsonRejection> for ApiError {
             other => Self::BadRequest(other.body_text()),
         }
     }
+}
+
+/// The body-deadline error somewhere in `e`'s cause chain (the body extractors wrap it).
+fn body_timeout_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a BodyReadTimeout> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(t) = c.downcast_ref::<BodyReadTimeout>() {
+            return Some(t);
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// `Json` whose rejections are problem+json, with one rule for every route: a body that is not

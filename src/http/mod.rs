@@ -1,12 +1,14 @@
 //! The HTTP API: one router per resource, assembled with its OpenAPI document by
 //! [`router`] (a pure factory: no I/O, so tests can `oneshot` it). Cross-cutting pieces live here:
 //! the shared [`AppState`], API-key authentication that resolves the tenant, the problem+json
-//! fallbacks for unknown routes and methods, and page cursors.
+//! fallbacks for unknown routes and methods, and page cursors. [`serve`] owns the connections the
+//! router is served on (their caps and timeouts).
 
 pub mod doc;
 pub mod error;
 pub mod health;
 pub mod runs;
+pub mod serve;
 pub mod sse;
 pub mod strict_json;
 pub mod suspensions;

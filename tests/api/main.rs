@@ -2,6 +2,7 @@
 //! a fake OpenAI-compatible LLM, and real Postgres and SQLite stores.
 
 mod agent;
+mod connections;
 mod contract;
 mod db;
 mod durability;

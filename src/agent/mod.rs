@@ -264,6 +264,16 @@ impl Ctx<'_> {
     fn model(&self) -> Option<String> {
         self.cfg.model.clone()
     }
+
+    /// The model the run's requests go to: the thread's or run's `model`, else the provider's
+    /// default.
+    fn model_in_use(&self) -> Option<String> {
+        self.cfg
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .or_else(|| self.llm.default_model().map(str::to_owned))
+    }
 }
 
 impl Engine {
@@ -392,7 +402,7 @@ impl Engine {
         let mut content = json!({
             "query": ctx.run.query,
             "provider": ctx.llm.name(),
-            "model": ctx.model(),
+            "model": ctx.model_in_use(),
             "attempt": ctx.run.attempt,
         });
         if ctx.llm.is_offline() {

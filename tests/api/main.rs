@@ -9,4 +9,5 @@ mod helpers;
 mod hitl;
 mod http;
 mod process;
+mod reporting;
 mod store;

@@ -594,7 +594,7 @@ impl Engine {
                 None,
                 ObservationType::Plan,
                 "Plan",
-                json!({"plan": reply.plan, "todoList": ctx.items}),
+                json!({"plan": reply.plan, "todoList": plan::summary(&ctx.items)}),
             ));
         }
         b.op(Op::UpdateRun(RunUpdate {

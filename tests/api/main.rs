@@ -8,6 +8,7 @@ mod fake_llm;
 mod helpers;
 mod hitl;
 mod http;
+mod payloads;
 mod process;
 mod reporting;
 mod store;

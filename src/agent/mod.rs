@@ -420,6 +420,8 @@ impl Engine {
             content: ctx.run.query.clone(),
             item_id: None,
             tool_call_id: None,
+            name: None,
+            tool_calls: vec![],
             created_at: Utc::now(),
         }));
         b.op(Op::UpdateRun(RunUpdate {
@@ -466,7 +468,7 @@ impl Engine {
         for m in ctx.history.iter().skip(skip) {
             match m.role {
                 MessageRole::User => messages.push(ChatMessage::user(m.content.clone())),
-                MessageRole::Assistant => {
+                MessageRole::Assistant if m.tool_calls.is_empty() && m.item_id.is_none() => {
                     messages.push(ChatMessage::assistant(Some(m.content.clone()), vec![]))
                 }
                 _ => {}
@@ -771,6 +773,18 @@ impl Engine {
                 }
                 let mut b = ctx.batch();
                 b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+                b.op(Op::AppendMessage(Message {
+                    id: new_id(),
+                    thread_id: ctx.thread_id.clone(),
+                    run_id: Some(ctx.run.run_id),
+                    role: MessageRole::Assistant,
+                    content: text.clone().unwrap_or_default(),
+                    item_id: Some(item_id.clone()),
+                    tool_call_id: None,
+                    name: None,
+                    tool_calls: calls.clone(),
+                    created_at: Utc::now(),
+                }));
                 if let Some(t) = &text {
                     b.observe(ctx.obs(
                         Some(&item_id),
@@ -1009,6 +1023,18 @@ impl Engine {
             b.op(op);
         }
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+        b.op(Op::AppendMessage(Message {
+            id: new_id(),
+            thread_id: ctx.thread_id.clone(),
+            run_id: Some(ctx.run.run_id),
+            role: MessageRole::Tool,
+            content: tool_message_text(&result),
+            item_id: Some(item_id.to_owned()),
+            tool_call_id: Some(call.id.clone()),
+            name: Some(call.name.clone()),
+            tool_calls: vec![],
+            created_at: Utc::now(),
+        }));
         if was_waiting {
             b.observe(ctx.status_change(&ctx.items[idx], ItemStatus::Waiting));
         }
@@ -1460,6 +1486,8 @@ impl Engine {
             content: response.clone(),
             item_id: None,
             tool_call_id: None,
+            name: None,
+            tool_calls: vec![],
             created_at: Utc::now(),
         }));
         b.op(Op::SetAgentState(ctx.state.clone()));

@@ -56,8 +56,16 @@ async fn full_run_plans_executes_and_answers(backend: Backend) {
         .iter()
         .map(|m| m["role"].clone())
         .collect();
-    assert_eq!(roles, vec![json!("user"), json!("assistant")]);
-    assert_eq!(msgs["items"][1]["content"], "final answer");
+    assert_eq!(
+        roles,
+        vec![
+            json!("user"),
+            json!("assistant"),
+            json!("tool"),
+            json!("assistant")
+        ]
+    );
+    assert_eq!(msgs["items"][3]["content"], "final answer");
 
     // The tool call the model asked for went out as a native tool call with the item's tools.
     let exec = llm.requests_of("execute");

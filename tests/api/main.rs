@@ -6,6 +6,7 @@ mod db;
 mod durability;
 mod fake_llm;
 mod helpers;
+mod history;
 mod hitl;
 mod http;
 mod payloads;

@@ -36,7 +36,8 @@ use crate::tools::{ToolContext, ToolRegistry};
 use plan::{PlanReply, PlannedItem};
 use prompts::truncate;
 
-/// A tool call still running after this long gets its tool-call turn committed on its own.
+/// A pure tool call still running after this long gets its tool-call turn committed on its own
+/// (a tool with side effects has its turn committed before it starts).
 pub const FLUSH_SLOW_TOOL_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Engine limits and defaults (each a service setting).
@@ -1069,16 +1070,26 @@ impl Engine {
             .then_some(SuspensionKind::Approval)
     }
 
-    /// Run a tool (its arguments are validated by the registry) and describe the outcome. The
-    /// staged tool-call turn is committed together with the result when the tool is quick, and on
-    /// its own as soon as the tool has taken [`FLUSH_SLOW_TOOL_AFTER`], so a person watching sees
-    /// a slow call while it runs.
+    /// Run a tool (its arguments are validated by the registry) and describe the outcome.
+    ///
+    /// A tool with side effects starts only once everything staged, the model turn that names
+    /// the call included, is committed: should a later commit fail, the run's next owner finds
+    /// this very call unanswered and runs it under the same idempotency key, instead of asking
+    /// the model again and running a call it names anew under a new key. A pure tool keeps the
+    /// fast path: the staged turn is committed together with its result when the tool is quick,
+    /// and on its own as soon as the tool has taken [`FLUSH_SLOW_TOOL_AFTER`], so a person
+    /// watching sees a slow call while it runs (a pure call repeated after a failed commit is
+    /// harmless).
     async fn invoke(
         &self,
         ctx: &mut Ctx<'_>,
         call: &ToolCallRecord,
         args: Value,
     ) -> Result<ToolResultRecord, Halt> {
+        if self.tools.has_side_effects(&call.name) {
+            // A cancel this commit brings back is seen below before the tool is first polled.
+            ctx.flush().await?;
+        }
         let tctx = ToolContext {
             tenant: ctx.tenant.clone(),
             thread_id: ctx.thread_id.to_string(),

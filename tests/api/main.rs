@@ -13,3 +13,4 @@ mod payloads;
 mod process;
 mod reporting;
 mod store;
+mod tool_safety;

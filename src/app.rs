@@ -92,6 +92,12 @@ pub fn build_providers(config: &Config) -> anyhow::Result<(Providers, String)> {
         ProviderKind::Openai => "openai",
         ProviderKind::Offline => "offline",
     };
+    let model = providers
+        .get(name)
+        .and_then(|p| p.default_model())
+        .unwrap_or("unknown")
+        .to_owned();
+    info!(provider = name, %model, "default model provider");
     if name == "offline" {
         warn!(
             "no model is configured: runs use the OFFLINE model, a deterministic stand-in that is \

@@ -605,7 +605,9 @@ pub struct Run {
     pub start_seq: i64,
 }
 
-/// A message of the thread's conversation history.
+/// A message of the thread's conversation history, in the order an OpenAI-style reader expects:
+/// the user's query; for each tool-using turn of an item, the assistant message with its
+/// `toolCalls` and then one `tool` message per call; the run's final answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Message {
@@ -615,10 +617,20 @@ pub struct Message {
     pub run_id: Option<Uuid>,
     pub role: MessageRole,
     pub content: String,
+    /// The todo item whose execution made this message (tool-call turns and tool results); null
+    /// for the user's queries and the final answers.
     #[serde(default)]
     pub item_id: Option<String>,
+    /// Tool messages: the call they answer (an id of the `toolCalls` of an assistant message
+    /// before them).
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// Tool messages: the tool that answered.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Assistant messages of an item's ReAct loop: the tool calls the model made in this turn,
+    /// each answered by a tool message after it (empty on every other message).
+    pub tool_calls: Vec<ToolCallRecord>,
     pub created_at: DateTime<Utc>,
 }
 

@@ -36,7 +36,8 @@ use crate::tools::{ToolContext, ToolRegistry};
 use plan::{PlanReply, PlannedItem};
 use prompts::truncate;
 
-/// A tool call still running after this long gets its tool-call turn committed on its own.
+/// A pure tool call still running after this long gets its tool-call turn committed on its own
+/// (a tool with side effects has its turn committed before it starts).
 pub const FLUSH_SLOW_TOOL_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Engine limits and defaults (each a service setting).
@@ -264,6 +265,16 @@ impl Ctx<'_> {
     fn model(&self) -> Option<String> {
         self.cfg.model.clone()
     }
+
+    /// The model the run's requests go to: the thread's or run's `model`, else the provider's
+    /// default.
+    fn model_in_use(&self) -> Option<String> {
+        self.cfg
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .or_else(|| self.llm.default_model().map(str::to_owned))
+    }
 }
 
 impl Engine {
@@ -392,7 +403,7 @@ impl Engine {
         let mut content = json!({
             "query": ctx.run.query,
             "provider": ctx.llm.name(),
-            "model": ctx.model(),
+            "model": ctx.model_in_use(),
             "attempt": ctx.run.attempt,
         });
         if ctx.llm.is_offline() {
@@ -410,6 +421,8 @@ impl Engine {
             content: ctx.run.query.clone(),
             item_id: None,
             tool_call_id: None,
+            name: None,
+            tool_calls: vec![],
             created_at: Utc::now(),
         }));
         b.op(Op::UpdateRun(RunUpdate {
@@ -456,7 +469,7 @@ impl Engine {
         for m in ctx.history.iter().skip(skip) {
             match m.role {
                 MessageRole::User => messages.push(ChatMessage::user(m.content.clone())),
-                MessageRole::Assistant => {
+                MessageRole::Assistant if m.tool_calls.is_empty() && m.item_id.is_none() => {
                     messages.push(ChatMessage::assistant(Some(m.content.clone()), vec![]))
                 }
                 _ => {}
@@ -584,7 +597,7 @@ impl Engine {
                 None,
                 ObservationType::Plan,
                 "Plan",
-                json!({"plan": reply.plan, "todoList": ctx.items}),
+                json!({"plan": reply.plan, "todoList": plan::summary(&ctx.items)}),
             ));
         }
         b.op(Op::UpdateRun(RunUpdate {
@@ -761,6 +774,18 @@ impl Engine {
                 }
                 let mut b = ctx.batch();
                 b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+                b.op(Op::AppendMessage(Message {
+                    id: new_id(),
+                    thread_id: ctx.thread_id.clone(),
+                    run_id: Some(ctx.run.run_id),
+                    role: MessageRole::Assistant,
+                    content: text.clone().unwrap_or_default(),
+                    item_id: Some(item_id.clone()),
+                    tool_call_id: None,
+                    name: None,
+                    tool_calls: calls.clone(),
+                    created_at: Utc::now(),
+                }));
                 if let Some(t) = &text {
                     b.observe(ctx.obs(
                         Some(&item_id),
@@ -999,6 +1024,18 @@ impl Engine {
             b.op(op);
         }
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+        b.op(Op::AppendMessage(Message {
+            id: new_id(),
+            thread_id: ctx.thread_id.clone(),
+            run_id: Some(ctx.run.run_id),
+            role: MessageRole::Tool,
+            content: tool_message_text(&result),
+            item_id: Some(item_id.to_owned()),
+            tool_call_id: Some(call.id.clone()),
+            name: Some(call.name.clone()),
+            tool_calls: vec![],
+            created_at: Utc::now(),
+        }));
         if was_waiting {
             b.observe(ctx.status_change(&ctx.items[idx], ItemStatus::Waiting));
         }
@@ -1033,16 +1070,26 @@ impl Engine {
             .then_some(SuspensionKind::Approval)
     }
 
-    /// Run a tool (its arguments are validated by the registry) and describe the outcome. The
-    /// staged tool-call turn is committed together with the result when the tool is quick, and on
-    /// its own as soon as the tool has taken [`FLUSH_SLOW_TOOL_AFTER`], so a person watching sees
-    /// a slow call while it runs.
+    /// Run a tool (its arguments are validated by the registry) and describe the outcome.
+    ///
+    /// A tool with side effects starts only once everything staged, the model turn that names
+    /// the call included, is committed: should a later commit fail, the run's next owner finds
+    /// this very call unanswered and runs it under the same idempotency key, instead of asking
+    /// the model again and running a call it names anew under a new key. A pure tool keeps the
+    /// fast path: the staged turn is committed together with its result when the tool is quick,
+    /// and on its own as soon as the tool has taken [`FLUSH_SLOW_TOOL_AFTER`], so a person
+    /// watching sees a slow call while it runs (a pure call repeated after a failed commit is
+    /// harmless).
     async fn invoke(
         &self,
         ctx: &mut Ctx<'_>,
         call: &ToolCallRecord,
         args: Value,
     ) -> Result<ToolResultRecord, Halt> {
+        if self.tools.has_side_effects(&call.name) {
+            // A cancel this commit brings back is seen below before the tool is first polled.
+            ctx.flush().await?;
+        }
         let tctx = ToolContext {
             tenant: ctx.tenant.clone(),
             thread_id: ctx.thread_id.to_string(),
@@ -1075,7 +1122,11 @@ impl Engine {
                 "error"
             }
             .into(),
-            error: outcome.error.map(|e| e.to_string()),
+            error: outcome.error.map(|e| {
+                let mut text = e.to_string();
+                crate::model::scrub_nul_str(&mut text);
+                text
+            }),
             output: outcome.output,
         })
     }
@@ -1455,6 +1506,8 @@ impl Engine {
             content: response.clone(),
             item_id: None,
             tool_call_id: None,
+            name: None,
+            tool_calls: vec![],
             created_at: Utc::now(),
         }));
         b.op(Op::SetAgentState(ctx.state.clone()));

@@ -202,6 +202,39 @@ fn find_cycle(items: &[ValidItem]) -> Option<Vec<String>> {
     None
 }
 
+/// One todo item as `PLAN` and `PLAN_UPDATE` observations list it: enough to draw the list and
+/// its graph, none of the item's work (results, tool calls, thoughts, conversation), so the size
+/// of an observation does not grow with what the thread has done. The whole item is in the
+/// thread's state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TodoSummary {
+    pub id: ItemId,
+    pub description: String,
+    pub status: ItemStatus,
+    pub dependencies: Vec<ItemId>,
+    pub step_type: StepType,
+    pub required_tools: Vec<String>,
+}
+
+impl From<&TodoItem> for TodoSummary {
+    fn from(it: &TodoItem) -> Self {
+        Self {
+            id: it.id.clone(),
+            description: it.description.clone(),
+            status: it.status,
+            dependencies: it.dependencies.clone(),
+            step_type: it.step_type,
+            required_tools: it.required_tools.clone(),
+        }
+    }
+}
+
+/// The todo list as observations carry it (see [`TodoSummary`]).
+pub fn summary(items: &[TodoItem]) -> Vec<TodoSummary> {
+    items.iter().map(TodoSummary::from).collect()
+}
+
 /// What merging a new list into the todo list changed.
 #[derive(Debug, Clone, Default)]
 pub struct PlanDiff {
@@ -210,6 +243,8 @@ pub struct PlanDiff {
     pub added: Vec<ItemId>,
     pub changed: Vec<ItemId>,
     pub removed: Vec<ItemId>,
+    /// The removed items as they were (only pending items are ever removed).
+    pub removed_items: Vec<TodoItem>,
     /// Items of the new list that had already started and were left as they are.
     pub frozen: Vec<ItemId>,
     /// Items whose row must be written (new, changed or moved).
@@ -217,13 +252,21 @@ pub struct PlanDiff {
 }
 
 impl PlanDiff {
-    /// `PLAN_UPDATE` content: `{added, changed, removed, todoList}`.
+    /// `PLAN_UPDATE` content: `{added, changed, removed, todoList}`. The diff is carried in full
+    /// (the added and changed items as they are now, the removed ones as they were: all of them
+    /// pending, so small); `todoList` is the [`summary`] of the whole list, whose finished items
+    /// may hold large results.
     pub fn observation_content(&self) -> Value {
+        let pick = |ids: &[ItemId]| -> Vec<&TodoItem> {
+            ids.iter()
+                .filter_map(|id| self.items.iter().find(|i| &i.id == id))
+                .collect()
+        };
         json!({
-            "added": self.added,
-            "changed": self.changed,
-            "removed": self.removed,
-            "todoList": self.items,
+            "added": pick(&self.added),
+            "changed": pick(&self.changed),
+            "removed": self.removed_items,
+            "todoList": summary(&self.items),
         })
     }
 }
@@ -318,6 +361,7 @@ pub fn merge(existing: &[TodoItem], planned: &[ValidItem], mode: ToolValidationM
     for it in existing {
         if it.status == ItemStatus::Pending && !in_new.contains(it.id.as_str()) {
             diff.removed.push(it.id.clone());
+            diff.removed_items.push(it.clone());
         }
     }
     for (pos, it) in items.iter_mut().enumerate() {

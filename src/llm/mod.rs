@@ -194,6 +194,12 @@ pub trait LlmProvider: Send + Sync + 'static {
         false
     }
 
+    /// The model a request that names none is sent to, so a run can report the model it
+    /// actually uses; `None` when the provider cannot tell.
+    fn default_model(&self) -> Option<&str> {
+        None
+    }
+
     /// One model call, with transient errors retried inside.
     ///
     /// # Errors

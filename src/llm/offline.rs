@@ -1,7 +1,8 @@
 //! The `offline` provider: deterministic, no network, the default when no model is configured,
 //! so a new user sees the whole Plan-Execute-Synthesize pipeline (plan, tool calls, results,
-//! synthesis) work end to end. It is NOT a language model and says so: a warning when it is
-//! built, and every synthesized response starts with [`OFFLINE_NOTICE`].
+//! synthesis) work end to end. It is NOT a language model and says so: the service warns at start
+//! when it is the default provider, every run it serves says so in `RUN_STARTED`, and every
+//! synthesized response starts with [`OFFLINE_NOTICE`].
 //!
 //! It never parses prose: it reads [`RequestHints`](super::RequestHints) (`phase`, the query, the
 //! item being executed, the step outputs) and the tool results in the messages. The only text it
@@ -37,13 +38,9 @@ impl Default for OfflineProvider {
 }
 
 impl OfflineProvider {
-    /// Build the offline model; logs a warning that it is not a real model.
+    /// Build the offline model. It is always registered (a thread may name it), so building it
+    /// says nothing: the start-up warning is for when it is the default provider.
     pub fn new() -> Self {
-        tracing::warn!(
-            "using the OFFLINE model: it is NOT a real language model, only a deterministic \
-             stand-in that plans arithmetic and time questions; set PES_LLM_BASE_URL and/or \
-             PES_LLM_API_KEY to use a real one"
-        );
         Self { _private: () }
     }
 }
@@ -557,6 +554,10 @@ impl LlmProvider for OfflineProvider {
 
     fn is_offline(&self) -> bool {
         true
+    }
+
+    fn default_model(&self) -> Option<&str> {
+        Some("offline")
     }
 
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {

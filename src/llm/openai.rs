@@ -338,6 +338,10 @@ impl LlmProvider for OpenAiProvider {
         "openai"
     }
 
+    fn default_model(&self) -> Option<&str> {
+        Some(&self.cfg.default_model)
+    }
+
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         let model = request
             .model

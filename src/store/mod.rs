@@ -158,7 +158,8 @@ pub enum Op {
     UpsertItem(Box<TodoItem>),
     /// Remove one todo item row (a plan update dropped it).
     DeleteItem(ItemId),
-    /// Append to the thread's conversation history.
+    /// Append to the thread's conversation history (a user query, an assistant turn, a tool
+    /// result).
     AppendMessage(Message),
     /// Change the fenced run's row.
     UpdateRun(RunUpdate),
@@ -376,7 +377,9 @@ pub trait Store: Send + Sync + 'static {
         cursor: Option<&PageCursor>,
     ) -> StoreResult<Option<Vec<Message>>>;
 
-    /// The newest `limit` user and assistant messages, oldest first (the planner's context).
+    /// The newest `limit` messages of the thread-level conversation (the user's queries and the
+    /// final answers: no item's tool-call turns or tool results), oldest first: the planner's
+    /// context.
     async fn recent_messages(
         &self,
         tenant: &str,

@@ -264,6 +264,8 @@ pub(crate) fn message_from_row(r: &impl Cols) -> StoreResult<Message> {
         content: r.text("content")?,
         item_id: r.opt_text("item_id")?,
         tool_call_id: r.opt_text("tool_call_id")?,
+        name: r.opt_text("name")?,
+        tool_calls: r.opt_typed("tool_calls")?.unwrap_or_default(),
         created_at: r.ts("created_at")?,
     })
 }

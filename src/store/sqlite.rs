@@ -383,7 +383,8 @@ async fn append_message(
 ) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO messages (id, tenant, thread_id, run_id, role, content, item_id, \
-           tool_call_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+           tool_call_id, created_at, name, tool_calls) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(id_text(m.id))
     .bind(tenant)
@@ -394,6 +395,12 @@ async fn append_message(
     .bind(&m.item_id)
     .bind(&m.tool_call_id)
     .bind(rows::ts_text(m.created_at))
+    .bind(&m.name)
+    .bind(if m.tool_calls.is_empty() {
+        None
+    } else {
+        Some(json_text(&m.tool_calls)?)
+    })
     .execute(conn)
     .await?;
     Ok(())
@@ -721,7 +728,8 @@ impl Store for SqliteStore {
     ) -> StoreResult<Vec<Message>> {
         let rows = sqlx::query(
             "SELECT * FROM (SELECT * FROM messages WHERE tenant = $1 AND thread_id = $2 \
-               AND role IN ('user', 'assistant') ORDER BY created_at DESC, id DESC LIMIT $3) m \
+               AND item_id IS NULL AND role IN ('user', 'assistant') \
+             ORDER BY created_at DESC, id DESC LIMIT $3) m \
              ORDER BY created_at, id",
         )
         .bind(tenant)

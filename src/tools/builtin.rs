@@ -414,6 +414,10 @@ impl Tool for Calculator {
             "additionalProperties": false
         })
     }
+    /// Arithmetic: the same call always gives the same result and touches nothing.
+    fn side_effects(&self) -> bool {
+        false
+    }
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
         let expression = string_arg(&args, "expression")
             .ok_or_else(|| ToolError::InvalidArguments("`expression` must be a string".into()))?;
@@ -464,6 +468,10 @@ impl Tool for CurrentTime {
             },
             "additionalProperties": false
         })
+    }
+    /// Reads the clock: a repeat may answer a later time, but changes nothing.
+    fn side_effects(&self) -> bool {
+        false
     }
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
         let tz = match string_arg(&args, "timezone") {

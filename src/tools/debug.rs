@@ -10,8 +10,9 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolContext, ToolError};
 
-/// `debug_sleep {ms, tag}`: waits `ms`, then appends `tag` to the log file (one line per
-/// completed call), so a test can count executions across process restarts.
+/// `debug_sleep {ms, tag}`: waits `ms`, then appends `tag` and the call's idempotency key to the
+/// log file (one line per completed call), so a test can count executions across process
+/// restarts. Writing that file is a side effect, so it keeps [`Tool::side_effects`]'s default.
 pub struct DebugSleep {
     log: Option<PathBuf>,
 }

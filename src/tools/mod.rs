@@ -52,6 +52,16 @@ pub trait Tool: Send + Sync + 'static {
     fn blocking(&self) -> Option<SuspensionKind> {
         None
     }
+    /// Whether a call may change something outside the service (send, write, pay). The engine
+    /// starts a tool with side effects only once the model turn that asked for the call is
+    /// committed, so if a later commit fails the re-claimed run finds that very call (same id,
+    /// same [`ToolContext::idempotency_key`]) instead of asking the model again and running it
+    /// under a new key. A pure tool (the same call can run twice with no harm) skips that
+    /// commit: its turn is committed together with its result. Default: true; only a tool that
+    /// is truly pure says false.
+    fn side_effects(&self) -> bool {
+        true
+    }
     /// Checks the schema cannot express (e.g. that `ask_user`'s `inputSchema` is itself a usable
     /// schema), run by [`ToolRegistry::validate`] after the schema passed.
     ///
@@ -194,6 +204,12 @@ impl ToolRegistry {
     /// True when a tool of that name is registered.
     pub fn contains(&self, name: &str) -> bool {
         self.tools.contains_key(name)
+    }
+
+    /// Whether a call of `name` may have side effects ([`Tool::side_effects`]); true for an
+    /// unknown name (nothing is assumed pure that was not declared so).
+    pub fn has_side_effects(&self, name: &str) -> bool {
+        self.get(name).is_none_or(|t| t.side_effects())
     }
 
     /// Registered tool names, sorted.
@@ -354,6 +370,12 @@ mod tests {
         assert!(r.specs(Some(&[])).is_empty());
         assert!(r.get("ask_user").unwrap().blocking().is_some());
         assert!(r.get("calculator").unwrap().blocking().is_none());
+        assert!(!r.has_side_effects("calculator"));
+        assert!(!r.has_side_effects("current_time"));
+        assert!(
+            r.has_side_effects("nope"),
+            "unknown tools are not assumed pure"
+        );
     }
 
     #[test]

@@ -7,6 +7,16 @@ use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
 use crate::helpers::{Backend, spawn};
 
+/// The `id`s of a list of items.
+fn ids_of(items: &Value) -> Vec<String> {
+    items
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 fn types(obs: &[Value]) -> Vec<String> {
     obs.iter()
         .map(|o| o["type"].as_str().unwrap().to_owned())
@@ -46,8 +56,16 @@ async fn full_run_plans_executes_and_answers(backend: Backend) {
         .iter()
         .map(|m| m["role"].clone())
         .collect();
-    assert_eq!(roles, vec![json!("user"), json!("assistant")]);
-    assert_eq!(msgs["items"][1]["content"], "final answer");
+    assert_eq!(
+        roles,
+        vec![
+            json!("user"),
+            json!("assistant"),
+            json!("tool"),
+            json!("assistant")
+        ]
+    );
+    assert_eq!(msgs["items"][3]["content"], "final answer");
 
     // The tool call the model asked for went out as a native tool call with the item's tools.
     let exec = llm.requests_of("execute");
@@ -192,7 +210,8 @@ async fn follow_up_query_refines_the_plan(backend: Backend) {
         .iter()
         .find(|o| o["type"] == "PLAN_UPDATE")
         .expect("PLAN_UPDATE");
-    assert_eq!(update["content"]["added"], json!(["s3"]));
+    assert_eq!(ids_of(&update["content"]["added"]), ["s3"]);
+    assert_eq!(update["content"]["added"][0]["description"], "Double it");
     assert_eq!(update["content"]["removed"], json!([]));
     let (_, state) = app.get(&format!("/v1/threads/{t}/state")).await;
     let ids: Vec<_> = state["todoList"]
@@ -441,8 +460,11 @@ async fn update_plan_changes_items_not_started(backend: Backend) {
     assert_eq!(ids, vec!["a", "c"]);
     let obs = app.observations(&t).await;
     let upd = obs.iter().find(|o| o["type"] == "PLAN_UPDATE").unwrap();
-    assert_eq!(upd["content"]["added"], json!(["c"]));
-    assert_eq!(upd["content"]["removed"], json!(["b"]));
+    assert_eq!(ids_of(&upd["content"]["added"]), ["c"]);
+    assert_eq!(upd["content"]["added"][0]["description"], "instead of b");
+    assert_eq!(ids_of(&upd["content"]["removed"]), ["b"]);
+    assert_eq!(upd["content"]["removed"][0]["description"], "second");
+    assert_eq!(ids_of(&upd["content"]["todoList"]), ["a", "c"]);
     app.stop().await;
 }
 both_stores!(update_plan, update_plan_changes_items_not_started);

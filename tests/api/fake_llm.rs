@@ -50,6 +50,8 @@ struct Inner {
     plan: VecDeque<Reply>,
     execute: VecDeque<Reply>,
     synthesis: VecDeque<Reply>,
+    /// Replies for unscripted requests of a phase, instead of the built-in default.
+    defaults: std::collections::HashMap<&'static str, Reply>,
     requests: Vec<Value>,
     /// When each request of `requests` arrived.
     arrivals: Vec<Instant>,
@@ -109,6 +111,11 @@ impl FakeLlm {
             other => panic!("unknown phase {other}"),
         }
         self
+    }
+
+    /// Answer every unscripted request of `phase` with `reply` (instead of the built-in default).
+    pub fn set_default(&self, phase: &'static str, reply: Reply) {
+        self.inner.lock().unwrap().defaults.insert(phase, reply);
     }
 
     /// Delay the first request for which `pred` holds by `delay` (once).
@@ -269,13 +276,16 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) 
             delay = Some(d);
         }
         let calls = g.calls;
+        let fallback = g.defaults.get(phase).cloned();
         let q = match phase {
             "plan" => &mut g.plan,
             "synthesis" => &mut g.synthesis,
             _ => &mut g.execute,
         };
         (
-            q.pop_front().unwrap_or_else(|| default_reply(phase, &req)),
+            q.pop_front()
+                .or(fallback)
+                .unwrap_or_else(|| default_reply(phase, &req)),
             calls,
             delay,
         )

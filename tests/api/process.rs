@@ -2,6 +2,7 @@
 //! SIGKILL, with no chance to clean up.
 
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -13,6 +14,8 @@ pub struct Proc {
     pub child: Child,
     pub base: String,
     pub client: reqwest::Client,
+    /// Every JSON log line the process printed so far, in order.
+    pub logs: Arc<Mutex<Vec<Value>>>,
 }
 
 impl Proc {
@@ -34,12 +37,17 @@ impl Proc {
         let mut child = cmd.spawn().expect("the pes-server binary starts");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<String>();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             let mut tx = Some(tx);
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && v["message"] == "pes-server listening"
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                sink.lock().unwrap().push(v.clone());
+                if v["message"] == "pes-server listening"
                     && let Some(tx) = tx.take()
                 {
                     let _ = tx.send(v["addr"].as_str().unwrap_or_default().to_owned());
@@ -57,7 +65,13 @@ impl Proc {
                 .timeout(Duration::from_secs(30))
                 .build()
                 .unwrap(),
+            logs,
         }
+    }
+
+    /// The JSON log lines printed so far.
+    pub fn log_lines(&self) -> Vec<Value> {
+        self.logs.lock().unwrap().clone()
     }
 
     pub fn url(&self, path: &str) -> String {

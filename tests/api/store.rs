@@ -149,6 +149,8 @@ fn message(thread: &str, run_id: Uuid, role: MessageRole, content: &str) -> Mess
         content: content.into(),
         item_id: None,
         tool_call_id: None,
+        name: None,
+        tool_calls: vec![],
         created_at: now(),
     }
 }
@@ -1351,9 +1353,21 @@ async fn messages_list_oldest_first_with_a_cursor(store: S) {
             MessageRole::Assistant
         };
         let mut m = message("t", run.run_id, role, &format!("m{i}"));
+        if i == 2 {
+            // An item's tool-call turn: an assistant message with its calls.
+            m.item_id = Some("step-1".into());
+            m.role = MessageRole::Assistant;
+            m.content = String::new();
+            m.tool_calls = vec![ToolCallRecord {
+                id: "call-1".into(),
+                name: "calculator".into(),
+                arguments: json!({"expression": "1+1"}),
+            }];
+        }
         if i == 3 {
             m.item_id = Some("step-1".into());
             m.tool_call_id = Some("call-1".into());
+            m.name = Some("calculator".into());
             m.role = MessageRole::Tool;
         }
         written.push(m.clone());
@@ -1383,9 +1397,15 @@ async fn messages_list_oldest_first_with_a_cursor(store: S) {
         .unwrap()
         .unwrap();
     assert_eq!(second, written[2..4]);
-    // The planner's context: the newest user and assistant messages, oldest first.
+    // The planner's context: the newest messages of the thread-level conversation (no item's
+    // tool-call turn or tool result), oldest first.
     let recent = store.recent_messages(A, &tid("t"), 2).await.unwrap();
-    assert_eq!(recent, vec![written[2].clone(), written[4].clone()]);
+    assert_eq!(recent, vec![written[1].clone(), written[4].clone()]);
+    let recent = store.recent_messages(A, &tid("t"), 10).await.unwrap();
+    assert_eq!(
+        recent,
+        vec![written[0].clone(), written[1].clone(), written[4].clone()]
+    );
 }
 
 // ----- runs list, deletion, status -------------------------------------------------------------

@@ -251,30 +251,7 @@ async fn concurrent_multi_claims_never_run_two_runs_of_one_thread(store: S) {
 
 const LEASE_30: Duration = Duration::from_secs(30);
 
-macro_rules! on_both_stores {
-    ($($case:ident),+ $(,)?) => {
-        mod claim_postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    let store = crate::db::postgres_store().await;
-                    super::$case(std::sync::Arc::new(store)).await;
-                }
-            )+
-        }
-        mod claim_sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    let (store, _dir) = crate::db::sqlite_store().await;
-                    super::$case(std::sync::Arc::new(store)).await;
-                }
-            )+
-        }
-    };
-}
-
-on_both_stores!(
+crate::conformance!(
     one_claim_takes_expired_then_queued_runs_up_to_max,
     concurrent_multi_claims_never_run_two_runs_of_one_thread,
 );

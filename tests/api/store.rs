@@ -2134,13 +2134,17 @@ async fn ready_after_migrate_and_migrate_is_idempotent(store: S) {
 
 // ----- the two backends ------------------------------------------------------------------------
 
+/// Run store cases (each `async fn(Arc<dyn Store-like>)`) on a fresh Postgres database and a
+/// fresh SQLite file: `postgres::<case>` and `sqlite::<case>`. Used by every module whose tests
+/// take a store directly.
+#[macro_export]
 macro_rules! conformance {
     ($($case:ident),+ $(,)?) => {
         mod postgres {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
-                    let store = crate::db::postgres_store().await;
+                    let store = $crate::db::postgres_store().await;
                     super::$case(std::sync::Arc::new(store)).await;
                 }
             )+
@@ -2149,7 +2153,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
-                    let (store, _dir) = crate::db::sqlite_store().await;
+                    let (store, _dir) = $crate::db::sqlite_store().await;
                     super::$case(std::sync::Arc::new(store)).await;
                 }
             )+

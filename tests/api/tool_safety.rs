@@ -382,32 +382,7 @@ async fn a_pure_tool_call_commits_its_turn_with_its_result(store: Arc<dyn Store>
     assert_eq!(h.keys().len(), 1);
 }
 
-macro_rules! on_both_stores {
-    ($($case:ident),+ $(,)?) => {
-        mod engine_postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let store = crate::db::postgres_store().await;
-                    super::$case(Arc::new(store)).await;
-                }
-            )+
-            use std::sync::Arc;
-        }
-        mod engine_sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let (store, _dir) = crate::db::sqlite_store().await;
-                    super::$case(Arc::new(store)).await;
-                }
-            )+
-            use std::sync::Arc;
-        }
-    };
-}
-
-on_both_stores!(
+crate::conformance!(
     a_failed_commit_after_the_model_named_a_tool_call_means_the_tool_never_ran,
     a_failed_result_commit_repeats_the_call_under_the_same_key,
     a_pure_tool_call_commits_its_turn_with_its_result,

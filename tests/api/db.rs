@@ -39,7 +39,8 @@ fn with_database(url: &str, db: &str) -> String {
 /// Create an empty database and return its URL (not migrated).
 pub async fn fresh_postgres_url() -> String {
     let admin = admin_url();
-    let name = format!("pes_test_{}", Uuid::new_v4().simple());
+    // UUIDv7: the name carries its creation time, so `scripts/test` drops only stale databases.
+    let name = format!("pes_test_{}", Uuid::now_v7().simple());
     let mut conn = PgConnection::connect(&admin)
         .await
         .unwrap_or_else(|e| panic!("cannot reach the test Postgres at {admin}: {e}"));

@@ -5,7 +5,7 @@ use chrono::Utc;
 use serde_json::json;
 use tracing::warn;
 
-use crate::model::{ErrorInfo, ItemStatus, ObservationType, RunStatus};
+use crate::model::{ErrorInfo, ItemStatus, ObservationType, RunPhase, RunStatus};
 use crate::store::{Op, RunUpdate};
 
 use super::Engine;
@@ -19,10 +19,10 @@ impl Engine {
         item: Option<String>,
     ) -> Result<(), Halt> {
         warn!(run_id = %ctx.run.run_id, code = %err.code, message = %err.message, "run failed");
-        let phase = match ctx.run.phase.as_str() {
-            "planning" | "new" => "plan",
-            "synthesizing" => "synthesize",
-            _ => "execute",
+        let phase = match ctx.run.phase {
+            RunPhase::Planning | RunPhase::New => "plan",
+            RunPhase::Synthesizing => "synthesize",
+            RunPhase::Executing | RunPhase::Done => "execute",
         };
         let mut b = ctx.batch();
         if let Some(item_id) = &item

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use crate::model::{
     Decision, ItemStatus, MessageRole, ObservationType, RunStatus, Suspension, SuspensionKind,
-    SuspensionStatus, ToolCallRecord, ToolResultRecord, new_id,
+    SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
 };
 use crate::store::{Op, RunUpdate};
 
@@ -33,7 +33,7 @@ impl Engine {
         let rejected = |reason: String| ToolResultRecord {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
-            status: "rejected".into(),
+            status: ToolResultStatus::Rejected,
             output: json!({"rejected": true, "reason": reason,
                            "message": format!("A person rejected this call of `{}`: {reason}", call.name)}),
             error: None,
@@ -47,7 +47,7 @@ impl Engine {
             Some(Decision::Respond) => ToolResultRecord {
                 tool_call_id: call.id.clone(),
                 name: call.name.clone(),
-                status: "responded".into(),
+                status: ToolResultStatus::Responded,
                 output: d.get("response").cloned().unwrap_or(Value::Null),
                 error: None,
             },

@@ -39,7 +39,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::LlmProvider;
-use crate::model::{Message, MessageRole, ObservationType, Run, Suspension, Thread, new_id};
+use crate::model::{
+    Message, MessageRole, ObservationType, Run, RunPhase, Suspension, Thread, new_id,
+};
 use crate::store::{AgentSnapshot, Batch, Op, RunUpdate};
 use crate::tools::ToolRegistry;
 
@@ -222,13 +224,13 @@ impl Engine {
     }
 
     async fn drive_inner(&self, ctx: &mut Ctx<'_>) -> Result<RunEnd, Halt> {
-        if ctx.run.phase == "new" {
+        if ctx.run.phase == RunPhase::New {
             self.start(ctx).await?;
         }
-        if ctx.run.phase == "planning" {
+        if ctx.run.phase == RunPhase::Planning {
             self.plan(ctx).await?;
         }
-        if ctx.run.phase == "executing" {
+        if ctx.run.phase == RunPhase::Executing {
             loop {
                 ctx.check_signals()?;
                 match self.next_item(ctx) {
@@ -242,7 +244,7 @@ impl Engine {
             }
             self.begin_synthesis(ctx).await?;
         }
-        if ctx.run.phase == "synthesizing" {
+        if ctx.run.phase == RunPhase::Synthesizing {
             self.synthesize(ctx).await?;
         }
         Ok(RunEnd::Completed)
@@ -277,11 +279,11 @@ impl Engine {
             created_at: Utc::now(),
         }));
         b.op(Op::UpdateRun(RunUpdate {
-            phase: Some("planning".into()),
+            phase: Some(RunPhase::Planning),
             ..Default::default()
         }));
         ctx.stage(b);
-        ctx.run.phase = "planning".into();
+        ctx.run.phase = RunPhase::Planning;
         Ok(())
     }
 }

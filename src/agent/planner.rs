@@ -7,9 +7,10 @@ use tracing::debug;
 
 use crate::llm::structured::complete_structured;
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase, RequestHints};
+use crate::model::RunPhase;
 use crate::model::{
     AgentConfig, ErrorInfo, ItemStatus, MessageRole, NewObservation, ObservationType, TodoItem,
-    ToolCallRecord, ToolResultRecord, ToolValidationMode,
+    ToolCallRecord, ToolResultRecord, ToolResultStatus, ToolValidationMode,
 };
 use crate::store::{Op, RunUpdate};
 
@@ -186,12 +187,12 @@ impl Engine {
             ));
         }
         b.op(Op::UpdateRun(RunUpdate {
-            phase: Some("executing".into()),
+            phase: Some(RunPhase::Executing),
             usage: Some(ctx.usage),
             ..Default::default()
         }));
         ctx.stage(b);
-        ctx.run.phase = "executing".into();
+        ctx.run.phase = RunPhase::Executing;
         Ok(())
     }
 
@@ -205,7 +206,7 @@ impl Engine {
         let err = |msg: String| ToolResultRecord {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
-            status: "error".into(),
+            status: ToolResultStatus::Error,
             output: Value::Null,
             error: Some(msg),
         };
@@ -266,7 +267,7 @@ impl Engine {
             ToolResultRecord {
                 tool_call_id: call.id.clone(),
                 name: call.name.clone(),
-                status: "success".into(),
+                status: ToolResultStatus::Success,
                 output: summary,
                 error: None,
             },

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use crate::llm::structured::complete_structured;
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase, RequestHints};
+use crate::model::RunPhase;
 use crate::model::{ItemStatus, Message, MessageRole, ObservationType, RunStatus, new_id};
 use crate::store::{Op, RunUpdate};
 
@@ -31,11 +32,11 @@ impl Engine {
             }),
         ));
         b.op(Op::UpdateRun(RunUpdate {
-            phase: Some("synthesizing".into()),
+            phase: Some(RunPhase::Synthesizing),
             ..Default::default()
         }));
         ctx.stage(b);
-        ctx.run.phase = "synthesizing".into();
+        ctx.run.phase = RunPhase::Synthesizing;
         Ok(())
     }
 
@@ -114,14 +115,14 @@ impl Engine {
         ));
         b.op(Op::UpdateRun(RunUpdate {
             status: Some(RunStatus::Completed),
-            phase: Some("done".into()),
+            phase: Some(RunPhase::Done),
             usage: Some(ctx.usage),
             final_response: Some(final_response),
             ended: true,
             ..Default::default()
         }));
         ctx.commit(b).await?;
-        ctx.run.phase = "done".into();
+        ctx.run.phase = RunPhase::Done;
         Ok(())
     }
 }

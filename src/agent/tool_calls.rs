@@ -7,7 +7,8 @@ use serde_json::{Value, json};
 
 use crate::model::{
     ConversationMessage, ItemStatus, Message, MessageRole, NewObservation, ObservationType,
-    StepType, SuspensionKind, SuspensionStatus, ToolCallRecord, ToolResultRecord, new_id,
+    StepType, SuspensionKind, SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus,
+    new_id,
 };
 use crate::store::Op;
 use crate::tools::ToolContext;
@@ -35,7 +36,7 @@ impl Engine {
         let error_result = |msg: String| ToolResultRecord {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
-            status: "error".into(),
+            status: ToolResultStatus::Error,
             output: Value::Null,
             error: Some(msg),
         };
@@ -186,11 +187,10 @@ impl Engine {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
             status: if outcome.error.is_none() {
-                "success"
+                ToolResultStatus::Success
             } else {
-                "error"
-            }
-            .into(),
+                ToolResultStatus::Error
+            },
             error: outcome.error.map(|e| {
                 let mut text = e.to_string();
                 crate::model::scrub_nul_str(&mut text);
@@ -203,8 +203,8 @@ impl Engine {
 
 /// What the model reads as a tool's result.
 fn tool_message_text(r: &ToolResultRecord) -> String {
-    match (&r.status[..], &r.error) {
-        ("success", _) | ("responded", _) => match &r.output {
+    match (r.status, &r.error) {
+        (ToolResultStatus::Success | ToolResultStatus::Responded, _) => match &r.output {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         },

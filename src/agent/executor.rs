@@ -124,152 +124,185 @@ impl Engine {
             let iteration = iterations_since_last_prompt(it) + 1;
 
             if !resp.tool_calls.is_empty() {
-                let calls: Vec<ToolCallRecord> = resp.tool_calls.iter().map(to_record).collect();
-                it.conversation.push(ConversationMessage {
-                    role: MessageRole::Assistant,
-                    content: text.clone(),
-                    tool_calls: calls.clone(),
-                    tool_call_id: None,
-                });
-                it.tool_calls.extend(calls.iter().cloned());
-                if let Some(t) = &text {
-                    it.thoughts.push(t.clone());
-                }
-                let mut b = ctx.batch();
-                b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
-                b.op(Op::AppendMessage(Message {
-                    id: new_id(),
-                    thread_id: ctx.thread_id.clone(),
-                    run_id: Some(ctx.run.run_id),
-                    role: MessageRole::Assistant,
-                    content: text.clone().unwrap_or_default(),
-                    item_id: Some(item_id.clone()),
-                    tool_call_id: None,
-                    name: None,
-                    tool_calls: calls.clone(),
-                    created_at: Utc::now(),
-                }));
-                if let Some(t) = &text {
-                    b.observe(ctx.obs(
-                        Some(&item_id),
-                        ObservationType::Thoughts,
-                        truncate(t, 120),
-                        json!({"itemId": item_id, "text": t, "iteration": iteration}),
-                    ));
-                }
-                for c in &calls {
-                    b.observe(ctx.obs(
-                        Some(&item_id),
-                        ObservationType::ToolCall,
-                        c.name.clone(),
-                        json!({"toolCallId": c.id, "name": c.name, "arguments": c.arguments}),
-                    ));
-                }
-                b.op(Op::UpdateRun(RunUpdate {
-                    usage: Some(ctx.usage),
-                    ..Default::default()
-                }));
-                ctx.stage(b);
+                self.record_tool_turn(ctx, idx, &item_id, text, &resp.tool_calls, iteration);
                 continue;
             }
-
-            // A plain answer: the item's result, unless TAEF strict sends it back.
             let answer = text.unwrap_or_default();
-            let missing: Vec<String> = it
-                .required_tools
-                .iter()
-                .filter(|t| !it.actual_tool_calls.iter().any(|c| &c.name == *t))
-                .cloned()
-                .collect();
-            if !missing.is_empty()
-                && it.tool_validation_mode == ToolValidationMode::Strict
-                && it.attempts <= self.settings.strict_retries
+            if self
+                .take_answer(ctx, idx, &item_id, answer, iteration)
+                .await?
             {
-                it.attempts += 1;
-                it.conversation.push(ConversationMessage {
-                    role: MessageRole::Assistant,
-                    content: Some(answer.clone()),
-                    tool_calls: vec![],
-                    tool_call_id: None,
-                });
-                let nudge = format!(
-                    "You answered without calling the required tool(s): {}. Call {} first, then answer.",
-                    missing.join(", "),
-                    if missing.len() == 1 { "it" } else { "them" }
-                );
-                it.conversation.push(ConversationMessage {
-                    role: MessageRole::User,
-                    content: Some(nudge.clone()),
-                    tool_calls: vec![],
-                    tool_call_id: None,
-                });
-                it.thoughts.push(answer.clone());
-                let mut b = ctx.batch();
-                b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
-                b.observe(ctx.obs(
-                    Some(&item_id),
-                    ObservationType::Thoughts,
-                    "Required tool skipped: retrying",
-                    json!({"itemId": item_id, "text": answer, "iteration": iteration,
-                           "validation": {"missingTools": missing, "retry": ctx.items[idx].attempts - 1}}),
-                ));
-                b.op(Op::UpdateRun(RunUpdate {
-                    usage: Some(ctx.usage),
-                    ..Default::default()
-                }));
-                ctx.stage(b);
-                continue;
+                return Ok(None);
             }
-            if !missing.is_empty() && it.tool_validation_mode == ToolValidationMode::Strict {
-                it.validation_status = ValidationStatus::Failed;
-                let err = ErrorInfo {
-                    code: "required_tool_not_called".into(),
-                    message: format!(
-                        "the item skipped its required tool(s) {} after {} retries",
-                        missing.join(", "),
-                        self.settings.strict_retries
-                    ),
-                };
-                return self
-                    .fail_item(ctx, &item_id, err, Some(answer))
-                    .await
-                    .map(|_| None);
-            }
-            it.validation_status = if it.required_tools.is_empty() {
-                ValidationStatus::Skipped
-            } else if missing.is_empty() {
-                ValidationStatus::Passed
-            } else {
-                ValidationStatus::Failed
-            };
-            let previous = it.status;
-            it.status = ItemStatus::Completed;
-            it.result = Some(answer.clone());
-            it.completed_at = Some(Utc::now());
+        }
+    }
+
+    /// The model asked for tool calls: journal its turn (the calls run next, from the journal).
+    fn record_tool_turn(
+        &self,
+        ctx: &mut Ctx<'_>,
+        idx: usize,
+        item_id: &str,
+        text: Option<String>,
+        tool_calls: &[ToolCall],
+        iteration: usize,
+    ) {
+        let item_id = item_id.to_owned();
+        let it = &mut ctx.items[idx];
+        let calls: Vec<ToolCallRecord> = tool_calls.iter().map(to_record).collect();
+        it.conversation.push(ConversationMessage {
+            role: MessageRole::Assistant,
+            content: text.clone(),
+            tool_calls: calls.clone(),
+            tool_call_id: None,
+        });
+        it.tool_calls.extend(calls.iter().cloned());
+        if let Some(t) = &text {
+            it.thoughts.push(t.clone());
+        }
+        let mut b = ctx.batch();
+        b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+        b.op(Op::AppendMessage(Message {
+            id: new_id(),
+            thread_id: ctx.thread_id.clone(),
+            run_id: Some(ctx.run.run_id),
+            role: MessageRole::Assistant,
+            content: text.clone().unwrap_or_default(),
+            item_id: Some(item_id.clone()),
+            tool_call_id: None,
+            name: None,
+            tool_calls: calls.clone(),
+            created_at: Utc::now(),
+        }));
+        if let Some(t) = &text {
+            b.observe(ctx.obs(
+                Some(&item_id),
+                ObservationType::Thoughts,
+                truncate(t, 120),
+                json!({"itemId": item_id, "text": t, "iteration": iteration}),
+            ));
+        }
+        for c in &calls {
+            b.observe(ctx.obs(
+                Some(&item_id),
+                ObservationType::ToolCall,
+                c.name.clone(),
+                json!({"toolCallId": c.id, "name": c.name, "arguments": c.arguments}),
+            ));
+        }
+        b.op(Op::UpdateRun(RunUpdate {
+            usage: Some(ctx.usage),
+            ..Default::default()
+        }));
+        ctx.stage(b);
+    }
+
+    /// The model answered: the item's result, unless TAEF strict sends it back (`Ok(false)`: ask
+    /// the model again) or fails the item. `Ok(true)` when the item is finished.
+    async fn take_answer(
+        &self,
+        ctx: &mut Ctx<'_>,
+        idx: usize,
+        item_id: &str,
+        answer: String,
+        iteration: usize,
+    ) -> Result<bool, Halt> {
+        let item_id = item_id.to_owned();
+        let it = &mut ctx.items[idx];
+        let missing: Vec<String> = it
+            .required_tools
+            .iter()
+            .filter(|t| !it.actual_tool_calls.iter().any(|c| &c.name == *t))
+            .cloned()
+            .collect();
+        if !missing.is_empty()
+            && it.tool_validation_mode == ToolValidationMode::Strict
+            && it.attempts <= self.settings.strict_retries
+        {
+            it.attempts += 1;
             it.conversation.push(ConversationMessage {
                 role: MessageRole::Assistant,
                 content: Some(answer.clone()),
                 tool_calls: vec![],
                 tool_call_id: None,
             });
-            ctx.state.current_step_id = None;
+            let nudge = format!(
+                "You answered without calling the required tool(s): {}. Call {} first, then answer.",
+                missing.join(", "),
+                if missing.len() == 1 { "it" } else { "them" }
+            );
+            it.conversation.push(ConversationMessage {
+                role: MessageRole::User,
+                content: Some(nudge.clone()),
+                tool_calls: vec![],
+                tool_call_id: None,
+            });
+            it.thoughts.push(answer.clone());
             let mut b = ctx.batch();
             b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
             b.observe(ctx.obs(
                 Some(&item_id),
                 ObservationType::Thoughts,
-                truncate(&answer, 120),
-                json!({"itemId": item_id, "text": answer, "iteration": iteration, "final": true,
-                       "validationStatus": ctx.items[idx].validation_status}),
+                "Required tool skipped: retrying",
+                json!({"itemId": item_id, "text": answer, "iteration": iteration,
+                       "validation": {"missingTools": missing, "retry": ctx.items[idx].attempts - 1}}),
             ));
-            b.observe(ctx.status_change(&ctx.items[idx], previous));
             b.op(Op::UpdateRun(RunUpdate {
                 usage: Some(ctx.usage),
                 ..Default::default()
             }));
             ctx.stage(b);
-            return Ok(None);
+            return Ok(false);
         }
+        if !missing.is_empty() && it.tool_validation_mode == ToolValidationMode::Strict {
+            it.validation_status = ValidationStatus::Failed;
+            let err = ErrorInfo {
+                code: "required_tool_not_called".into(),
+                message: format!(
+                    "the item skipped its required tool(s) {} after {} retries",
+                    missing.join(", "),
+                    self.settings.strict_retries
+                ),
+            };
+            return self
+                .fail_item(ctx, &item_id, err, Some(answer))
+                .await
+                .map(|_| true);
+        }
+        it.validation_status = if it.required_tools.is_empty() {
+            ValidationStatus::Skipped
+        } else if missing.is_empty() {
+            ValidationStatus::Passed
+        } else {
+            ValidationStatus::Failed
+        };
+        let previous = it.status;
+        it.status = ItemStatus::Completed;
+        it.result = Some(answer.clone());
+        it.completed_at = Some(Utc::now());
+        it.conversation.push(ConversationMessage {
+            role: MessageRole::Assistant,
+            content: Some(answer.clone()),
+            tool_calls: vec![],
+            tool_call_id: None,
+        });
+        ctx.state.current_step_id = None;
+        let mut b = ctx.batch();
+        b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+        b.observe(ctx.obs(
+            Some(&item_id),
+            ObservationType::Thoughts,
+            truncate(&answer, 120),
+            json!({"itemId": item_id, "text": answer, "iteration": iteration, "final": true,
+                   "validationStatus": ctx.items[idx].validation_status}),
+        ));
+        b.observe(ctx.status_change(&ctx.items[idx], previous));
+        b.op(Op::UpdateRun(RunUpdate {
+            usage: Some(ctx.usage),
+            ..Default::default()
+        }));
+        ctx.stage(b);
+        Ok(true)
     }
 
     fn item_brief(&self, ctx: &Ctx<'_>, item: &TodoItem) -> String {

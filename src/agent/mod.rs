@@ -12,13 +12,15 @@
 //! - `journal.rs`: the [`Journal`] trait and the run context that stages and commits changes.
 //! - `planner.rs`: the plan, its refinement, its repair, and the `update_plan` tool.
 //! - `scheduler.rs`: which item runs next, and failing an item.
-//! - `executor.rs`: one item's ReAct loop and the brief it gets.
+//! - `executor.rs`: one item's ReAct loop.
+//! - `context.rs`: the brief an item gets and the earlier items' results a model call reads.
 //! - `tool_calls.rs`: running one tool call and journaling its result.
 //! - `hitl.rs`: suspending on a call that needs a person, and applying their decision.
 //! - `synthesizer.rs`: cancelling what can no longer run, and the final answer.
 //! - `endings.rs`: committing a run that failed or was cancelled.
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts and schemas).
 
+mod context;
 mod endings;
 mod executor;
 mod hitl;

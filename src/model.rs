@@ -480,6 +480,21 @@ pub struct ToolCallRecord {
     pub arguments: Value,
 }
 
+string_enum! {
+    /// How a tool call ended, as journaled in the item's `toolResults` and shown in
+    /// `TOOL_EXECUTION`.
+    ToolResultStatus {
+        /// The tool ran and returned an output.
+        Success => "success",
+        /// The tool failed, was not available, or its arguments did not fit.
+        Error => "error",
+        /// A person rejected the call (or nobody decided in time).
+        Rejected => "rejected",
+        /// A person answered in the tool's place.
+        Responded => "responded",
+    }
+}
+
 /// The journaled outcome of one tool call: written before the next model call, so a run resumed
 /// after a crash never executes it again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -488,7 +503,9 @@ pub struct ToolResultRecord {
     pub tool_call_id: String,
     pub name: String,
     /// `success`, `error`, `rejected` or `responded`.
-    pub status: String,
+    // Documented as the plain string it always was, so the API document does not change.
+    #[schema(value_type = String)]
+    pub status: ToolResultStatus,
     pub output: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -563,6 +580,21 @@ pub struct AgentStateRow {
     pub version: i64,
 }
 
+string_enum! {
+    /// Where the engine is in a run: `new` → `planning` → `executing` → `synthesizing` → `done`.
+    /// Stored with the run so a run re-claimed after a crash skips the phases it finished.
+    #[derive(Default)]
+    RunPhase {
+        /// A run that has not started.
+        #[default]
+        New => "new",
+        Planning => "planning",
+        Executing => "executing",
+        Synthesizing => "synthesizing",
+        Done => "done",
+    }
+}
+
 /// A run of a query on a thread.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -593,9 +625,9 @@ pub struct Run {
     pub suspension: Option<Value>,
     /// Lease attempt counter; every write of a worker is fenced by it.
     pub attempt: i64,
-    /// Where the agent is: `new`, `planning`, `executing`, `synthesizing`, `done`.
+    /// Where the agent is in the run (internal: not part of the API).
     #[serde(skip)]
-    pub phase: String,
+    pub phase: RunPhase,
     /// A cancel was asked for and the worker has not yet acted on it.
     #[serde(skip)]
     pub cancel_requested: bool,
@@ -750,6 +782,30 @@ pub fn scrub_nul_str(s: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tool results journaled before the status was typed (a plain string) read back unchanged,
+    /// and write back byte for byte.
+    #[test]
+    fn tool_result_status_keeps_its_stored_text() {
+        for text in ["success", "error", "rejected", "responded"] {
+            let stored = format!(
+                r#"{{"toolCallId":"c1","name":"calculator","status":"{text}","output":null}}"#
+            );
+            let r: ToolResultRecord = serde_json::from_str(&stored).unwrap();
+            assert_eq!(r.status.as_str(), text);
+            assert_eq!(serde_json::to_string(&r).unwrap(), stored);
+        }
+        assert!(
+            serde_json::from_str::<ToolResultRecord>(
+                r#"{"toolCallId":"c1","name":"x","status":"maybe","output":null}"#
+            )
+            .is_err()
+        );
+        for p in RunPhase::ALL {
+            assert_eq!(p.as_str().parse::<RunPhase>().unwrap(), *p);
+        }
+        assert_eq!(RunPhase::default(), RunPhase::New);
+    }
 
     #[test]
     fn ids_reject_bad_characters_and_lengths() {

@@ -19,8 +19,8 @@ use uuid::Uuid;
 
 use crate::model::{
     AgentConfig, AgentStateRow, ErrorInfo, ItemId, Message, MultitaskStrategy, NewObservation,
-    Observation, ObservationType, Run, RunStatus, Suspension, SuspensionStatus, Thread, ThreadId,
-    TodoItem, Usage,
+    Observation, ObservationType, Run, RunPhase, RunStatus, Suspension, SuspensionStatus, Thread,
+    ThreadId, TodoItem, Usage,
 };
 
 pub mod postgres;
@@ -129,7 +129,7 @@ pub struct ObservationQuery {
 #[derive(Debug, Clone, Default)]
 pub struct RunUpdate {
     pub status: Option<RunStatus>,
-    pub phase: Option<String>,
+    pub phase: Option<RunPhase>,
     pub usage: Option<Usage>,
     pub error: Option<ErrorInfo>,
     pub final_response: Option<Value>,
@@ -141,7 +141,7 @@ impl RunUpdate {
     /// Fold a later update into this one: fields it sets win.
     pub fn merge(&mut self, later: RunUpdate) {
         self.status = later.status.or(self.status);
-        self.phase = later.phase.or(self.phase.take());
+        self.phase = later.phase.or(self.phase);
         self.usage = later.usage.or(self.usage);
         self.error = later.error.or(self.error.take());
         self.final_response = later.final_response.or(self.final_response.take());

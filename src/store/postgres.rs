@@ -38,7 +38,7 @@ use super::{
 };
 use crate::model::{
     AgentConfig, AgentStateRow, Message, MultitaskStrategy, NewObservation, Observation, Run,
-    RunStatus, Suspension, Thread, ThreadId, TodoItem, Usage, new_id,
+    RunPhase, RunStatus, Suspension, Thread, ThreadId, TodoItem, Usage, new_id,
 };
 
 /// The embedded Postgres migrations (`migrations/postgres`).
@@ -1057,7 +1057,7 @@ impl Store for PgStore {
         .bind(n)
         .bind(secs(lease))
         .bind(u.status.map(RunStatus::as_str))
-        .bind(&u.phase)
+        .bind(u.phase.map(RunPhase::as_str))
         .bind(rows::opt_json(u.usage.as_ref())?)
         .bind(rows::opt_json(u.error.as_ref())?)
         .bind(&u.final_response)

@@ -248,7 +248,7 @@ pub(crate) fn run_from_row(r: &impl Cols) -> StoreResult<Run> {
         final_response: r.opt_json("final_response")?,
         suspension: None,
         attempt: r.int("attempt")?,
-        phase: r.text("phase")?,
+        phase: r.enumeration("phase")?,
         cancel_requested: r.boolean("cancel_requested")?,
         start_seq: r.int("start_seq")?,
     })

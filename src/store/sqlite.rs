@@ -37,7 +37,7 @@ use super::{
 };
 use crate::model::{
     AgentConfig, AgentStateRow, Message, MultitaskStrategy, NewObservation, Observation, Run,
-    RunStatus, Suspension, Thread, ThreadId, TodoItem, Usage, new_id,
+    RunPhase, RunStatus, Suspension, Thread, ThreadId, TodoItem, Usage, new_id,
 };
 
 /// The embedded SQLite migrations (`migrations/sqlite`).
@@ -425,7 +425,7 @@ async fn update_run(
     .bind(id_text(fence.run_id))
     .bind(fence.attempt)
     .bind(u.status.map(RunStatus::as_str))
-    .bind(&u.phase)
+    .bind(u.phase.map(RunPhase::as_str))
     .bind(opt_json_text(u.usage.as_ref())?)
     .bind(opt_json_text(u.error.as_ref())?)
     .bind(u.final_response.as_ref().map(Value::to_string))

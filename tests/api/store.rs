@@ -8,10 +8,10 @@ use std::time::Duration;
 use chrono::{SubsecRound, Utc};
 use pes_server::model::{
     AgentConfig, AgentStateRow, ConversationMessage, Decision, ErrorInfo, ItemId, ItemStatus,
-    Message, MessageRole, MultitaskStrategy, NewObservation, ObservationType, Run, RunStatus,
-    StepType, Suspension, SuspensionKind, SuspensionStatus, Thread, ThreadId, ThreadStatus,
-    TodoItem, ToolCallRecord, ToolResultRecord, ToolValidationMode, Usage, ValidationStatus,
-    new_id,
+    Message, MessageRole, MultitaskStrategy, NewObservation, ObservationType, Run, RunPhase,
+    RunStatus, StepType, Suspension, SuspensionKind, SuspensionStatus, Thread, ThreadId,
+    ThreadStatus, TodoItem, ToolCallRecord, ToolResultRecord, ToolResultStatus, ToolValidationMode,
+    Usage, ValidationStatus, new_id,
 };
 use pes_server::store::{
     Batch, Fence, NewRun, ObservationQuery, Op, PageCursor, Resolution, RunUpdate, Store,
@@ -180,7 +180,7 @@ fn suspension(tenant: &str, thread: &str, run_id: Uuid, item: &str) -> Suspensio
         partial_tool_results: vec![ToolResultRecord {
             tool_call_id: "call-0".into(),
             name: "current_time".into(),
-            status: "success".into(),
+            status: ToolResultStatus::Success,
             output: json!("12:00"),
             error: None,
         }],
@@ -474,7 +474,7 @@ async fn same_idempotency_key_returns_the_same_run(store: S) {
     assert_eq!(first.run.status, RunStatus::Queued);
     assert_eq!(first.run.idempotency_key.as_deref(), Some("key-1"));
     assert_eq!(first.run.attempt, 0);
-    assert_eq!(first.run.phase, "new");
+    assert_eq!(first.run.phase, RunPhase::New);
 
     nr.query = "second".into();
     let again = store.create_run(nr.clone()).await.unwrap();
@@ -902,7 +902,7 @@ async fn an_ended_run_refuses_further_writes(store: S) {
     let mut b = batch(A, "t");
     b.op(Op::UpdateRun(RunUpdate {
         status: Some(RunStatus::Completed),
-        phase: Some("done".into()),
+        phase: Some(RunPhase::Done),
         usage: Some(Usage {
             prompt_tokens: 10,
             completion_tokens: 5,
@@ -921,7 +921,7 @@ async fn an_ended_run_refuses_further_writes(store: S) {
         .unwrap()
         .unwrap();
     assert_eq!(stored.status, RunStatus::Completed);
-    assert_eq!(stored.phase, "done");
+    assert_eq!(stored.phase, RunPhase::Done);
     assert_eq!(stored.usage.total_tokens, 15);
     assert_eq!(stored.final_response, Some(json!({ "response": "42" })));
     assert!(stored.ended_at.is_some());
@@ -1295,7 +1295,7 @@ async fn agent_snapshot_reflects_items_and_state(store: S) {
     full.tool_results = vec![ToolResultRecord {
         tool_call_id: "c1".into(),
         name: "calculator".into(),
-        status: "success".into(),
+        status: ToolResultStatus::Success,
         output: json!(6),
         error: None,
     }];

@@ -1,0 +1,91 @@
+//! The end of a run that did not complete: `RUN_FAILED` (with the item it failed in) and
+//! `RUN_CANCELLED` (the items in progress go back to pending, their journals kept).
+
+use chrono::Utc;
+use serde_json::json;
+use tracing::warn;
+
+use crate::model::{ErrorInfo, ItemStatus, ObservationType, RunPhase, RunStatus};
+use crate::store::{Op, RunUpdate};
+
+use super::Engine;
+use super::journal::{Ctx, Halt};
+
+impl Engine {
+    pub(super) async fn commit_failed(
+        &self,
+        ctx: &mut Ctx<'_>,
+        err: ErrorInfo,
+        item: Option<String>,
+    ) -> Result<(), Halt> {
+        warn!(run_id = %ctx.run.run_id, code = %err.code, message = %err.message, "run failed");
+        let phase = match ctx.run.phase {
+            RunPhase::Planning | RunPhase::New => "plan",
+            RunPhase::Synthesizing => "synthesize",
+            RunPhase::Executing | RunPhase::Done => "execute",
+        };
+        let mut b = ctx.batch();
+        if let Some(item_id) = &item
+            && let Some(idx) = ctx.item_idx(item_id)
+        {
+            let it = &mut ctx.items[idx];
+            let previous = it.status;
+            it.status = ItemStatus::Failed;
+            it.error = Some(err.clone());
+            it.updated_at = Utc::now();
+            b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+            b.observe(ctx.status_change(&ctx.items[idx], previous));
+        }
+        ctx.state.current_step_id = None;
+        b.op(Op::SetAgentState(ctx.state.clone()));
+        b.observe(ctx.obs(
+            item.as_deref(),
+            ObservationType::Error,
+            err.code.clone(),
+            json!({"phase": phase, "code": err.code, "message": err.message}),
+        ));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::RunFailed,
+            "Run failed",
+            json!({"error": err, "usage": ctx.usage}),
+        ));
+        b.op(Op::UpdateRun(RunUpdate {
+            status: Some(RunStatus::Failed),
+            usage: Some(ctx.usage),
+            error: Some(err),
+            ended: true,
+            ..Default::default()
+        }));
+        ctx.commit(b).await
+    }
+
+    /// Cancelled: the item in progress goes back to pending (its journal kept), the run ends.
+    pub(super) async fn commit_cancelled(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
+        let mut b = ctx.batch();
+        for i in 0..ctx.items.len() {
+            let previous = ctx.items[i].status;
+            if matches!(previous, ItemStatus::InProgress | ItemStatus::Waiting) {
+                ctx.items[i].status = ItemStatus::Pending;
+                ctx.items[i].updated_at = Utc::now();
+                b.op(Op::UpsertItem(Box::new(ctx.items[i].clone())));
+                b.observe(ctx.status_change(&ctx.items[i], previous));
+            }
+        }
+        ctx.state.current_step_id = None;
+        b.op(Op::SetAgentState(ctx.state.clone()));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::RunCancelled,
+            "Run cancelled",
+            json!({"reason": "cancelled", "usage": ctx.usage}),
+        ));
+        b.op(Op::UpdateRun(RunUpdate {
+            status: Some(RunStatus::Cancelled),
+            usage: Some(ctx.usage),
+            ended: true,
+            ..Default::default()
+        }));
+        ctx.commit(b).await
+    }
+}

@@ -1,0 +1,176 @@
+//! Human in the loop: suspending the run on a call that needs a person (approval or input), and
+//! turning a person's decision (or an expiry or cancellation) into the call's result.
+
+use chrono::Utc;
+use serde_json::{Value, json};
+
+use crate::model::{
+    Decision, ItemStatus, MessageRole, ObservationType, RunStatus, Suspension, SuspensionKind,
+    SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
+};
+use crate::store::{Op, RunUpdate};
+
+use super::journal::{Ctx, Halt};
+use super::{Engine, RunEnd};
+
+impl Engine {
+    /// The result a person's decision gives a suspended call.
+    pub(super) async fn apply_decision(
+        &self,
+        ctx: &mut Ctx<'_>,
+        call: &ToolCallRecord,
+        s: &Suspension,
+    ) -> Result<ToolResultRecord, Halt> {
+        let d = s.decision.clone().unwrap_or(Value::Null);
+        let reason = d.get("reason").and_then(Value::as_str).map(str::to_owned);
+        let decision = match s.status {
+            SuspensionStatus::Resolved => d
+                .get("decision")
+                .and_then(Value::as_str)
+                .and_then(|x| x.parse::<Decision>().ok()),
+            _ => None,
+        };
+        let rejected = |reason: String| ToolResultRecord {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            status: ToolResultStatus::Rejected,
+            output: json!({"rejected": true, "reason": reason,
+                           "message": format!("A person rejected this call of `{}`: {reason}", call.name)}),
+            error: None,
+        };
+        Ok(match decision {
+            Some(Decision::Approve) => self.invoke(ctx, call, call.arguments.clone()).await?,
+            Some(Decision::Edit) => {
+                let args = d.get("modifiedArgs").cloned().unwrap_or(Value::Null);
+                self.invoke(ctx, call, args).await?
+            }
+            Some(Decision::Respond) => ToolResultRecord {
+                tool_call_id: call.id.clone(),
+                name: call.name.clone(),
+                status: ToolResultStatus::Responded,
+                output: d.get("response").cloned().unwrap_or(Value::Null),
+                error: None,
+            },
+            Some(Decision::Reject) => rejected(reason.unwrap_or_else(|| "no reason given".into())),
+            None => rejected(match s.status {
+                SuspensionStatus::Expired => "expired: nobody decided in time".into(),
+                SuspensionStatus::Cancelled => "cancelled: the run that asked was cancelled".into(),
+                _ => "no decision".into(),
+            }),
+        })
+    }
+
+    /// Pause the run on `call` until a person decides.
+    pub(super) async fn suspend(
+        &self,
+        ctx: &mut Ctx<'_>,
+        item_id: &str,
+        call: &ToolCallRecord,
+        kind: SuspensionKind,
+    ) -> Result<RunEnd, Halt> {
+        let idx = ctx.item_idx(item_id).expect("item");
+        let now = Utc::now();
+        let ttl = ctx
+            .cfg
+            .suspension_ttl_seconds
+            .unwrap_or(self.settings.suspension_ttl_seconds);
+        let item = &ctx.items[idx];
+        let turn_calls: Vec<String> = item
+            .conversation
+            .iter()
+            .rev()
+            .find(|m| m.role == MessageRole::Assistant)
+            .map(|m| m.tool_calls.iter().map(|c| c.id.clone()).collect())
+            .unwrap_or_default();
+        let partial: Vec<ToolResultRecord> = item
+            .tool_results
+            .iter()
+            .filter(|r| turn_calls.contains(&r.tool_call_id))
+            .cloned()
+            .collect();
+        let (allowed, question, input_schema) = match kind {
+            SuspensionKind::Input => (
+                vec![Decision::Respond, Decision::Reject],
+                call.arguments
+                    .get("question")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                call.arguments
+                    .get("inputSchema")
+                    .cloned()
+                    .filter(|v| !v.is_null()),
+            ),
+            SuspensionKind::Approval => (
+                vec![
+                    Decision::Approve,
+                    Decision::Edit,
+                    Decision::Reject,
+                    Decision::Respond,
+                ],
+                Some(format!(
+                    "May the agent call `{}` with these arguments?",
+                    call.name
+                )),
+                None,
+            ),
+        };
+        let suspension = Suspension {
+            suspension_id: new_id(),
+            thread_id: ctx.thread_id.clone(),
+            tenant: ctx.tenant.clone(),
+            run_id: ctx.run.run_id,
+            item_id: item.id.clone(),
+            kind,
+            tool_call: call.clone(),
+            allowed_decisions: allowed,
+            question,
+            input_schema,
+            iteration_state: serde_json::to_value(&item.conversation).unwrap_or(Value::Null),
+            partial_tool_results: partial,
+            status: SuspensionStatus::Pending,
+            decision: None,
+            created_at: now,
+            resolved_at: None,
+            // Bounded at the edge; clamped again here so a value stored before the bound existed
+            // can never overflow the deadline.
+            expires_at: (ttl > 0).then(|| {
+                let secs = ttl.min(crate::model::MAX_SUSPENSION_TTL_SECONDS) as i64;
+                now.checked_add_signed(chrono::Duration::seconds(secs))
+                    .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
+            }),
+        };
+        let it = &mut ctx.items[idx];
+        let previous = it.status;
+        it.status = ItemStatus::Waiting;
+        it.updated_at = now;
+        let mut b = ctx.batch();
+        b.op(Op::InsertSuspension(Box::new(suspension.clone())));
+        b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+        b.op(Op::UpdateRun(RunUpdate {
+            status: Some(RunStatus::Suspended),
+            usage: Some(ctx.usage),
+            ..Default::default()
+        }));
+        if previous != ItemStatus::Waiting {
+            b.observe(ctx.status_change(&ctx.items[idx], previous));
+        }
+        b.observe(ctx.obs(
+            Some(item_id),
+            ObservationType::AgentSuspended,
+            format!("Waiting for a person: {}", call.name),
+            json!({
+                "suspensionId": suspension.suspension_id,
+                "itemId": item_id,
+                "kind": kind,
+                "toolCall": call,
+                "allowedDecisions": suspension.allowed_decisions,
+                "question": suspension.question,
+                "inputSchema": suspension.input_schema,
+                "expiresAt": suspension.expires_at,
+            }),
+        ));
+        ctx.commit(b).await?;
+        ctx.suspensions.push(suspension);
+        Ok(RunEnd::Suspended)
+    }
+}

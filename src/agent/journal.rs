@@ -1,0 +1,184 @@
+//! Where the engine's changes go: the [`Journal`] trait the worker implements, and the context of
+//! one run being driven ([`Ctx`]), which stages changes and commits them (with the observations
+//! that report them) at the points where they must be durable. Also the internal [`Halt`] reasons
+//! that leave the normal flow.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use crate::llm::{LlmError, LlmProvider};
+use crate::model::{
+    AgentConfig, AgentStateRow, ErrorInfo, ItemStatus, Message, NewObservation, ObservationType,
+    Run, Suspension, ThreadId, TodoItem, Usage,
+};
+use crate::store::Batch;
+
+use super::{EngineError, Signals};
+
+/// Where the engine commits. The worker's implementation applies the batch under the run's lease
+/// fence and publishes its observations.
+#[async_trait]
+pub trait Journal: Send + Sync {
+    /// Commit state changes and their observations atomically.
+    ///
+    /// # Errors
+    /// [`EngineError::LeaseLost`] when the run is no longer ours; [`EngineError::Store`] otherwise.
+    async fn commit(&self, batch: Batch) -> Result<(), EngineError>;
+}
+
+/// Internal reasons to leave the normal flow.
+pub(super) enum Halt {
+    Cancel,
+    Shutdown,
+    LeaseLost,
+    Store(String),
+    /// The run fails: code, message, and the item it failed in.
+    Fail(ErrorInfo, Option<String>),
+}
+
+impl From<EngineError> for Halt {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::LeaseLost => Halt::LeaseLost,
+            EngineError::Stopped => Halt::Shutdown,
+            EngineError::Store(s) => Halt::Store(s),
+        }
+    }
+}
+
+pub(super) fn llm_halt(e: LlmError, item: Option<&str>) -> Halt {
+    match e {
+        LlmError::Cancelled => Halt::Cancel,
+        other => Halt::Fail(
+            ErrorInfo {
+                code: other.code().to_owned(),
+                message: other.to_string(),
+            },
+            item.map(str::to_owned),
+        ),
+    }
+}
+
+pub(super) fn halt_to_error(h: Halt) -> EngineError {
+    match h {
+        Halt::LeaseLost => EngineError::LeaseLost,
+        Halt::Store(s) => EngineError::Store(s),
+        Halt::Shutdown | Halt::Cancel | Halt::Fail(..) => EngineError::Stopped,
+    }
+}
+
+/// Mutable state of one run being driven.
+pub(super) struct Ctx<'a> {
+    pub(super) journal: &'a dyn Journal,
+    pub(super) signals: &'a Signals,
+    pub(super) llm: Arc<dyn LlmProvider>,
+    pub(super) tenant: String,
+    pub(super) thread_id: ThreadId,
+    pub(super) run: Run,
+    pub(super) cfg: AgentConfig,
+    pub(super) state: AgentStateRow,
+    pub(super) items: Vec<TodoItem>,
+    pub(super) history: Vec<Message>,
+    pub(super) suspensions: Vec<Suspension>,
+    pub(super) usage: Usage,
+    pub(super) started: Instant,
+    /// Changes staged since the last commit: written together at the next point where they must
+    /// be durable (before a model or tool call, at a suspension, at the end).
+    pub(super) pending: Batch,
+}
+
+impl Ctx<'_> {
+    pub(super) fn batch(&self) -> Batch {
+        Batch::new(self.tenant.clone(), self.thread_id.clone())
+    }
+
+    pub(super) fn obs(
+        &self,
+        parent: Option<&str>,
+        kind: ObservationType,
+        title: impl Into<String>,
+        content: Value,
+    ) -> NewObservation {
+        NewObservation::new(
+            self.run.run_id,
+            parent.map(str::to_owned),
+            kind,
+            title,
+            content,
+        )
+    }
+
+    /// Stage changes; they are committed with the next [`Ctx::flush`].
+    pub(super) fn stage(&mut self, batch: Batch) {
+        self.pending.absorb(batch);
+    }
+
+    /// Commit everything staged.
+    pub(super) async fn flush(&mut self) -> Result<(), Halt> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::replace(
+            &mut self.pending,
+            Batch::new(self.tenant.clone(), self.thread_id.clone()),
+        );
+        self.journal.commit(batch).await.map_err(Halt::from)
+    }
+
+    /// Stage and commit now.
+    pub(super) async fn commit(&mut self, batch: Batch) -> Result<(), Halt> {
+        self.stage(batch);
+        self.flush().await
+    }
+
+    /// Run `fut` unless the run is cancelled or the process stops first.
+    pub(super) async fn guard<T>(&self, fut: impl Future<Output = T>) -> Result<T, Halt> {
+        tokio::select! {
+            biased;
+            _ = self.signals.shutdown.cancelled() => Err(Halt::Shutdown),
+            _ = self.signals.cancel.cancelled() => Err(Halt::Cancel),
+            v = fut => Ok(v),
+        }
+    }
+
+    /// At a safe point (everything so far committed): stop here if asked to.
+    pub(super) fn check_signals(&self) -> Result<(), Halt> {
+        if self.signals.cancel.is_cancelled() {
+            return Err(Halt::Cancel);
+        }
+        if self.signals.shutdown.is_cancelled() || self.signals.drain.is_cancelled() {
+            return Err(Halt::Shutdown);
+        }
+        Ok(())
+    }
+
+    pub(super) fn item_idx(&self, id: &str) -> Option<usize> {
+        self.items.iter().position(|i| i.id.as_str() == id)
+    }
+
+    pub(super) fn status_change(&self, item: &TodoItem, previous: ItemStatus) -> NewObservation {
+        self.obs(
+            Some(item.id.as_str()),
+            ObservationType::ItemStatusChange,
+            format!("{}: {} → {}", item.id, previous, item.status),
+            json!({"itemId": item.id, "status": item.status, "previousStatus": previous}),
+        )
+    }
+
+    pub(super) fn model(&self) -> Option<String> {
+        self.cfg.model.clone()
+    }
+
+    /// The model the run's requests go to: the thread's or run's `model`, else the provider's
+    /// default.
+    pub(super) fn model_in_use(&self) -> Option<String> {
+        self.cfg
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .or_else(|| self.llm.default_model().map(str::to_owned))
+    }
+}

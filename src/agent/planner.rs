@@ -1,0 +1,278 @@
+//! Planning: the first plan of a run, the refinement of an existing plan by a later run, one
+//! repair request when the model's plan is invalid, and the `update_plan` tool an item may call to
+//! replace the items that have not started.
+
+use serde_json::{Value, json};
+use tracing::debug;
+
+use crate::llm::structured::complete_structured;
+use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase, RequestHints};
+use crate::model::RunPhase;
+use crate::model::{
+    AgentConfig, ErrorInfo, ItemStatus, MessageRole, NewObservation, ObservationType, TodoItem,
+    ToolCallRecord, ToolResultRecord, ToolResultStatus, ToolValidationMode,
+};
+use crate::store::{Op, RunUpdate};
+
+use super::Engine;
+use super::journal::{Ctx, Halt, llm_halt};
+use super::plan::{self, PlanReply, PlannedItem};
+use super::prompts::{self, truncate};
+
+impl Engine {
+    pub(super) fn enabled_tools(&self, cfg: &AgentConfig) -> Vec<String> {
+        let all = self.tools.names();
+        match &cfg.tools {
+            Some(list) => all.into_iter().filter(|n| list.contains(n)).collect(),
+            None => all,
+        }
+    }
+
+    fn max_items(&self, cfg: &AgentConfig) -> u32 {
+        cfg.max_items.unwrap_or(self.settings.max_items)
+    }
+
+    /// Plan (or refine the existing plan), with one repair request for an invalid plan.
+    pub(super) async fn plan(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
+        let known = self.enabled_tools(&ctx.cfg);
+        let described: Vec<(String, String)> = known
+            .iter()
+            .filter_map(|n| {
+                self.tools
+                    .get(n)
+                    .map(|t| (n.clone(), t.description().to_owned()))
+            })
+            .collect();
+        let max_items = self.max_items(&ctx.cfg);
+        let refining = !ctx.items.is_empty();
+        let mut messages = vec![ChatMessage::system(prompts::planning_system(
+            &ctx.cfg, &described, max_items,
+        ))];
+        let skip = ctx
+            .history
+            .len()
+            .saturating_sub(self.settings.history_messages);
+        for m in ctx.history.iter().skip(skip) {
+            match m.role {
+                MessageRole::User => messages.push(ChatMessage::user(m.content.clone())),
+                MessageRole::Assistant if m.tool_calls.is_empty() && m.item_id.is_none() => {
+                    messages.push(ChatMessage::assistant(Some(m.content.clone()), vec![]))
+                }
+                _ => {}
+            }
+        }
+        if refining {
+            messages.push(ChatMessage::user(prompts::refinement_note(&ctx.items)));
+        }
+        messages.push(ChatMessage::user(ctx.run.query.clone()));
+        let hints = RequestHints {
+            query: ctx.run.query.clone(),
+            existing_items: ctx
+                .items
+                .iter()
+                .map(|i| {
+                    (
+                        i.id.to_string(),
+                        i.description.clone(),
+                        i.status.to_string(),
+                    )
+                })
+                .collect(),
+            max_items,
+            ..Default::default()
+        };
+        let frozen: Vec<TodoItem> = ctx
+            .items
+            .iter()
+            .filter(|i| i.status != ItemStatus::Pending)
+            .cloned()
+            .collect();
+
+        let mut attempt = 0;
+        let (reply, valid) = loop {
+            attempt += 1;
+            let req = ChatRequest {
+                phase: Phase::Plan,
+                model: ctx.model(),
+                messages: messages.clone(),
+                tools: vec![],
+                response_format: Some(JsonSchemaFormat {
+                    name: prompts::PLAN_SCHEMA_NAME.into(),
+                    schema: prompts::plan_schema(),
+                }),
+                hints: hints.clone(),
+            };
+            ctx.flush().await?;
+            let (value, resp) = ctx
+                .guard(complete_structured(ctx.llm.as_ref(), req))
+                .await?
+                .map_err(|e| llm_halt(e, None))?;
+            ctx.usage.add(&resp.usage);
+            let parsed: Result<PlanReply, Vec<String>> =
+                serde_json::from_value(value.clone()).map_err(|e| vec![e.to_string()]);
+            let checked = parsed.and_then(|r| {
+                plan::validate(&r.todo_list, &frozen, &known, max_items as usize).map(|v| (r, v))
+            });
+            match checked {
+                Ok(ok) => break ok,
+                Err(errors) if attempt == 1 => {
+                    debug!(?errors, "plan invalid; asking the model to repair it");
+                    messages.push(ChatMessage::assistant(Some(value.to_string()), vec![]));
+                    messages.push(ChatMessage::user(format!(
+                        "Your plan is not valid:\n- {}\nReply again with the corrected JSON object.",
+                        errors.join("\n- ")
+                    )));
+                }
+                Err(errors) => {
+                    return Err(Halt::Fail(
+                        ErrorInfo {
+                            code: "invalid_plan".into(),
+                            message: format!(
+                                "the model's plan is not valid after one repair: {}; it returned: {}",
+                                errors.join("; "),
+                                truncate(&value.to_string(), 500)
+                            ),
+                        },
+                        None,
+                    ));
+                }
+            }
+        };
+
+        let mode = ctx
+            .cfg
+            .tool_validation_mode
+            .unwrap_or(ToolValidationMode::Strict);
+        let diff = plan::merge(&ctx.items, &valid, mode);
+        ctx.state.intent = Some(reply.intent.clone());
+        ctx.state.title = Some(reply.title.clone());
+        ctx.state.plan = Some(reply.plan.clone());
+        ctx.state.current_step_id = None;
+        ctx.items = diff.items.clone();
+
+        let mut b = ctx.batch();
+        b.op(Op::SetAgentState(ctx.state.clone()));
+        for id in &diff.removed {
+            b.op(Op::DeleteItem(id.clone()));
+        }
+        for it in &ctx.items {
+            if diff.dirty.contains(&it.id) {
+                b.op(Op::UpsertItem(Box::new(it.clone())));
+            }
+        }
+        b.observe(ctx.obs(
+            None,
+            ObservationType::Intent,
+            truncate(&reply.intent, 120),
+            json!({"intent": reply.intent}),
+        ));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::Title,
+            truncate(&reply.title, 120),
+            json!({"title": reply.title}),
+        ));
+        if refining {
+            b.observe(ctx.obs(None, ObservationType::PlanUpdate, "Plan refined", {
+                let mut c = diff.observation_content();
+                c["plan"] = json!(reply.plan);
+                c
+            }));
+        } else {
+            b.observe(ctx.obs(
+                None,
+                ObservationType::Plan,
+                "Plan",
+                json!({"plan": reply.plan, "todoList": plan::summary(&ctx.items)}),
+            ));
+        }
+        b.op(Op::UpdateRun(RunUpdate {
+            phase: Some(RunPhase::Executing),
+            usage: Some(ctx.usage),
+            ..Default::default()
+        }));
+        ctx.stage(b);
+        ctx.run.phase = RunPhase::Executing;
+        Ok(())
+    }
+
+    /// `update_plan`: replace the items not yet started. Returns the tool result and, when the
+    /// plan changed, the `PLAN_UPDATE` observation and the row changes (committed with the result).
+    pub(super) fn apply_plan_update(
+        &self,
+        ctx: &mut Ctx<'_>,
+        call: &ToolCallRecord,
+    ) -> (ToolResultRecord, Vec<NewObservation>, Vec<Op>) {
+        let err = |msg: String| ToolResultRecord {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            status: ToolResultStatus::Error,
+            output: Value::Null,
+            error: Some(msg),
+        };
+        let list: Vec<PlannedItem> = match call
+            .arguments
+            .get("todoList")
+            .cloned()
+            .map(serde_json::from_value)
+        {
+            Some(Ok(l)) => l,
+            Some(Err(e)) => return (err(format!("invalid todoList: {e}")), vec![], vec![]),
+            None => return (err("missing `todoList`".into()), vec![], vec![]),
+        };
+        let frozen: Vec<TodoItem> = ctx
+            .items
+            .iter()
+            .filter(|i| i.status != ItemStatus::Pending)
+            .cloned()
+            .collect();
+        let known = self.enabled_tools(&ctx.cfg);
+        let valid = match plan::validate(&list, &frozen, &known, self.max_items(&ctx.cfg) as usize)
+        {
+            Ok(v) => v,
+            Err(errors) => {
+                return (
+                    err(format!("plan not updated: {}", errors.join("; "))),
+                    vec![],
+                    vec![],
+                );
+            }
+        };
+        let mode = ctx
+            .cfg
+            .tool_validation_mode
+            .unwrap_or(ToolValidationMode::Strict);
+        let diff = plan::merge(&ctx.items, &valid, mode);
+        ctx.items = diff.items.clone();
+        let mut ops = Vec::new();
+        for id in &diff.removed {
+            ops.push(Op::DeleteItem(id.clone()));
+        }
+        for it in &ctx.items {
+            if diff.dirty.contains(&it.id) {
+                ops.push(Op::UpsertItem(Box::new(it.clone())));
+            }
+        }
+        let summary = json!({
+            "added": diff.added, "changed": diff.changed, "removed": diff.removed,
+            "unchanged": diff.frozen,
+        });
+        let obs = ctx.obs(
+            None,
+            ObservationType::PlanUpdate,
+            "Plan updated",
+            diff.observation_content(),
+        );
+        (
+            ToolResultRecord {
+                tool_call_id: call.id.clone(),
+                name: call.name.clone(),
+                status: ToolResultStatus::Success,
+                output: summary,
+                error: None,
+            },
+            vec![obs],
+            ops,
+        )
+    }
+}

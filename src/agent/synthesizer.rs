@@ -1,0 +1,136 @@
+//! Synthesis: once no item can run, cancel the pending items whose dependencies cannot complete,
+//! then ask the model for the final answer from the items' results and complete the run.
+
+use chrono::Utc;
+use serde_json::{Value, json};
+
+use crate::llm::structured::complete_structured;
+use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase, RequestHints};
+use crate::model::RunPhase;
+use crate::model::{ItemStatus, Message, MessageRole, ObservationType, RunStatus, new_id};
+use crate::store::{Op, RunUpdate};
+
+use super::Engine;
+use super::journal::{Ctx, Halt, llm_halt};
+use super::prompts;
+
+impl Engine {
+    /// No item can run any more: cancel pending items whose dependencies cannot complete (see
+    /// the scheduler), and announce synthesis.
+    pub(super) async fn begin_synthesis(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
+        let mut b = ctx.batch();
+        self.cancel_unreachable(ctx, &mut b);
+        let count = |s: ItemStatus| ctx.items.iter().filter(|i| i.status == s).count();
+        b.observe(ctx.obs(
+            None,
+            ObservationType::Synthesis,
+            "Synthesizing the answer",
+            json!({
+                "completed": count(ItemStatus::Completed),
+                "failed": count(ItemStatus::Failed),
+                "cancelled": count(ItemStatus::Cancelled),
+            }),
+        ));
+        b.op(Op::UpdateRun(RunUpdate {
+            phase: Some(RunPhase::Synthesizing),
+            ..Default::default()
+        }));
+        ctx.stage(b);
+        ctx.run.phase = RunPhase::Synthesizing;
+        Ok(())
+    }
+
+    pub(super) async fn synthesize(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
+        let mut brief = format!("User query: {}\n", ctx.run.query);
+        if let Some(p) = &ctx.state.plan {
+            brief.push_str(&format!("Plan: {p}\n"));
+        }
+        brief.push_str("Results of the plan's items:\n");
+        brief.push_str(&self.step_outputs_text(ctx));
+        let req = ChatRequest {
+            phase: Phase::Synthesize,
+            model: ctx.model(),
+            messages: vec![
+                ChatMessage::system(prompts::synthesis_system(&ctx.cfg)),
+                ChatMessage::user(brief),
+            ],
+            tools: vec![],
+            response_format: Some(JsonSchemaFormat {
+                name: prompts::SYNTHESIS_SCHEMA_NAME.into(),
+                schema: prompts::synthesis_schema(),
+            }),
+            hints: RequestHints {
+                query: ctx.run.query.clone(),
+                step_outputs: self.step_output_pairs(ctx),
+                ..Default::default()
+            },
+        };
+        ctx.flush().await?;
+        let (value, resp) = ctx
+            .guard(complete_structured(ctx.llm.as_ref(), req))
+            .await?
+            .map_err(|e| llm_halt(e, None))?;
+        ctx.usage.add(&resp.usage);
+        let response = value
+            .get("response")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let final_response = json!({
+            "response": response,
+            "sources": non_null_or_empty(value.get("sources")),
+            "suggestions": non_null_or_empty(value.get("suggestions")),
+        });
+        ctx.state.current_step_id = None;
+        let mut b = ctx.batch();
+        b.op(Op::AppendMessage(Message {
+            id: new_id(),
+            thread_id: ctx.thread_id.clone(),
+            run_id: Some(ctx.run.run_id),
+            role: MessageRole::Assistant,
+            content: response.clone(),
+            item_id: None,
+            tool_call_id: None,
+            name: None,
+            tool_calls: vec![],
+            created_at: Utc::now(),
+        }));
+        b.op(Op::SetAgentState(ctx.state.clone()));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::FinalResponse,
+            "Final response",
+            final_response.clone(),
+        ));
+        let duration_ms = ctx
+            .run
+            .started_at
+            .map(|s| (Utc::now() - s).num_milliseconds().max(0))
+            .unwrap_or_else(|| ctx.started.elapsed().as_millis() as i64);
+        b.observe(ctx.obs(
+            None,
+            ObservationType::RunCompleted,
+            "Run completed",
+            json!({"usage": ctx.usage, "durationMs": duration_ms}),
+        ));
+        b.op(Op::UpdateRun(RunUpdate {
+            status: Some(RunStatus::Completed),
+            phase: Some(RunPhase::Done),
+            usage: Some(ctx.usage),
+            final_response: Some(final_response),
+            ended: true,
+            ..Default::default()
+        }));
+        ctx.commit(b).await?;
+        ctx.run.phase = RunPhase::Done;
+        Ok(())
+    }
+}
+
+/// A nullable array of a structured reply: null or absent is empty.
+fn non_null_or_empty(v: Option<&Value>) -> Value {
+    match v {
+        Some(v @ Value::Array(_)) => v.clone(),
+        _ => json!([]),
+    }
+}

@@ -503,8 +503,6 @@ pub struct ToolResultRecord {
     pub tool_call_id: String,
     pub name: String,
     /// `success`, `error`, `rejected` or `responded`.
-    // Documented as the plain string it always was, so the API document does not change.
-    #[schema(value_type = String)]
     pub status: ToolResultStatus,
     pub output: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -292,6 +292,7 @@ mod tests {
             ("SuspensionKind", wire(SuspensionKind::ALL)),
             ("SuspensionStatus", wire(SuspensionStatus::ALL)),
             ("Decision", wire(Decision::ALL)),
+            ("ToolResultStatus", wire(ToolResultStatus::ALL)),
             (
                 "IfNotExists",
                 wire(&[IfNotExists::Create, IfNotExists::Reject]),

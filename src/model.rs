@@ -524,7 +524,11 @@ pub struct ConversationMessage {
 }
 
 /// One todo item of a plan: a row of its own, so a status change is one small write.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+///
+/// Serialized through [`TodoItemWire`], which adds `createdTimestamp`/`updatedTimestamp` (Unix
+/// milliseconds, the seed's fields) computed from `created_at`/`updated_at`: the two forms of a
+/// time are never stored twice, so they cannot disagree.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TodoItem {
     pub id: ItemId,
@@ -564,6 +568,105 @@ pub struct TodoItem {
     pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub completed_at: Option<DateTime<Utc>>,
+}
+
+/// One todo item of a plan, as the state and the observations show it. `createdTimestamp` and
+/// `updatedTimestamp` are `createdAt` and `updatedAt` in Unix milliseconds.
+// The public JSON shape of a `TodoItem`: its fields borrowed, plus the millisecond times.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = TodoItem)]
+struct TodoItemWire<'a> {
+    id: &'a ItemId,
+    /// Order in the plan (0-based).
+    position: i64,
+    description: &'a str,
+    status: ItemStatus,
+    dependencies: &'a [ItemId],
+    step_type: StepType,
+    required_tools: &'a [String],
+    tool_validation_mode: ToolValidationMode,
+    validation_status: ValidationStatus,
+    expected_outcome: &'a Option<String>,
+    /// Tool calls the model asked for, in order.
+    tool_calls: &'a [ToolCallRecord],
+    /// Tool calls that were executed (or answered by a person), in order.
+    actual_tool_calls: &'a [ToolCallRecord],
+    tool_results: &'a [ToolResultRecord],
+    /// The model's reasoning text, turn by turn.
+    thoughts: &'a [String],
+    /// The item's answer.
+    result: &'a Option<String>,
+    error: &'a Option<ErrorInfo>,
+    /// Execution attempts (TAEF strict retries count here).
+    attempts: u32,
+    usage: Usage,
+    created_at: DateTime<Utc>,
+    /// `createdAt` in Unix milliseconds.
+    created_timestamp: i64,
+    updated_at: DateTime<Utc>,
+    /// `updatedAt` in Unix milliseconds: moves with every change of the item (its status too).
+    updated_timestamp: i64,
+    started_at: Option<DateTime<Utc>>,
+    completed_at: Option<DateTime<Utc>>,
+}
+
+impl<'a> From<&'a TodoItem> for TodoItemWire<'a> {
+    fn from(it: &'a TodoItem) -> Self {
+        Self {
+            id: &it.id,
+            position: it.position,
+            description: &it.description,
+            status: it.status,
+            dependencies: &it.dependencies,
+            step_type: it.step_type,
+            required_tools: &it.required_tools,
+            tool_validation_mode: it.tool_validation_mode,
+            validation_status: it.validation_status,
+            expected_outcome: &it.expected_outcome,
+            tool_calls: &it.tool_calls,
+            actual_tool_calls: &it.actual_tool_calls,
+            tool_results: &it.tool_results,
+            thoughts: &it.thoughts,
+            result: &it.result,
+            error: &it.error,
+            attempts: it.attempts,
+            usage: it.usage,
+            created_at: it.created_at,
+            created_timestamp: it.created_at.timestamp_millis(),
+            updated_at: it.updated_at,
+            updated_timestamp: it.updated_at.timestamp_millis(),
+            started_at: it.started_at,
+            completed_at: it.completed_at,
+        }
+    }
+}
+
+impl Serialize for TodoItem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        TodoItemWire::from(self).serialize(s)
+    }
+}
+
+impl utoipa::PartialSchema for TodoItem {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        TodoItemWire::schema()
+    }
+}
+
+impl ToSchema for TodoItem {
+    fn name() -> std::borrow::Cow<'static, str> {
+        TodoItemWire::name()
+    }
+
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        TodoItemWire::schemas(schemas)
+    }
 }
 
 /// Thread-level agent state fields (the rest of `PESAgentStateData` is derived from rows).

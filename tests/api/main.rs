@@ -12,6 +12,7 @@ mod helpers;
 mod history;
 mod hitl;
 mod http;
+mod item_times;
 mod openapi;
 mod payloads;
 mod process;

@@ -314,6 +314,64 @@ string_enum! {
     }
 }
 
+/// A person's decision on a suspension, as it was given: `decision` says which, with
+/// `modifiedArgs` (`edit`), `response` (`respond`) and an optional `reason` (any decision; shown in
+/// `AGENT_RESUMED`, given to the model on `reject`). An expired suspension holds a `reject` with
+/// reason `expired`.
+// Built once at the HTTP edge from a validated resume request, stored with the suspension and
+// read back with serde: nothing re-parses it by hand. The JSON is the shape stored before this
+// type existed (`{"decision", "modifiedArgs"?, "reason"?, "response"?}`, keys in that order), so
+// old rows read and write back byte for byte (see the test below).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "decision", rename_all = "lowercase")]
+pub enum ResumeDecision {
+    /// Run the call as the model proposed it.
+    Approve {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// Run the call with these arguments instead (valid for the tool's schema).
+    Edit {
+        #[serde(rename = "modifiedArgs")]
+        args: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// Do not run the call; the model is told why.
+    Reject {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// Do not run the call; `response` is its result.
+    Respond {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        response: Value,
+    },
+}
+
+impl ResumeDecision {
+    /// Which of the four decisions this is.
+    pub fn kind(&self) -> Decision {
+        match self {
+            Self::Approve { .. } => Decision::Approve,
+            Self::Edit { .. } => Decision::Edit,
+            Self::Reject { .. } => Decision::Reject,
+            Self::Respond { .. } => Decision::Respond,
+        }
+    }
+
+    /// The reason given with the decision, if any.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Approve { reason }
+            | Self::Edit { reason, .. }
+            | Self::Reject { reason }
+            | Self::Respond { reason, .. } => reason.as_deref(),
+        }
+    }
+}
+
 /// Token usage, summed per item and per run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -842,7 +900,7 @@ pub struct Suspension {
     pub partial_tool_results: Vec<ToolResultRecord>,
     pub status: SuspensionStatus,
     #[serde(default)]
-    pub decision: Option<Value>,
+    pub decision: Option<ResumeDecision>,
     pub created_at: DateTime<Utc>,
     #[serde(default)]
     pub resolved_at: Option<DateTime<Utc>>,
@@ -883,6 +941,84 @@ pub fn scrub_nul_str(s: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decisions stored before the type existed (built as a JSON object, keys sorted) read back
+    /// as the decision they meant and write back byte for byte, in the text SQLite holds and as
+    /// the JSON value Postgres holds.
+    #[test]
+    fn resume_decision_keeps_its_stored_json() {
+        let cases = [
+            (
+                r#"{"decision":"approve"}"#,
+                ResumeDecision::Approve { reason: None },
+            ),
+            (
+                r#"{"decision":"approve","reason":"looks fine"}"#,
+                ResumeDecision::Approve {
+                    reason: Some("looks fine".into()),
+                },
+            ),
+            (
+                r#"{"decision":"edit","modifiedArgs":{"expression":"3+3"}}"#,
+                ResumeDecision::Edit {
+                    args: serde_json::json!({"expression": "3+3"}),
+                    reason: None,
+                },
+            ),
+            (
+                r#"{"decision":"edit","modifiedArgs":{"a":[1,null]},"reason":"fixed it"}"#,
+                ResumeDecision::Edit {
+                    args: serde_json::json!({"a": [1, null]}),
+                    reason: Some("fixed it".into()),
+                },
+            ),
+            (
+                r#"{"decision":"reject"}"#,
+                ResumeDecision::Reject { reason: None },
+            ),
+            (
+                r#"{"decision":"reject","reason":"expired"}"#,
+                ResumeDecision::Reject {
+                    reason: Some("expired".into()),
+                },
+            ),
+            (
+                r#"{"decision":"respond","response":{"answer":42}}"#,
+                ResumeDecision::Respond {
+                    reason: None,
+                    response: serde_json::json!({"answer": 42}),
+                },
+            ),
+            (
+                r#"{"decision":"respond","reason":"asked","response":"yes"}"#,
+                ResumeDecision::Respond {
+                    reason: Some("asked".into()),
+                    response: serde_json::json!("yes"),
+                },
+            ),
+        ];
+        for (old, meant) in cases {
+            let read: ResumeDecision = serde_json::from_str(old).unwrap();
+            assert_eq!(read, meant, "{old}");
+            assert_eq!(serde_json::to_string(&read).unwrap(), old);
+            let as_value: Value = serde_json::from_str(old).unwrap();
+            assert_eq!(serde_json::to_value(&read).unwrap(), as_value);
+            assert_eq!(serde_json::to_value(&read).unwrap().to_string(), old);
+            assert_eq!(read.kind().as_str(), as_value["decision"]);
+            assert_eq!(read.reason(), as_value["reason"].as_str());
+        }
+        for bad in [
+            r#"{"decision":"maybe"}"#,
+            r#"{"decision":"edit"}"#,
+            r#"{"decision":"respond"}"#,
+            r#"{"reason":"x"}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<ResumeDecision>(bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
 
     /// Tool results journaled before the status was typed (a plain string) read back unchanged,
     /// and write back byte for byte.

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::agent::{Engine, EngineError, Journal, RunEnd, RunInput, Signals};
 use crate::events::EventBus;
-use crate::model::{Run, SuspensionStatus};
+use crate::model::{ResumeDecision, Run, SuspensionStatus};
 use crate::store::{Batch, Fence, Resolution, Store, StoreError};
 
 /// Cancel tokens of the runs this process drives, so a cancel request reaches the run at once.
@@ -441,7 +441,9 @@ pub async fn sweep_suspensions(
         for (tenant, id) in due {
             let resolution = Resolution {
                 status: SuspensionStatus::Expired,
-                decision: serde_json::json!({"decision": "reject", "reason": "expired"}),
+                decision: ResumeDecision::Reject {
+                    reason: Some("expired".into()),
+                },
             };
             match store.resolve_suspension(&tenant, id, resolution).await {
                 Ok(done) => {

@@ -5,8 +5,8 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use crate::model::{
-    Decision, ItemStatus, MessageRole, ObservationType, RunStatus, Suspension, SuspensionKind,
-    SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
+    Decision, ItemStatus, MessageRole, ObservationType, ResumeDecision, RunStatus, Suspension,
+    SuspensionKind, SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
 };
 use crate::store::{Op, RunUpdate};
 
@@ -21,13 +21,9 @@ impl Engine {
         call: &ToolCallRecord,
         s: &Suspension,
     ) -> Result<ToolResultRecord, Halt> {
-        let d = s.decision.clone().unwrap_or(Value::Null);
-        let reason = d.get("reason").and_then(Value::as_str).map(str::to_owned);
+        // Only a person's decision counts; an expiry or a cancellation rejects the call.
         let decision = match s.status {
-            SuspensionStatus::Resolved => d
-                .get("decision")
-                .and_then(Value::as_str)
-                .and_then(|x| x.parse::<Decision>().ok()),
+            SuspensionStatus::Resolved => s.decision.as_ref(),
             _ => None,
         };
         let rejected = |reason: String| ToolResultRecord {
@@ -39,19 +35,20 @@ impl Engine {
             error: None,
         };
         Ok(match decision {
-            Some(Decision::Approve) => self.invoke(ctx, call, call.arguments.clone()).await?,
-            Some(Decision::Edit) => {
-                let args = d.get("modifiedArgs").cloned().unwrap_or(Value::Null);
-                self.invoke(ctx, call, args).await?
+            Some(ResumeDecision::Approve { .. }) => {
+                self.invoke(ctx, call, call.arguments.clone()).await?
             }
-            Some(Decision::Respond) => ToolResultRecord {
+            Some(ResumeDecision::Edit { args, .. }) => self.invoke(ctx, call, args.clone()).await?,
+            Some(ResumeDecision::Respond { response, .. }) => ToolResultRecord {
                 tool_call_id: call.id.clone(),
                 name: call.name.clone(),
                 status: ToolResultStatus::Responded,
-                output: d.get("response").cloned().unwrap_or(Value::Null),
+                output: response.clone(),
                 error: None,
             },
-            Some(Decision::Reject) => rejected(reason.unwrap_or_else(|| "no reason given".into())),
+            Some(ResumeDecision::Reject { reason }) => {
+                rejected(reason.clone().unwrap_or_else(|| "no reason given".into()))
+            }
             None => rejected(match s.status {
                 SuspensionStatus::Expired => "expired: nobody decided in time".into(),
                 SuspensionStatus::Cancelled => "cancelled: the run that asked was cancelled".into(),

@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -16,7 +16,7 @@ use super::runs::wants_event_stream;
 use super::sse::{StreamSpec, observation_sse};
 use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
-use crate::model::{Decision, Run, Suspension, SuspensionStatus};
+use crate::model::{Decision, ResumeDecision, Run, Suspension, SuspensionStatus};
 use crate::store::{Resolution, StoreError};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -120,7 +120,13 @@ fn already(status: SuspensionStatus) -> ApiError {
     }
 }
 
-fn check_decision(state: &AppState, s: &Suspension, body: &ResumeRequest) -> Result<(), ApiError> {
+/// Check a resume request against its suspension and build the decision it stands for: the one
+/// place a request's loose fields become a [`ResumeDecision`].
+fn decide(
+    state: &AppState,
+    s: &Suspension,
+    body: ResumeRequest,
+) -> Result<ResumeDecision, ApiError> {
     if !s.allowed_decisions.contains(&body.decision) {
         let allowed: Vec<&str> = s.allowed_decisions.iter().map(|d| d.as_str()).collect();
         return Err(ApiError::Unprocessable {
@@ -154,38 +160,41 @@ fn check_decision(state: &AppState, s: &Suspension, body: &ResumeRequest) -> Res
             body.decision
         )));
     }
-    match body.decision {
+    let reason = body.reason;
+    Ok(match body.decision {
         Decision::Edit => {
-            let args = body.modified_args.as_ref().ok_or_else(|| {
+            let args = body.modified_args.ok_or_else(|| {
                 ApiError::Validation("decision `edit` needs `modifiedArgs`".into())
             })?;
             state
                 .engine
                 .tools()
-                .validate(&s.tool_call.name, args)
+                .validate(&s.tool_call.name, &args)
                 .map_err(|e| {
                     ApiError::Validation(format!(
                         "modifiedArgs do not fit `{}`: {e}",
                         s.tool_call.name
                     ))
                 })?;
+            ResumeDecision::Edit { args, reason }
         }
         Decision::Respond => {
-            let response = body.response.as_ref().ok_or_else(|| {
+            let response = body.response.ok_or_else(|| {
                 ApiError::Validation("decision `respond` needs `response`".into())
             })?;
             if let Some(schema) = &s.input_schema {
-                crate::tools::schema::validate(schema, response).map_err(|errors| {
+                crate::tools::schema::validate(schema, &response).map_err(|errors| {
                     ApiError::Validation(format!(
                         "response does not fit the inputSchema: {}",
                         errors.join("; ")
                     ))
                 })?;
             }
+            ResumeDecision::Respond { reason, response }
         }
-        Decision::Approve | Decision::Reject => {}
-    }
-    Ok(())
+        Decision::Approve => ResumeDecision::Approve { reason },
+        Decision::Reject => ResumeDecision::Reject { reason },
+    })
 }
 
 /// Resume a suspended run with a person's decision. The decision becomes the suspended tool
@@ -217,17 +226,7 @@ pub async fn resume_suspension(
     if s.status != SuspensionStatus::Pending {
         return Err(already(s.status));
     }
-    check_decision(&state, &s, &body)?;
-    let mut decision = json!({"decision": body.decision});
-    if let Some(r) = body.reason {
-        decision["reason"] = json!(r);
-    }
-    if let Some(a) = body.modified_args {
-        decision["modifiedArgs"] = a;
-    }
-    if let Some(r) = body.response {
-        decision["response"] = r;
-    }
+    let decision = decide(&state, &s, body)?;
     let resolution = Resolution {
         status: SuspensionStatus::Resolved,
         decision,

@@ -19,8 +19,8 @@ use uuid::Uuid;
 
 use crate::model::{
     AgentConfig, AgentStateRow, ErrorInfo, ItemId, Message, MultitaskStrategy, NewObservation,
-    Observation, ObservationType, Run, RunPhase, RunStatus, Suspension, SuspensionStatus, Thread,
-    ThreadId, TodoItem, Usage,
+    Observation, ObservationType, ResumeDecision, Run, RunPhase, RunStatus, Suspension,
+    SuspensionStatus, Thread, ThreadId, TodoItem, Usage,
 };
 
 pub mod postgres;
@@ -277,8 +277,8 @@ pub struct AgentSnapshot {
 pub struct Resolution {
     /// `Resolved` (a person decided) or `Expired` (the sweeper, as a rejection).
     pub status: SuspensionStatus,
-    /// The decision as given: `{decision, reason?, modifiedArgs?, response?}`.
-    pub decision: Value,
+    /// The decision as given (an expiry is stored as a rejection with reason `expired`).
+    pub decision: ResumeDecision,
 }
 
 /// What [`Store::resolve_suspension`] did.

@@ -396,7 +396,7 @@ async fn insert_suspension(
     .bind(&s.iteration_state)
     .bind(rows::to_json(&s.partial_tool_results)?)
     .bind(s.status.as_str())
-    .bind(&s.decision)
+    .bind(s.decision.as_ref().map(rows::to_json).transpose()?)
     .bind(s.created_at)
     .bind(s.resolved_at)
     .bind(s.expires_at)
@@ -1197,7 +1197,7 @@ impl Store for PgStore {
         .bind(tenant)
         .bind(suspension_id)
         .bind(status.as_str())
-        .bind(&decision)
+        .bind(rows::to_json(&decision)?)
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else {

@@ -20,8 +20,8 @@ use uuid::Uuid;
 
 use super::{StoreError, StoreResult};
 use crate::model::{
-    AgentStateRow, ItemId, Message, NewObservation, Observation, ObservationType, Run, RunStatus,
-    Suspension, SuspensionStatus, Thread, ThreadId, TodoItem,
+    AgentStateRow, ItemId, Message, NewObservation, Observation, ObservationType, ResumeDecision,
+    Run, RunStatus, Suspension, SuspensionStatus, Thread, ThreadId, TodoItem,
 };
 
 /// SQLite timestamp format: fixed width, UTC, microseconds, so text order is time order.
@@ -302,7 +302,7 @@ pub(crate) fn suspension_from_row(r: &impl Cols) -> StoreResult<Suspension> {
         iteration_state: r.json("iteration_state")?,
         partial_tool_results: r.typed("partial_tool_results")?,
         status: r.enumeration("status")?,
-        decision: r.opt_json("decision")?,
+        decision: r.opt_typed("decision")?,
         created_at: r.ts("created_at")?,
         resolved_at: r.opt_ts("resolved_at")?,
         expires_at: r.opt_ts("expires_at")?,
@@ -363,13 +363,17 @@ pub(crate) fn run_cancelled(run_id: Uuid, interrupted_by: Option<Uuid>) -> NewOb
 /// The `AGENT_RESUMED` observation committed with a suspension's resolution: item-level (its
 /// parent is the suspended item), content `{suspensionId, decision, reason, expired}` taken from
 /// the decision as given (`reason` null when none was given).
-pub(crate) fn agent_resumed(s: &Suspension, decision: &Value, expired: bool) -> NewObservation {
-    let chosen = decision.get("decision").cloned().unwrap_or(Value::Null);
-    let reason = decision.get("reason").cloned().unwrap_or(Value::Null);
-    let title = match (expired, chosen.as_str()) {
-        (true, _) => "Suspension expired".to_owned(),
-        (false, Some(d)) => format!("Resumed: {d}"),
-        (false, None) => "Resumed".to_owned(),
+pub(crate) fn agent_resumed(
+    s: &Suspension,
+    decision: &ResumeDecision,
+    expired: bool,
+) -> NewObservation {
+    let chosen = decision.kind();
+    let reason = decision.reason();
+    let title = if expired {
+        "Suspension expired".to_owned()
+    } else {
+        format!("Resumed: {chosen}")
     };
     NewObservation::new(
         s.run_id,

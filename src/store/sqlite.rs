@@ -465,7 +465,7 @@ async fn insert_suspension(
     .bind(s.iteration_state.to_string())
     .bind(json_text(&s.partial_tool_results)?)
     .bind(s.status.as_str())
-    .bind(s.decision.as_ref().map(Value::to_string))
+    .bind(s.decision.as_ref().map(json_text).transpose()?)
     .bind(rows::ts_text(s.created_at))
     .bind(s.resolved_at.map(rows::ts_text))
     .bind(s.expires_at.map(rows::ts_text))
@@ -1223,7 +1223,7 @@ impl Store for SqliteStore {
         .bind(tenant)
         .bind(id_text(suspension_id))
         .bind(status.as_str())
-        .bind(decision.to_string())
+        .bind(json_text(&decision)?)
         .bind(&now_text)
         .fetch_optional(&mut *tx)
         .await?

@@ -8,8 +8,8 @@ use std::time::Duration;
 use chrono::{SubsecRound, Utc};
 use pes_server::model::{
     AgentConfig, AgentStateRow, ConversationMessage, Decision, ErrorInfo, ItemId, ItemStatus,
-    Message, MessageRole, MultitaskStrategy, NewObservation, ObservationType, Run, RunPhase,
-    RunStatus, StepType, Suspension, SuspensionKind, SuspensionStatus, Thread, ThreadId,
+    Message, MessageRole, MultitaskStrategy, NewObservation, ObservationType, ResumeDecision, Run,
+    RunPhase, RunStatus, StepType, Suspension, SuspensionKind, SuspensionStatus, Thread, ThreadId,
     ThreadStatus, TodoItem, ToolCallRecord, ToolResultRecord, ToolResultStatus, ToolValidationMode,
     Usage, ValidationStatus, new_id,
 };
@@ -1625,18 +1625,26 @@ async fn mixed_writers_of_one_thread_neither_deadlock_nor_leave_gaps(store: S) {
 
 // ----- suspensions: resolution, expiry ---------------------------------------------------------
 
+/// A resolution by a person, the decision written as its stored JSON.
 fn resolution(decision: serde_json::Value) -> Resolution {
     Resolution {
         status: SuspensionStatus::Resolved,
-        decision,
+        decision: serde_json::from_value(decision).expect("a decision in its stored shape"),
     }
 }
 
 fn expiry() -> Resolution {
     Resolution {
         status: SuspensionStatus::Expired,
-        decision: json!({ "decision": "reject", "reason": "expired" }),
+        decision: ResumeDecision::Reject {
+            reason: Some("expired".into()),
+        },
     }
+}
+
+/// A stored decision as the JSON the API shows.
+fn decision_json(d: &Option<ResumeDecision>) -> Option<serde_json::Value> {
+    d.as_ref().map(|d| serde_json::to_value(d).unwrap())
 }
 
 fn of_type(
@@ -1658,7 +1666,10 @@ async fn resolving_a_suspension_requeues_its_run_with_an_observation(store: S) {
 
     assert_eq!(done.suspension.suspension_id, s.suspension_id);
     assert_eq!(done.suspension.status, SuspensionStatus::Resolved);
-    assert_eq!(done.suspension.decision, Some(decision.clone()));
+    assert_eq!(
+        decision_json(&done.suspension.decision),
+        Some(decision.clone())
+    );
     assert!(done.suspension.resolved_at.is_some());
     let stored = store
         .get_suspension(A, s.suspension_id)
@@ -1757,7 +1768,7 @@ async fn concurrent_resolvers_of_one_suspension_get_one_success(store: S) {
         .unwrap()
         .unwrap();
     assert_eq!(stored.status, SuspensionStatus::Resolved);
-    assert_eq!(stored.decision, Some(decision.clone()));
+    assert_eq!(decision_json(&stored.decision), Some(decision.clone()));
     assert_eq!(stored, done.suspension);
     let got = store
         .get_run(A, &tid("t"), run.run_id)
@@ -1842,7 +1853,10 @@ async fn resolving_a_suspension_that_is_no_longer_pending_conflicts(store: S) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(stored.decision, Some(json!({ "decision": "reject" })));
+    assert_eq!(
+        decision_json(&stored.decision),
+        Some(json!({ "decision": "reject" }))
+    );
     assert_eq!(seqs(&observations(&store, A, "t").await), [1, 2]);
 
     // Cancelled with its run.
@@ -1870,7 +1884,7 @@ async fn resolving_a_suspension_that_is_no_longer_pending_conflicts(store: S) {
     for status in [SuspensionStatus::Pending, SuspensionStatus::Cancelled] {
         let r = Resolution {
             status,
-            decision: json!({ "decision": "approve" }),
+            decision: ResumeDecision::Approve { reason: None },
         };
         let err = store
             .resolve_suspension(A, pending.suspension_id, r)
@@ -2006,7 +2020,7 @@ async fn an_expired_suspension_resumes_its_run_as_expired(store: S) {
         .resolve_suspension(
             A,
             s2.suspension_id,
-            resolution(json!({ "decision": "respond" })),
+            resolution(json!({ "decision": "respond", "response": "an answer" })),
         )
         .await
         .unwrap();
@@ -2099,7 +2113,10 @@ async fn a_threads_suspensions_list_every_status_oldest_first(store: S) {
             (s3.suspension_id, SuspensionStatus::Pending),
         ]
     );
-    assert_eq!(list[0].decision, Some(json!({ "decision": "approve" })));
+    assert_eq!(
+        decision_json(&list[0].decision),
+        Some(json!({ "decision": "approve" }))
+    );
     assert_eq!(list[2], s3);
 
     store.cancel_run(A, &tid("t"), run.run_id).await.unwrap();

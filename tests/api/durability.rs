@@ -27,6 +27,8 @@ fn completed_calls(log: &Path) -> HashMap<String, usize> {
     out
 }
 
+/// The lease is a few seconds, not one: on a loaded machine a 1 s lease can lapse under a live
+/// worker, and a call in flight then legitimately runs twice (under the same key).
 fn env(db: &str, llm: &FakeLlm, log: &Path, lease: &str) -> Vec<(&'static str, String)> {
     let mut e = env_for(db, &llm.url);
     e.push(("PES_DEBUG_TOOLS", "true".into()));
@@ -109,7 +111,7 @@ async fn kill_9_during_a_model_call(backend: Backend) {
                 .contains("\"tag\":\"b\"")
     };
     llm.slow_once(after_b_tool, Duration::from_secs(60));
-    let p1 = Proc::start(&env(&db, &llm, &log, "1")).await;
+    let p1 = Proc::start(&env(&db, &llm, &log, "3")).await;
     let (s, _) = p1.post("/v1/threads", json!({"threadId": "t"})).await;
     assert_eq!(s, 201);
     let stream = SseReader::new(
@@ -127,7 +129,7 @@ async fn kill_9_during_a_model_call(backend: Backend) {
     let seen = first_half.await.unwrap();
     assert!(!seen.is_empty());
 
-    let p2 = Proc::start(&env(&db, &llm, &log, "1")).await;
+    let p2 = Proc::start(&env(&db, &llm, &log, "3")).await;
     let last = seen.last().unwrap()["seq"].as_i64().unwrap();
     let resumed = SseReader::new(
         p2.client
@@ -177,7 +179,7 @@ async fn kill_9_during_a_tool_call(backend: Backend) {
     let log = temp_log();
     let db = crate::helpers::database_url(backend).await;
     llm.push("plan", three_sleeps("b"));
-    let p1 = Proc::start(&env(&db, &llm, &log, "1")).await;
+    let p1 = Proc::start(&env(&db, &llm, &log, "3")).await;
     let (s, run) = p1
         .post(
             "/v1/threads/t/runs",
@@ -194,7 +196,7 @@ async fn kill_9_during_a_tool_call(backend: Backend) {
     p1.kill9().await;
     assert_eq!(completed_calls(&log).get("b"), None, "b was in flight");
 
-    let p2 = Proc::start(&env(&db, &llm, &log, "1")).await;
+    let p2 = Proc::start(&env(&db, &llm, &log, "3")).await;
     let rid = run["runId"].as_str().unwrap();
     p2.wait_for(&format!("/v1/threads/t/runs/{rid}"), |r| {
         r["status"] == "completed"

@@ -144,6 +144,33 @@ impl Ctx<'_> {
         }
     }
 
+    /// Commit what is staged, then ask for a structured reply (one repair attempt included),
+    /// abandoning it on cancel or shutdown; its usage is added to the run's.
+    pub(super) async fn ask_structured(
+        &mut self,
+        req: crate::llm::ChatRequest,
+    ) -> Result<serde_json::Value, Halt> {
+        self.flush().await?;
+        let (value, resp) = self
+            .guard(crate::llm::structured::complete_structured(
+                self.llm.as_ref(),
+                req,
+            ))
+            .await?
+            .map_err(|e| llm_halt(e, None))?;
+        self.usage.add(&resp.usage);
+        Ok(value)
+    }
+
+    /// Items a new plan must keep as they are: every one that has left `pending`.
+    pub(super) fn frozen_items(&self) -> Vec<crate::model::TodoItem> {
+        self.items
+            .iter()
+            .filter(|i| i.status != crate::model::ItemStatus::Pending)
+            .cloned()
+            .collect()
+    }
+
     /// At a safe point (everything so far committed): stop here if asked to.
     pub(super) fn check_signals(&self) -> Result<(), Halt> {
         if self.signals.cancel.is_cancelled() {

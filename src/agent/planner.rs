@@ -5,17 +5,16 @@
 use serde_json::{Value, json};
 use tracing::debug;
 
-use crate::llm::structured::complete_structured;
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase, RequestHints};
 use crate::model::RunPhase;
 use crate::model::{
-    AgentConfig, ErrorInfo, ItemStatus, MessageRole, NewObservation, ObservationType, TodoItem,
-    ToolCallRecord, ToolResultRecord, ToolResultStatus, ToolValidationMode,
+    AgentConfig, ErrorInfo, MessageRole, NewObservation, ObservationType, ToolCallRecord,
+    ToolResultRecord, ToolResultStatus, ToolValidationMode,
 };
 use crate::store::{Op, RunUpdate};
 
 use super::Engine;
-use super::journal::{Ctx, Halt, llm_halt};
+use super::journal::{Ctx, Halt};
 use super::plan::{self, PlanReply, PlannedItem};
 use super::prompts::{self, truncate};
 
@@ -81,12 +80,7 @@ impl Engine {
             max_items,
             ..Default::default()
         };
-        let frozen: Vec<TodoItem> = ctx
-            .items
-            .iter()
-            .filter(|i| i.status != ItemStatus::Pending)
-            .cloned()
-            .collect();
+        let frozen = ctx.frozen_items();
 
         let mut attempt = 0;
         let (reply, valid) = loop {
@@ -102,12 +96,7 @@ impl Engine {
                 }),
                 hints: hints.clone(),
             };
-            ctx.flush().await?;
-            let (value, resp) = ctx
-                .guard(complete_structured(ctx.llm.as_ref(), req))
-                .await?
-                .map_err(|e| llm_halt(e, None))?;
-            ctx.usage.add(&resp.usage);
+            let value = ctx.ask_structured(req).await?;
             let parsed: Result<PlanReply, Vec<String>> =
                 serde_json::from_value(value.clone()).map_err(|e| vec![e.to_string()]);
             let checked = parsed.and_then(|r| {
@@ -220,12 +209,7 @@ impl Engine {
             Some(Err(e)) => return (err(format!("invalid todoList: {e}")), vec![], vec![]),
             None => return (err("missing `todoList`".into()), vec![], vec![]),
         };
-        let frozen: Vec<TodoItem> = ctx
-            .items
-            .iter()
-            .filter(|i| i.status != ItemStatus::Pending)
-            .cloned()
-            .collect();
+        let frozen = ctx.frozen_items();
         let known = self.enabled_tools(&ctx.cfg);
         let valid = match plan::validate(&list, &frozen, &known, self.max_items(&ctx.cfg) as usize)
         {

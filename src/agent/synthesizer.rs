@@ -4,14 +4,13 @@
 use chrono::Utc;
 use serde_json::{Value, json};
 
-use crate::llm::structured::complete_structured;
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase, RequestHints};
 use crate::model::RunPhase;
 use crate::model::{ItemStatus, Message, MessageRole, ObservationType, RunStatus, new_id};
 use crate::store::{Op, RunUpdate};
 
 use super::Engine;
-use super::journal::{Ctx, Halt, llm_halt};
+use super::journal::{Ctx, Halt};
 use super::prompts;
 
 impl Engine {
@@ -65,12 +64,7 @@ impl Engine {
                 ..Default::default()
             },
         };
-        ctx.flush().await?;
-        let (value, resp) = ctx
-            .guard(complete_structured(ctx.llm.as_ref(), req))
-            .await?
-            .map_err(|e| llm_halt(e, None))?;
-        ctx.usage.add(&resp.usage);
+        let value = ctx.ask_structured(req).await?;
         let response = value
             .get("response")
             .and_then(Value::as_str)

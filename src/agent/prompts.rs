@@ -10,6 +10,8 @@ use crate::model::{AgentConfig, TodoItem};
 pub const PLAN_SCHEMA_NAME: &str = "pes_plan";
 /// Schema name of the synthesis reply.
 pub const SYNTHESIS_SCHEMA_NAME: &str = "pes_synthesis";
+/// Schema name of the compaction reply.
+pub const COMPACTION_SCHEMA_NAME: &str = "pes_compaction";
 /// The tool through which the model may change the items not yet started.
 pub const UPDATE_PLAN_TOOL: &str = "update_plan";
 
@@ -67,6 +69,30 @@ pub fn synthesis_schema() -> Value {
     })
 }
 
+/// `pes_compaction`: `{summary}`, the hand-off of a long item result to the items that read it.
+pub fn compaction_schema() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["summary"],
+        "properties": {"summary": {"type": "string"}}
+    })
+}
+
+/// System prompt of a compaction request.
+pub fn compaction_system(max_chars: usize) -> String {
+    format!(
+        "You compact the result of one item of a plan into a hand-off for the items that build on \
+         it. Keep every fact, number, name and source they may need; drop repetition and \
+         narration. Use at most {max_chars} characters. Reply with a JSON object {{summary}}."
+    )
+}
+
+/// The user message of a compaction request: the item and its full result.
+pub fn compaction_request(item_id: &str, description: &str, result: &str) -> String {
+    format!("{}{item_id}] {description}:\n{result}", labels::TO_COMPACT)
+}
+
 /// Every schema the service sends to a model as a structured-output format or a tool's
 /// parameters, by name: the strict-mode test walks them all, so a schema added here cannot break
 /// OpenAI's `strict: true` rules unnoticed.
@@ -74,6 +100,7 @@ pub fn sent_schemas() -> Vec<(&'static str, Value)> {
     vec![
         (PLAN_SCHEMA_NAME, plan_schema()),
         (SYNTHESIS_SCHEMA_NAME, synthesis_schema()),
+        (COMPACTION_SCHEMA_NAME, compaction_schema()),
         (UPDATE_PLAN_TOOL, update_plan_parameters()),
     ]
 }
@@ -177,6 +204,128 @@ pub fn synthesis_system(cfg: &AgentConfig) -> String {
         "You write the final answer to the user's query from the results of the plan's items. \
          Reply with a JSON object {response, sources, suggestions}.",
     );
+    s
+}
+
+/// The labels of the briefs the engine writes. They are a contract with every reader of the
+/// prompts, the offline model first among them: it reads these lines (never hidden hints), so a
+/// prompt change that breaks them breaks its tests.
+pub mod labels {
+    /// First line of an item brief and of the synthesis brief: `User query: <query>`.
+    pub const QUERY: &str = "User query: ";
+    /// `Plan: <the plan's prose>`.
+    pub const PLAN: &str = "Plan: ";
+    /// Header of the results an item reads (its dependencies', or every finished item's).
+    pub const EARLIER_RESULTS: &str = "Results of earlier items:";
+    /// Header of the results the synthesis reads.
+    pub const ITEM_RESULTS: &str = "Results of the plan's items:";
+    /// `Role: <name>` then the role's fragment, before the item's goal.
+    pub const ROLE: &str = "Role: ";
+    /// `Your item [<id>]: <description>`.
+    pub const ITEM: &str = "Your item [";
+    /// `Expected outcome: <text>`.
+    pub const EXPECTED: &str = "Expected outcome: ";
+    /// `Required tools: a, b`.
+    pub const REQUIRED_TOOLS: &str = "Required tools: ";
+    /// In the planning system prompt: `Use at most <n> items.`
+    pub const MAX_ITEMS: &str = "Use at most ";
+    /// First line of the refinement note; then one `- <id> [<status>]: <description>` per item.
+    pub const REFINEMENT: &str = "This thread already has a plan.";
+    /// First line of the text a compaction request summarizes: `Result of item [<id>] <description>:`
+    pub const TO_COMPACT: &str = "Result of item [";
+}
+
+/// How a finished item reads in a results section.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Completed(String),
+    Failed(String),
+    Cancelled(String),
+}
+
+/// One line of a results section: `- [<id>] <description>: <output>`, with `FAILED (<why>)` or
+/// `CANCELLED (<why>)` as the output of an item that did not complete. Line breaks inside an output
+/// continue on lines indented by two spaces, so every entry starts with `- [`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResultLine {
+    pub id: String,
+    pub description: String,
+    pub outcome: Outcome,
+}
+
+/// A results section (`header`, then one [`ResultLine`] each), empty when there are none.
+pub fn results_section(header: &str, lines: &[ResultLine]) -> String {
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut s = format!("{header}\n");
+    for l in lines {
+        let text = match &l.outcome {
+            Outcome::Completed(t) => t.clone(),
+            Outcome::Failed(t) => format!("FAILED ({t})"),
+            Outcome::Cancelled(t) => format!("CANCELLED ({t})"),
+        };
+        s.push_str(&format!(
+            "- [{}] {}: {}\n",
+            l.id,
+            l.description,
+            text.trim_end().replace('\n', "\n  ")
+        ));
+    }
+    s
+}
+
+/// What an item's first user message says.
+#[derive(Debug, Clone, Default)]
+pub struct Brief<'a> {
+    pub query: &'a str,
+    pub plan: Option<&'a str>,
+    /// Results the item may read (see `contextMode`).
+    pub earlier: Vec<ResultLine>,
+    /// The role's name and prompt fragment.
+    pub role: Option<(&'a str, &'a str)>,
+    pub item_id: &'a str,
+    pub description: &'a str,
+    pub expected_outcome: Option<&'a str>,
+    pub required_tools: &'a [String],
+}
+
+/// The first user message of an item's conversation.
+pub fn item_brief(b: &Brief<'_>) -> String {
+    use labels::*;
+    let mut s = format!("{QUERY}{}\n", b.query);
+    if let Some(p) = b.plan {
+        s.push_str(&format!("{PLAN}{p}\n"));
+    }
+    s.push_str(&results_section(EARLIER_RESULTS, &b.earlier));
+    if let Some((name, fragment)) = b.role {
+        s.push_str(&format!("\n{ROLE}{name}\n{fragment}\n"));
+    }
+    s.push_str(&format!("\n{ITEM}{}]: {}\n", b.item_id, b.description));
+    if let Some(e) = b.expected_outcome {
+        s.push_str(&format!("{EXPECTED}{e}\n"));
+    }
+    if !b.required_tools.is_empty() {
+        s.push_str(&format!(
+            "{REQUIRED_TOOLS}{}\n",
+            b.required_tools.join(", ")
+        ));
+    }
+    s
+}
+
+/// The user message of the synthesis request.
+pub fn synthesis_brief(query: &str, plan: Option<&str>, results: &[ResultLine]) -> String {
+    use labels::*;
+    let mut s = format!("{QUERY}{query}\n");
+    if let Some(p) = plan {
+        s.push_str(&format!("{PLAN}{p}\n"));
+    }
+    if results.is_empty() {
+        s.push_str(&format!("{ITEM_RESULTS}\n(none)\n"));
+    } else {
+        s.push_str(&results_section(ITEM_RESULTS, results));
+    }
     s
 }
 

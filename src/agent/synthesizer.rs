@@ -40,12 +40,11 @@ impl Engine {
     }
 
     pub(super) async fn synthesize(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
-        let mut brief = format!("User query: {}\n", ctx.run.query);
-        if let Some(p) = &ctx.state.plan {
-            brief.push_str(&format!("Plan: {p}\n"));
-        }
-        brief.push_str("Results of the plan's items:\n");
-        brief.push_str(&self.step_outputs_text(ctx));
+        let brief = prompts::synthesis_brief(
+            &ctx.run.query,
+            ctx.state.plan.as_deref(),
+            &self.result_lines(ctx),
+        );
         let req = ChatRequest {
             phase: Phase::Synthesize,
             model: ctx.model(),

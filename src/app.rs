@@ -145,6 +145,9 @@ impl App {
                 step_output_chars: config.step_output_chars,
                 strict_retries: config.strict_retries,
                 suspension_ttl_seconds: config.suspension_ttl_seconds,
+                max_parallel_items: config.max_parallel_items,
+                compaction_threshold_chars: config.compaction_threshold_chars,
+                max_team_depth: config.max_team_depth,
                 ..EngineSettings::default()
             },
         ));

@@ -181,6 +181,23 @@ pub struct Config {
     #[arg(long, env = "PES_MAX_ITERATIONS", default_value_t = 5)]
     pub max_iterations: u32,
 
+    /// Ready items of a run that execute at once unless the thread's `maxParallelItems` says
+    /// otherwise (1 = one at a time).
+    #[arg(long, env = "PES_MAX_PARALLEL_ITEMS", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub max_parallel_items: u32,
+
+    /// An item result longer than this many characters is compacted by the model before other
+    /// items read it, unless the thread's `compactionThresholdChars` says otherwise.
+    #[arg(long, env = "PES_COMPACTION_THRESHOLD_CHARS", default_value_t = 1500,
+          value_parser = clap::value_parser!(u32).range(100..=1_000_000))]
+    pub compaction_threshold_chars: u32,
+
+    /// How deep team items may nest unless the thread's `maxTeamDepth` says otherwise.
+    #[arg(long, env = "PES_MAX_TEAM_DEPTH", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(0..=5))]
+    pub max_team_depth: u32,
+
     /// Characters of an item's output passed to later items and to synthesis.
     #[arg(long, env = "PES_STEP_OUTPUT_CHARS", default_value_t = 2000)]
     pub step_output_chars: usize,

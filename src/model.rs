@@ -270,16 +270,22 @@ string_enum! {
         RunCompleted => "RUN_COMPLETED",
         RunFailed => "RUN_FAILED",
         RunCancelled => "RUN_CANCELLED",
+        /// Nothing in the run can proceed until a person decides: run-level, content
+        /// `{suspensionIds, usage}` (the pending suspensions it waits on).
+        RunSuspended => "RUN_SUSPENDED",
+        /// An item's long result compacted for the items that read it: `{itemId, summary,
+        /// inputChars, outputChars}`.
+        Compaction => "COMPACTION",
     }
 }
 
 impl ObservationType {
     /// Observations that end a run's stream: the run finished, failed, was cancelled or waits for
-    /// a person.
+    /// people (`RUN_SUSPENDED`; an item's `AGENT_SUSPENDED` does not stop the others).
     pub fn ends_run_stream(self) -> bool {
         matches!(
             self,
-            Self::RunCompleted | Self::RunFailed | Self::RunCancelled | Self::AgentSuspended
+            Self::RunCompleted | Self::RunFailed | Self::RunCancelled | Self::RunSuspended
         )
     }
 }
@@ -457,6 +463,52 @@ pub struct AgentConfig {
     /// TAEF mode for items with `requiredTools`; default `strict`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_validation_mode: Option<ToolValidationMode>,
+    /// Ready items that execute at once (1–32; 1 = one at a time); the server's default
+    /// (`PES_MAX_PARALLEL_ITEMS`, 4) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 32)]
+    pub max_parallel_items: Option<u32>,
+    /// What an item's prompt holds of the other items: `dependencies` (default: the compacted
+    /// output of each of its dependencies) or `all` (of every completed item).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_mode: Option<ContextMode>,
+    /// An item result longer than this (in characters) is compacted by the model before other
+    /// items read it (100–1,000,000); the server's default (1,500) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 100, maximum = 1_000_000)]
+    pub compaction_threshold_chars: Option<u32>,
+    /// How deep team items may nest (0–5; a top-level team is depth 1, 0 forbids teams); the
+    /// server's default (2) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 5)]
+    pub max_team_depth: Option<u32>,
+    /// Roles the planner may give items, by role id (1–64 characters of `A-Za-z0-9_.-`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles: Option<std::collections::BTreeMap<String, AgentRole>>,
+}
+
+string_enum! {
+    /// What an item's prompt holds of the other items' results.
+    #[derive(Default)]
+    ContextMode {
+        /// The compacted output of each of the item's dependencies.
+        #[default]
+        Dependencies => "dependencies",
+        /// The compacted output of every completed item.
+        All => "all",
+    }
+}
+
+/// A role the planner may assign to items: its fragment goes before the item's goal, and its
+/// `tools` (when given) narrow what the item may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentRole {
+    pub name: String,
+    pub system_prompt_fragment: String,
+    /// Tools items of this role may call; absent = every enabled tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
 }
 
 /// The longest suspension expiry a client or the operator may ask for: one year. Bounded so a
@@ -483,6 +535,13 @@ impl AgentConfig {
                 .or_else(|| self.require_approval.clone()),
             suspension_ttl_seconds: over.suspension_ttl_seconds.or(self.suspension_ttl_seconds),
             tool_validation_mode: over.tool_validation_mode.or(self.tool_validation_mode),
+            max_parallel_items: over.max_parallel_items.or(self.max_parallel_items),
+            context_mode: over.context_mode.or(self.context_mode),
+            compaction_threshold_chars: over
+                .compaction_threshold_chars
+                .or(self.compaction_threshold_chars),
+            max_team_depth: over.max_team_depth.or(self.max_team_depth),
+            roles: over.roles.clone().or_else(|| self.roles.clone()),
         }
     }
 
@@ -507,6 +566,31 @@ impl AgentConfig {
             return Err(format!(
                 "config.suspensionTtlSeconds must be between 0 and {MAX_SUSPENSION_TTL_SECONDS} (one year)"
             ));
+        }
+        if let Some(n) = self.max_parallel_items
+            && !(1..=32).contains(&n)
+        {
+            return Err("config.maxParallelItems must be between 1 and 32".into());
+        }
+        if let Some(n) = self.compaction_threshold_chars
+            && !(100..=1_000_000).contains(&n)
+        {
+            return Err("config.compactionThresholdChars must be between 100 and 1000000".into());
+        }
+        if let Some(n) = self.max_team_depth
+            && n > 5
+        {
+            return Err("config.maxTeamDepth must be between 0 and 5".into());
+        }
+        for (id, role) in self.roles.iter().flatten() {
+            if ItemId::parse(id).is_err() {
+                return Err(format!(
+                    "config.roles: role id `{id}` must be 1-64 characters of A-Za-z0-9_.-"
+                ));
+            }
+            if role.name.trim().is_empty() {
+                return Err(format!("config.roles.{id}.name must not be empty"));
+            }
         }
         Ok(())
     }
@@ -626,6 +710,33 @@ pub struct TodoItem {
     pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub completed_at: Option<DateTime<Utc>>,
+    /// `leaf` (executed with a ReAct loop) or `team` (planned into children when ready).
+    #[serde(default)]
+    pub kind: ItemKind,
+    /// The team item this item belongs to; `None` at the top level.
+    #[serde(default)]
+    pub parent_item_id: Option<ItemId>,
+    /// The role (a key of the thread's `roles`) the planner gave the item.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// Tools the item may call; `None` = every enabled tool.
+    #[serde(default)]
+    pub tool_allowlist: Option<Vec<String>>,
+    /// What other items read of the result: the result itself when short, else its compaction.
+    #[serde(default)]
+    pub compacted_output: Option<String>,
+}
+
+string_enum! {
+    /// What kind of work an item is.
+    #[derive(Default)]
+    ItemKind {
+        /// Executed with its own ReAct loop.
+        #[default]
+        Leaf => "leaf",
+        /// A sub-goal with its own nested plan, planned when it becomes ready.
+        Team => "team",
+    }
 }
 
 /// One todo item of a plan, as the state and the observations show it. `createdTimestamp` and
@@ -667,6 +778,16 @@ struct TodoItemWire<'a> {
     updated_timestamp: i64,
     started_at: Option<DateTime<Utc>>,
     completed_at: Option<DateTime<Utc>>,
+    kind: ItemKind,
+    /// The team item this item belongs to; null at the top level.
+    parent_item_id: Option<&'a ItemId>,
+    /// The role the planner gave the item.
+    role: Option<&'a str>,
+    /// Tools the item may call; absent = every enabled tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_allowlist: Option<&'a [String]>,
+    /// What other items read of the result: the result itself when short, else its compaction.
+    compacted_output: Option<&'a str>,
 }
 
 impl<'a> From<&'a TodoItem> for TodoItemWire<'a> {
@@ -696,6 +817,11 @@ impl<'a> From<&'a TodoItem> for TodoItemWire<'a> {
             updated_timestamp: it.updated_at.timestamp_millis(),
             started_at: it.started_at,
             completed_at: it.completed_at,
+            kind: it.kind,
+            parent_item_id: it.parent_item_id.as_ref(),
+            role: it.role.as_deref(),
+            tool_allowlist: it.tool_allowlist.as_deref(),
+            compacted_output: it.compacted_output.as_deref(),
         }
     }
 }

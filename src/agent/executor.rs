@@ -12,9 +12,22 @@ use crate::model::{
 };
 use crate::store::{Op, RunUpdate};
 
-use super::journal::{Ctx, Halt, llm_halt};
+use super::journal::{Ctx, Halt};
 use super::prompts::{self, truncate};
-use super::{Engine, RunEnd};
+use super::Engine;
+use super::tool_calls::CallStep;
+
+/// What an item needs next (see [`Engine::item_step`]).
+pub(super) enum Next {
+    /// A model call with this request.
+    Ask(ChatRequest),
+    /// The structured request that compacts the item's result.
+    Compact(ChatRequest),
+    /// Run this tool call with these arguments (the model's, or a person's edit).
+    Invoke(ToolCallRecord, serde_json::Value),
+    /// Nothing to start now: the item finished, failed or waits for a person.
+    Idle,
+}
 
 impl Engine {
     fn item_tools(&self, ctx: &Ctx<'_>, item: &TodoItem) -> Vec<ToolSpec> {
@@ -31,73 +44,75 @@ impl Engine {
         specs
     }
 
-    /// Execute one item with its ReAct loop. `Some(end)` when the run must stop here (suspended).
-    pub(super) async fn execute_item(
-        &self,
-        ctx: &mut Ctx<'_>,
-        idx: usize,
-    ) -> Result<Option<RunEnd>, Halt> {
+    /// A pending item starts (staged): in progress, an attempt more, the current step.
+    pub(super) fn start_item(&self, ctx: &mut Ctx<'_>, idx: usize) {
+        let now = Utc::now();
+        let it = &mut ctx.items[idx];
+        it.status = ItemStatus::InProgress;
+        it.started_at = Some(now);
+        it.updated_at = now;
+        it.attempts += 1;
+        it.run_id = Some(ctx.run.run_id);
+        ctx.state.current_step_id = Some(it.id.to_string());
+        let mut b = ctx.batch();
+        b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+        b.op(Op::SetAgentState(ctx.state.clone()));
+        b.observe(ctx.status_change(&ctx.items[idx], ItemStatus::Pending));
+        ctx.stage(b);
+    }
+
+    /// What the item needs next, read from its journal: the tool calls of its last turn that
+    /// have no result yet come first (a call refused or answered by a person is journaled here,
+    /// without I/O), then the next model call, or the compaction of its result. An item out of
+    /// model calls fails here.
+    pub(super) fn item_step(&self, ctx: &mut Ctx<'_>, item_id: &str) -> Result<Next, Halt> {
         let max_iterations = ctx
             .cfg
             .max_iterations
             .unwrap_or(self.settings.max_iterations)
             .max(1) as usize;
-        if ctx.items[idx].status == ItemStatus::Pending {
-            let now = Utc::now();
-            let it = &mut ctx.items[idx];
-            it.status = ItemStatus::InProgress;
-            it.started_at = Some(now);
-            it.updated_at = now;
-            it.attempts += 1;
-            it.run_id = Some(ctx.run.run_id);
-            ctx.state.current_step_id = Some(it.id.to_string());
-            let mut b = ctx.batch();
-            b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
-            b.op(Op::SetAgentState(ctx.state.clone()));
-            b.observe(ctx.status_change(&ctx.items[idx], ItemStatus::Pending));
-            ctx.stage(b);
-        }
-        let item_id = ctx.items[idx].id.to_string();
-
         loop {
-            ctx.check_signals()?;
-            let idx = ctx
-                .item_idx(&item_id)
-                .expect("the running item is never removed");
-            // Tool calls of the last model turn that have no journaled result yet (the process
-            // stopped while they ran): run them before asking the model again.
-            let unanswered = unanswered_calls(&ctx.items[idx]);
-            if !unanswered.is_empty() {
-                for call in unanswered {
-                    if let Some(end) = self.run_tool_call(ctx, &item_id, call).await? {
-                        return Ok(Some(end));
+            let Some(idx) = ctx.item_idx(item_id) else {
+                return Ok(Next::Idle);
+            };
+            let status = ctx.items[idx].status;
+            if status == ItemStatus::Completed && ctx.items[idx].compacted_output.is_none() {
+                return Ok(self.compaction_step(ctx, idx));
+            }
+            if !matches!(status, ItemStatus::InProgress | ItemStatus::Waiting) {
+                return Ok(Next::Idle);
+            }
+            if let Some(call) = unanswered_calls(&ctx.items[idx]).into_iter().next() {
+                match self.call_step(ctx, item_id, &call) {
+                    CallStep::Invoke(args) => return Ok(Next::Invoke(call, args)),
+                    CallStep::Answered(result, obs, ops) => {
+                        self.journal_result(ctx, item_id, &call, result, obs, ops);
+                        continue;
                     }
+                    CallStep::Wait => return Ok(Next::Idle),
                 }
-                continue;
             }
             let item = ctx.items[idx].clone();
             if iterations_since_last_prompt(&item) >= max_iterations {
-                return self
-                    .fail_item(
-                        ctx,
-                        &item_id,
-                        ErrorInfo {
-                            code: "max_iterations_exceeded".into(),
-                            message: format!(
-                                "the item used its {max_iterations} model calls without an answer"
-                            ),
-                        },
-                        None,
-                    )
-                    .await
-                    .map(|_| None);
+                self.fail_item(
+                    ctx,
+                    item_id,
+                    ErrorInfo {
+                        code: "max_iterations_exceeded".into(),
+                        message: format!(
+                            "the item used its {max_iterations} model calls without an answer"
+                        ),
+                    },
+                    None,
+                );
+                return Ok(Next::Idle);
             }
             let mut messages = vec![
                 ChatMessage::system(prompts::execution_system(&ctx.cfg, true)),
                 ChatMessage::user(self.item_brief(ctx, &item)),
             ];
             messages.extend(item.conversation.iter().map(to_chat));
-            let req = ChatRequest {
+            return Ok(Next::Ask(ChatRequest {
                 phase: Phase::Execute,
                 model: ctx.model(),
                 messages,
@@ -110,30 +125,25 @@ impl Engine {
                     step_outputs: self.step_output_pairs(ctx),
                     ..Default::default()
                 },
-            };
-            ctx.flush().await?;
-            let resp: ChatResponse = ctx
-                .guard(ctx.llm.complete(req))
-                .await?
-                .map_err(|e| llm_halt(e, Some(&item_id)))?;
-            ctx.usage.add(&resp.usage);
-            let it = &mut ctx.items[idx];
-            it.usage.add(&resp.usage);
-            it.updated_at = Utc::now();
-            let text = resp.content.clone().filter(|t| !t.trim().is_empty());
-            let iteration = iterations_since_last_prompt(it) + 1;
+            }));
+        }
+    }
 
-            if !resp.tool_calls.is_empty() {
-                self.record_tool_turn(ctx, idx, &item_id, text, &resp.tool_calls, iteration);
-                continue;
-            }
-            let answer = text.unwrap_or_default();
-            if self
-                .take_answer(ctx, idx, &item_id, answer, iteration)
-                .await?
-            {
-                return Ok(None);
-            }
+    /// The model's turn for an item: tool calls to run next, or its answer (staged).
+    pub(super) fn take_reply(&self, ctx: &mut Ctx<'_>, item_id: &str, resp: ChatResponse) {
+        let Some(idx) = ctx.item_idx(item_id) else {
+            return;
+        };
+        ctx.usage.add(&resp.usage);
+        let it = &mut ctx.items[idx];
+        it.usage.add(&resp.usage);
+        it.updated_at = Utc::now();
+        let text = resp.content.clone().filter(|t| !t.trim().is_empty());
+        let iteration = iterations_since_last_prompt(it) + 1;
+        if resp.tool_calls.is_empty() {
+            self.take_answer(ctx, idx, item_id, text.unwrap_or_default(), iteration);
+        } else {
+            self.record_tool_turn(ctx, idx, item_id, text, &resp.tool_calls, iteration);
         }
     }
 
@@ -197,16 +207,16 @@ impl Engine {
         ctx.stage(b);
     }
 
-    /// The model answered: the item's result, unless TAEF strict sends it back (`Ok(false)`: ask
-    /// the model again) or fails the item. `Ok(true)` when the item is finished.
-    async fn take_answer(
+    /// The model answered: the item's result, unless TAEF strict sends it back (the model is
+    /// asked again) or fails the item.
+    fn take_answer(
         &self,
         ctx: &mut Ctx<'_>,
         idx: usize,
         item_id: &str,
         answer: String,
         iteration: usize,
-    ) -> Result<bool, Halt> {
+    ) {
         let item_id = item_id.to_owned();
         let it = &mut ctx.items[idx];
         let missing: Vec<String> = it
@@ -252,7 +262,7 @@ impl Engine {
                 ..Default::default()
             }));
             ctx.stage(b);
-            return Ok(false);
+            return;
         }
         if !missing.is_empty() && it.tool_validation_mode == ToolValidationMode::Strict {
             it.validation_status = ValidationStatus::Failed;
@@ -264,10 +274,8 @@ impl Engine {
                     self.settings.strict_retries
                 ),
             };
-            return self
-                .fail_item(ctx, &item_id, err, Some(answer))
-                .await
-                .map(|_| true);
+            self.fail_item(ctx, &item_id, err, Some(answer));
+            return;
         }
         it.validation_status = if it.required_tools.is_empty() {
             ValidationStatus::Skipped
@@ -286,9 +294,11 @@ impl Engine {
             tool_calls: vec![],
             tool_call_id: None,
         });
-        ctx.state.current_step_id = None;
+        self.settle_compaction(ctx, idx);
+        self.item_left(ctx, &item_id);
         let mut b = ctx.batch();
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
+        b.op(Op::SetAgentState(ctx.state.clone()));
         b.observe(ctx.obs(
             Some(&item_id),
             ObservationType::Thoughts,
@@ -302,7 +312,6 @@ impl Engine {
             ..Default::default()
         }));
         ctx.stage(b);
-        Ok(true)
     }
 }
 

@@ -5,47 +5,53 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use crate::model::{
-    Decision, ItemStatus, MessageRole, ObservationType, ResumeDecision, RunStatus, Suspension,
+    Decision, ItemStatus, MessageRole, ObservationType, ResumeDecision, Suspension,
     SuspensionKind, SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
 };
 use crate::store::{Op, RunUpdate};
 
-use super::journal::{Ctx, Halt};
-use super::{Engine, RunEnd};
+use super::Engine;
+use super::journal::Ctx;
+use super::tool_calls::CallStep;
 
 impl Engine {
-    /// The result a person's decision gives a suspended call.
-    pub(super) async fn apply_decision(
-        &self,
-        ctx: &mut Ctx<'_>,
-        call: &ToolCallRecord,
-        s: &Suspension,
-    ) -> Result<ToolResultRecord, Halt> {
+    /// What a person's decision (or an expiry, or a cancellation) makes of a suspended call:
+    /// approve and edit run it (with the edited arguments), respond answers in its place, and
+    /// anything else rejects it.
+    pub(super) fn decision_step(&self, call: &ToolCallRecord, s: &Suspension) -> CallStep {
         // Only a person's decision counts; an expiry or a cancellation rejects the call.
         let decision = match s.status {
             SuspensionStatus::Resolved => s.decision.as_ref(),
             _ => None,
         };
-        let rejected = |reason: String| ToolResultRecord {
-            tool_call_id: call.id.clone(),
-            name: call.name.clone(),
-            status: ToolResultStatus::Rejected,
-            output: json!({"rejected": true, "reason": reason,
-                           "message": format!("A person rejected this call of `{}`: {reason}", call.name)}),
-            error: None,
+        let rejected = |reason: String| {
+            CallStep::Answered(
+                ToolResultRecord {
+                    tool_call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    status: ToolResultStatus::Rejected,
+                    output: json!({"rejected": true, "reason": reason,
+                                   "message": format!("A person rejected this call of `{}`: {reason}", call.name)}),
+                    error: None,
+                },
+                vec![],
+                vec![],
+            )
         };
-        Ok(match decision {
-            Some(ResumeDecision::Approve { .. }) => {
-                self.invoke(ctx, call, call.arguments.clone()).await?
-            }
-            Some(ResumeDecision::Edit { args, .. }) => self.invoke(ctx, call, args.clone()).await?,
-            Some(ResumeDecision::Respond { response, .. }) => ToolResultRecord {
-                tool_call_id: call.id.clone(),
-                name: call.name.clone(),
-                status: ToolResultStatus::Responded,
-                output: response.clone(),
-                error: None,
-            },
+        match decision {
+            Some(ResumeDecision::Approve { .. }) => CallStep::Invoke(call.arguments.clone()),
+            Some(ResumeDecision::Edit { args, .. }) => CallStep::Invoke(args.clone()),
+            Some(ResumeDecision::Respond { response, .. }) => CallStep::Answered(
+                ToolResultRecord {
+                    tool_call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    status: ToolResultStatus::Responded,
+                    output: response.clone(),
+                    error: None,
+                },
+                vec![],
+                vec![],
+            ),
             Some(ResumeDecision::Reject { reason }) => {
                 rejected(reason.clone().unwrap_or_else(|| "no reason given".into()))
             }
@@ -54,17 +60,18 @@ impl Engine {
                 SuspensionStatus::Cancelled => "cancelled: the run that asked was cancelled".into(),
                 _ => "no decision".into(),
             }),
-        })
+        }
     }
 
-    /// Pause the run on `call` until a person decides.
-    pub(super) async fn suspend(
+    /// Stage a suspension: the item waits on `call` until a person decides. The other items go
+    /// on; the run is suspended only once nothing else can proceed (see the scheduler).
+    pub(super) fn suspend(
         &self,
         ctx: &mut Ctx<'_>,
         item_id: &str,
         call: &ToolCallRecord,
         kind: SuspensionKind,
-    ) -> Result<RunEnd, Halt> {
+    ) {
         let idx = ctx.item_idx(item_id).expect("item");
         let now = Utc::now();
         let ttl = ctx
@@ -144,7 +151,6 @@ impl Engine {
         b.op(Op::InsertSuspension(Box::new(suspension.clone())));
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
         b.op(Op::UpdateRun(RunUpdate {
-            status: Some(RunStatus::Suspended),
             usage: Some(ctx.usage),
             ..Default::default()
         }));
@@ -166,8 +172,7 @@ impl Engine {
                 "expiresAt": suspension.expires_at,
             }),
         ));
-        ctx.commit(b).await?;
+        ctx.stage(b);
         ctx.suspensions.push(suspension);
-        Ok(RunEnd::Suspended)
     }
 }

@@ -20,6 +20,7 @@
 //! - `endings.rs`: committing a run that failed or was cancelled.
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts and schemas).
 
+mod compaction;
 mod context;
 mod endings;
 mod executor;
@@ -64,6 +65,13 @@ pub struct EngineSettings {
     pub history_messages: usize,
     /// Suspension expiry when the thread sets none (0 = never).
     pub suspension_ttl_seconds: u64,
+    /// Ready items that execute at once when the thread sets no `maxParallelItems`.
+    pub max_parallel_items: u32,
+    /// Results longer than this are compacted, when the thread sets no
+    /// `compactionThresholdChars`.
+    pub compaction_threshold_chars: u32,
+    /// Team nesting limit when the thread sets no `maxTeamDepth`.
+    pub max_team_depth: u32,
 }
 
 impl Default for EngineSettings {
@@ -76,6 +84,9 @@ impl Default for EngineSettings {
             strict_retries: 2,
             history_messages: 20,
             suspension_ttl_seconds: 0,
+            max_parallel_items: 4,
+            compaction_threshold_chars: 1500,
+            max_team_depth: 2,
         }
     }
 }
@@ -233,16 +244,9 @@ impl Engine {
             self.plan(ctx).await?;
         }
         if ctx.run.phase == RunPhase::Executing {
-            loop {
-                ctx.check_signals()?;
-                match self.next_item(ctx) {
-                    Some(idx) => {
-                        if let Some(end) = self.execute_item(ctx, idx).await? {
-                            return Ok(end);
-                        }
-                    }
-                    None => break,
-                }
+            ctx.check_signals()?;
+            if let Some(end) = self.execute_plan(ctx).await? {
+                return Ok(end);
             }
             self.begin_synthesis(ctx).await?;
         }

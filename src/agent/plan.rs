@@ -303,6 +303,11 @@ pub fn new_item(v: &ValidItem, mode: ToolValidationMode) -> TodoItem {
         updated_at: now,
         started_at: None,
         completed_at: None,
+        kind: crate::model::ItemKind::Leaf,
+        parent_item_id: None,
+        role: None,
+        tool_allowlist: None,
+        compacted_output: None,
     }
 }
 

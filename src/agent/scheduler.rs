@@ -1,45 +1,275 @@
-//! Scheduling: which item runs next (one resumed in progress first, else the first pending item
-//! whose dependencies completed), failing an item, and cancelling the items that can no longer run
-//! because a dependency did not complete.
+//! Scheduling: the plan executes as a graph. Every item whose dependencies completed is *ready*;
+//! up to `maxParallelItems` items are in flight at once, each with its own ReAct loop and journal.
+//! A failed item cancels its dependents (transitively, with the reason) while independent
+//! branches go on; an item waiting for a person stops nobody else.
+//!
+//! The loop owns the run's state alone: each in-flight item asks for its next step (a model call,
+//! a tool call, a compaction), the loop starts that step's I/O, and when the I/O returns, the loop
+//! journals what it brought. Only I/O runs concurrently, so every change to the state happens in
+//! one place, in one order, and commits exactly as in a one-item run: before every model call and
+//! every tool with side effects, and right after every tool result.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::time::Duration;
 
 use chrono::Utc;
-use serde_json::json;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use serde_json::{Value, json};
 
-use crate::model::{ErrorInfo, ItemStatus, ObservationType};
-use crate::store::{Batch, Op, RunUpdate};
+use crate::llm::{ChatResponse, LlmError};
+use crate::model::{ErrorInfo, ItemStatus, ObservationType, RunStatus, SuspensionStatus};
+use crate::store::{Op, RunUpdate};
 
-use super::Engine;
-use super::journal::{Ctx, Halt};
+use super::executor::Next;
+use super::journal::{Ctx, Halt, llm_halt};
+use super::tool_calls::invoke_tool;
+use super::{Engine, FLUSH_SLOW_TOOL_AFTER, RunEnd};
+
+/// What a finished piece of I/O brought back for an item.
+pub(super) enum Io {
+    /// A ReAct turn of the model.
+    Reply(Result<ChatResponse, LlmError>),
+    /// A structured reply (a compaction), with the request's purpose.
+    Structured(Result<(Value, ChatResponse), LlmError>),
+    /// A tool call's journaled outcome.
+    Tool(crate::model::ToolCallRecord, crate::model::ToolResultRecord),
+}
+
+type InFlight<'f> = Pin<Box<dyn Future<Output = (String, Io)> + Send + 'f>>;
 
 impl Engine {
-    /// The item to work on: one already in progress (resumed), else the first pending item whose
-    /// dependencies all completed.
-    pub(super) fn next_item(&self, ctx: &Ctx<'_>) -> Option<usize> {
-        if let Some(i) = ctx
-            .items
-            .iter()
-            .position(|i| matches!(i.status, ItemStatus::InProgress | ItemStatus::Waiting))
-        {
-            return Some(i);
+    /// Ready items that execute at once for this run.
+    fn parallel_limit(&self, ctx: &Ctx<'_>) -> usize {
+        ctx.cfg
+            .max_parallel_items
+            .unwrap_or(self.settings.max_parallel_items)
+            .max(1) as usize
+    }
+
+    /// Execute the plan until no item can make progress. `Some(Suspended)` when what is left
+    /// waits for people; `None` when every item reached an end (synthesis comes next).
+    pub(super) async fn execute_plan(&self, ctx: &mut Ctx<'_>) -> Result<Option<RunEnd>, Halt> {
+        let signals = ctx.signals;
+        let limit = self.parallel_limit(ctx);
+        let mut inflight: FuturesUnordered<InFlight<'_>> = FuturesUnordered::new();
+        // Items whose I/O is in flight.
+        let mut busy: HashSet<String> = HashSet::new();
+        // When staged changes must be committed even though no commit point came (a pure tool
+        // that runs long: a person watching sees its call while it runs).
+        let mut flush_at: Option<tokio::time::Instant> = None;
+        loop {
+            if signals.cancel.is_cancelled() {
+                return Err(Halt::Cancel);
+            }
+            let draining = signals.drain.is_cancelled() || signals.shutdown.is_cancelled();
+            if !draining {
+                let started = self.launch(ctx, &mut busy, limit)?;
+                let needs_commit = started.iter().any(|(_, s)| s.needs_commit(self));
+                let idle_wait = started.is_empty() && !inflight.is_empty();
+                if needs_commit || (idle_wait && !ctx.pending.is_empty()) {
+                    ctx.flush().await?;
+                    flush_at = None;
+                } else if !ctx.pending.is_empty() && flush_at.is_none() {
+                    flush_at = Some(tokio::time::Instant::now() + FLUSH_SLOW_TOOL_AFTER);
+                }
+                for (item, step) in started {
+                    inflight.push(self.start_io(ctx, item, step));
+                }
+            }
+            if inflight.is_empty() {
+                if draining {
+                    // The steps in flight are done and journaled: the next owner resumes here.
+                    ctx.flush().await?;
+                    return Err(Halt::Shutdown);
+                }
+                break;
+            }
+            let flush_deadline = flush_at.unwrap_or_else(|| {
+                tokio::time::Instant::now() + Duration::from_secs(24 * 3600)
+            });
+            tokio::select! {
+                biased;
+                _ = signals.shutdown.cancelled() => return Err(Halt::Shutdown),
+                _ = signals.cancel.cancelled() => return Err(Halt::Cancel),
+                done = inflight.next() => {
+                    let (item, io) = done.expect("the set is not empty");
+                    busy.remove(&item);
+                    let was_tool = matches!(io, Io::Tool(..));
+                    self.absorb(ctx, &item, io)?;
+                    if was_tool {
+                        // A tool's result is journaled before anything else happens.
+                        ctx.flush().await?;
+                        flush_at = None;
+                    }
+                }
+                _ = tokio::time::sleep_until(flush_deadline), if flush_at.is_some() => {
+                    ctx.flush().await?;
+                    flush_at = None;
+                }
+                // Stop starting new steps; the loop above notices.
+                _ = signals.drain.cancelled(), if !draining => {}
+            }
         }
+        let waiting: Vec<uuid::Uuid> = ctx
+            .suspensions
+            .iter()
+            .filter(|s| s.status == SuspensionStatus::Pending && s.run_id == ctx.run.run_id)
+            .filter(|s| {
+                ctx.item_idx(s.item_id.as_str())
+                    .is_some_and(|i| ctx.items[i].status == ItemStatus::Waiting)
+            })
+            .map(|s| s.suspension_id)
+            .collect();
+        if waiting.is_empty() {
+            return Ok(None);
+        }
+        // Nothing can proceed until a person decides. Should one of these suspensions have been
+        // decided while this run was busy, the store queues the run again instead.
+        let mut b = ctx.batch();
+        ctx.state.current_step_id = None;
+        b.op(Op::SetAgentState(ctx.state.clone()));
+        b.observe(ctx.obs(
+            None,
+            ObservationType::RunSuspended,
+            format!("Waiting for {} decision(s)", waiting.len()),
+            json!({"suspensionIds": waiting, "usage": ctx.usage}),
+        ));
+        b.op(Op::UpdateRun(RunUpdate {
+            status: Some(RunStatus::Suspended),
+            usage: Some(ctx.usage),
+            unless_decided: waiting,
+            ..Default::default()
+        }));
+        ctx.commit(b).await?;
+        Ok(Some(RunEnd::Suspended))
+    }
+
+    /// Bring every in-flight item to its next step and start ready items while there is room.
+    /// Returns the steps whose I/O must start, by item.
+    fn launch(
+        &self,
+        ctx: &mut Ctx<'_>,
+        busy: &mut HashSet<String>,
+        limit: usize,
+    ) -> Result<Vec<(String, Next)>, Halt> {
+        let mut started = Vec::new();
+        // Items that have nothing to start now (finished, failed, waiting for a person).
+        let mut idle: HashSet<String> = HashSet::new();
+        loop {
+            let mut progressed = false;
+            let active: Vec<String> = ctx
+                .items
+                .iter()
+                .filter(|i| self.needs_attention(i))
+                .map(|i| i.id.to_string())
+                .filter(|id| !busy.contains(id) && !idle.contains(id))
+                .collect();
+            for id in active {
+                match self.item_step(ctx, &id)? {
+                    Next::Idle => {
+                        idle.insert(id);
+                    }
+                    step => {
+                        busy.insert(id.clone());
+                        started.push((id, step));
+                    }
+                }
+                progressed = true;
+            }
+            let running = ctx
+                .items
+                .iter()
+                .filter(|i| i.status == ItemStatus::InProgress)
+                .count();
+            if running < limit
+                && let Some(idx) = self.ready_item(ctx)
+            {
+                self.start_item(ctx, idx);
+                progressed = true;
+            }
+            if !progressed {
+                return Ok(started);
+            }
+        }
+    }
+
+    /// Items the loop must look at: in progress (or waiting: its decision may have come), or
+    /// completed with a result other items cannot read yet (not compacted).
+    fn needs_attention(&self, it: &crate::model::TodoItem) -> bool {
+        matches!(it.status, ItemStatus::InProgress | ItemStatus::Waiting)
+            || (it.status == ItemStatus::Completed && it.compacted_output.is_none())
+    }
+
+    /// The first pending item (in plan order) whose dependencies all completed and can be read.
+    pub(super) fn ready_item(&self, ctx: &Ctx<'_>) -> Option<usize> {
         ctx.items.iter().position(|it| {
             it.status == ItemStatus::Pending
                 && it.dependencies.iter().all(|d| {
-                    ctx.items
-                        .iter()
-                        .any(|o| &o.id == d && o.status == ItemStatus::Completed)
+                    ctx.items.iter().any(|o| {
+                        &o.id == d
+                            && o.status == ItemStatus::Completed
+                            && o.compacted_output.is_some()
+                    })
                 })
         })
     }
 
-    /// Mark an item failed (and cancel what can no longer run) in one commit.
-    pub(super) async fn fail_item(
+    /// Start the I/O of one step.
+    fn start_io<'f>(&'f self, ctx: &Ctx<'_>, item: String, step: Next) -> InFlight<'f> {
+        let llm = ctx.llm.clone();
+        match step {
+            Next::Ask(req) => Box::pin(async move {
+                let r = llm.complete(req).await;
+                (item, Io::Reply(r))
+            }),
+            Next::Compact(req) => Box::pin(async move {
+                let r = crate::llm::structured::complete_structured(llm.as_ref(), req).await;
+                (item, Io::Structured(r))
+            }),
+            Next::Invoke(call, args) => {
+                let tctx = crate::tools::ToolContext {
+                    tenant: ctx.tenant.clone(),
+                    thread_id: ctx.thread_id.to_string(),
+                    idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
+                };
+                Box::pin(async move {
+                    let result = invoke_tool(&self.tools, &call, args, &tctx).await;
+                    (item, Io::Tool(call, result))
+                })
+            }
+            Next::Idle => unreachable!("idle steps start no I/O"),
+        }
+    }
+
+    /// Journal (stage) what a step's I/O brought back.
+    fn absorb(&self, ctx: &mut Ctx<'_>, item: &str, io: Io) -> Result<(), Halt> {
+        match io {
+            Io::Reply(Err(e)) | Io::Structured(Err(e)) => Err(llm_halt(e, Some(item))),
+            Io::Reply(Ok(resp)) => {
+                self.take_reply(ctx, item, resp);
+                Ok(())
+            }
+            Io::Structured(Ok((value, resp))) => {
+                self.take_compaction(ctx, item, &value, &resp);
+                Ok(())
+            }
+            Io::Tool(call, result) => {
+                self.journal_result(ctx, item, &call, result, vec![], vec![]);
+                Ok(())
+            }
+        }
+    }
+
+    /// Mark an item failed and cancel every item that depends on it, directly or not (staged).
+    pub(super) fn fail_item(
         &self,
         ctx: &mut Ctx<'_>,
         item_id: &str,
         err: ErrorInfo,
         answer: Option<String>,
-    ) -> Result<(), Halt> {
+    ) {
         let idx = ctx.item_idx(item_id).expect("item exists");
         let it = &mut ctx.items[idx];
         let previous = it.status;
@@ -50,7 +280,7 @@ impl Engine {
         }
         it.completed_at = Some(Utc::now());
         it.updated_at = Utc::now();
-        ctx.state.current_step_id = None;
+        self.item_left(ctx, item_id);
         let mut b = ctx.batch();
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
         b.observe(ctx.obs(
@@ -65,35 +295,96 @@ impl Engine {
             ..Default::default()
         }));
         ctx.stage(b);
-        Ok(())
+        self.cancel_dependents(ctx, item_id);
     }
 
-    /// Once no item can run: every item still pending has a dependency that did not complete, so
-    /// it is cancelled with that reason (staged in `b`, committed with the synthesis step).
-    pub(super) fn cancel_unreachable(&self, ctx: &mut Ctx<'_>, b: &mut Batch) {
-        loop {
-            let blocked: Vec<usize> = ctx
-                .items
-                .iter()
-                .enumerate()
-                .filter(|(_, it)| it.status == ItemStatus::Pending)
-                .map(|(i, _)| i)
-                .collect();
-            if blocked.is_empty() {
-                break;
-            }
-            for i in blocked {
+    /// Cancel the pending items that depend on `failed`, directly or through other items.
+    fn cancel_dependents(&self, ctx: &mut Ctx<'_>, failed: &str) {
+        let mut doomed: Vec<String> = vec![failed.to_owned()];
+        let mut b = ctx.batch();
+        while let Some(gone) = doomed.pop() {
+            for i in 0..ctx.items.len() {
+                let it = &ctx.items[i];
+                if it.status != ItemStatus::Pending
+                    || !it.dependencies.iter().any(|d| d.as_str() == gone)
+                {
+                    continue;
+                }
                 let now = Utc::now();
                 let it = &mut ctx.items[i];
                 it.status = ItemStatus::Cancelled;
                 it.error = Some(ErrorInfo {
                     code: "dependency_failed".into(),
-                    message: "a dependency did not complete".into(),
+                    message: if gone == failed {
+                        format!("cancelled: its dependency `{failed}` failed")
+                    } else {
+                        format!(
+                            "cancelled: its dependency `{gone}` was cancelled because `{failed}` failed"
+                        )
+                    },
                 });
                 it.updated_at = now;
+                it.completed_at = Some(now);
+                doomed.push(it.id.to_string());
                 b.op(Op::UpsertItem(Box::new(ctx.items[i].clone())));
                 b.observe(ctx.status_change(&ctx.items[i], ItemStatus::Pending));
             }
+        }
+        ctx.stage(b);
+    }
+
+    /// An item stopped being in progress: `currentStepId` moves to the most recently started
+    /// item still in progress.
+    pub(super) fn item_left(&self, ctx: &mut Ctx<'_>, _item_id: &str) {
+        ctx.state.current_step_id = ctx
+            .items
+            .iter()
+            .filter(|i| i.status == ItemStatus::InProgress)
+            .max_by_key(|i| i.started_at)
+            .map(|i| i.id.to_string());
+    }
+
+    /// Once no item can run: every item still pending has a dependency that did not complete, so
+    /// it is cancelled with that reason (staged in `b`, committed with the synthesis step).
+    pub(super) fn cancel_unreachable(&self, ctx: &mut Ctx<'_>, b: &mut crate::store::Batch) {
+        for i in 0..ctx.items.len() {
+            if ctx.items[i].status != ItemStatus::Pending {
+                continue;
+            }
+            let blocker = ctx.items[i]
+                .dependencies
+                .iter()
+                .find(|d| {
+                    !ctx.items
+                        .iter()
+                        .any(|o| &o.id == *d && o.status == ItemStatus::Completed)
+                })
+                .map(|d| d.to_string())
+                .unwrap_or_default();
+            let now = Utc::now();
+            let it = &mut ctx.items[i];
+            it.status = ItemStatus::Cancelled;
+            it.error = Some(ErrorInfo {
+                code: "dependency_failed".into(),
+                message: format!("cancelled: its dependency `{blocker}` did not complete"),
+            });
+            it.updated_at = now;
+            it.completed_at = Some(now);
+            b.op(Op::UpsertItem(Box::new(ctx.items[i].clone())));
+            b.observe(ctx.status_change(&ctx.items[i], ItemStatus::Pending));
+        }
+    }
+}
+
+impl Next {
+    /// Whether everything staged must be committed before this step's I/O starts: a model call
+    /// always (its request is built from the journal), a tool with side effects (so a failed
+    /// commit can never make the model name a call that already ran).
+    fn needs_commit(&self, engine: &Engine) -> bool {
+        match self {
+            Next::Ask(_) | Next::Compact(_) => true,
+            Next::Invoke(call, _) => engine.tools.has_side_effects(&call.name),
+            Next::Idle => false,
         }
     }
 }

@@ -7,32 +7,45 @@ use serde_json::{Value, json};
 
 use crate::model::{
     ConversationMessage, ItemStatus, Message, MessageRole, NewObservation, ObservationType,
-    StepType, SuspensionKind, SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus,
-    new_id,
+    StepType, SuspensionKind, SuspensionStatus, TodoItem, ToolCallRecord, ToolResultRecord,
+    ToolResultStatus, new_id,
 };
 use crate::store::Op;
-use crate::tools::ToolContext;
+use crate::tools::{ToolContext, ToolRegistry};
 
-use super::journal::{Ctx, Halt};
+use super::Engine;
+use super::journal::Ctx;
 use super::prompts;
-use super::{Engine, RunEnd};
 
-/// A pure tool call still running after this long gets its tool-call turn committed on its own
-/// (a tool with side effects has its turn committed before it starts).
+/// A pure tool call still running after this long gets the changes staged before it (its
+/// tool-call turn) committed on their own, so a person watching sees a slow call while it runs.
+/// A tool with side effects starts only once its turn is committed: should a later commit fail,
+/// the run's next owner finds this very call unanswered and runs it under the same idempotency
+/// key, instead of asking the model again and running a call it names anew. A pure call repeated
+/// after a failed commit is harmless, so quick ones have their turn and result committed together.
 pub const FLUSH_SLOW_TOOL_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// What happens to one unanswered tool call of an item.
+pub(super) enum CallStep {
+    /// Run the tool with these arguments.
+    Invoke(Value),
+    /// Its result is known without running anything (refused, rejected, answered by a person,
+    /// or `update_plan`), with the observations and row changes to commit with it.
+    Answered(ToolResultRecord, Vec<NewObservation>, Vec<Op>),
+    /// It waits for a person (the suspension is staged, or already pending).
+    Wait,
+}
+
 impl Engine {
-    /// Execute one tool call of the item and journal its result before anything else happens.
-    /// A call that needs a person (a blocking tool, or one in `requireApproval`) suspends the run
-    /// instead, and once the person decided, the decision becomes the call's result.
-    pub(super) async fn run_tool_call(
+    /// Decide what an unanswered call of the item needs: a refusal (the tool is not available
+    /// to the item), a person (a blocking tool, or one in `requireApproval`: a suspension is
+    /// staged, or the person's decision becomes the call's outcome), or to run.
+    pub(super) fn call_step(
         &self,
         ctx: &mut Ctx<'_>,
         item_id: &str,
-        call: ToolCallRecord,
-    ) -> Result<Option<RunEnd>, Halt> {
-        let mut extra: Vec<NewObservation> = Vec::new();
-        let mut extra_ops: Vec<Op> = Vec::new();
+        call: &ToolCallRecord,
+    ) -> CallStep {
         let error_result = |msg: String| ToolResultRecord {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
@@ -40,41 +53,57 @@ impl Engine {
             output: Value::Null,
             error: Some(msg),
         };
-        let item_is_reasoning =
-            ctx.items[ctx.item_idx(item_id).expect("item")].step_type == StepType::Reasoning;
-        let result = if call.name == prompts::UPDATE_PLAN_TOOL {
-            let (r, obs, ops) = self.apply_plan_update(ctx, &call);
-            extra.extend(obs);
-            extra_ops.extend(ops);
-            r
-        } else if !self.enabled_tools(&ctx.cfg).contains(&call.name) || item_is_reasoning {
-            error_result(format!(
-                "tool `{}` is not available for this item",
-                call.name
-            ))
-        } else if let Some(kind) = self.needs_person(ctx, &call.name) {
-            let decided = ctx
-                .suspensions
-                .iter()
-                .find(|s| s.tool_call.id == call.id && s.item_id.as_str() == item_id)
-                .cloned();
-            match decided {
-                Some(s) if s.status == SuspensionStatus::Pending => {
-                    return Ok(Some(RunEnd::Suspended));
-                }
-                Some(s) => self.apply_decision(ctx, &call, &s).await?,
-                None => match self.tools.validate(&call.name, &call.arguments) {
-                    // Arguments that do not fit are the model's to fix, not a person's.
-                    Err(e) => error_result(e.to_string()),
-                    Ok(()) => return self.suspend(ctx, item_id, &call, kind).await.map(Some),
-                },
-            }
-        } else {
-            self.invoke(ctx, &call, call.arguments.clone()).await?
+        let item = &ctx.items[ctx.item_idx(item_id).expect("item")];
+        if call.name == prompts::UPDATE_PLAN_TOOL {
+            let (r, obs, ops) = self.apply_plan_update(ctx, call);
+            return CallStep::Answered(r, obs, ops);
+        }
+        if item.step_type == StepType::Reasoning || !self.item_may_call(ctx, item, &call.name) {
+            return CallStep::Answered(
+                error_result(format!(
+                    "tool `{}` is not available for this item",
+                    call.name
+                )),
+                vec![],
+                vec![],
+            );
+        }
+        let Some(kind) = self.needs_person(ctx, &call.name) else {
+            return CallStep::Invoke(call.arguments.clone());
         };
-        let idx = ctx
-            .item_idx(item_id)
-            .expect("the running item is never removed");
+        let decided = ctx
+            .suspensions
+            .iter()
+            .find(|s| s.tool_call.id == call.id && s.item_id.as_str() == item_id)
+            .cloned();
+        match decided {
+            Some(s) if s.status == SuspensionStatus::Pending => CallStep::Wait,
+            Some(s) => self.decision_step(call, &s),
+            None => match self.tools.validate(&call.name, &call.arguments) {
+                // Arguments that do not fit are the model's to fix, not a person's.
+                Err(e) => CallStep::Answered(error_result(e.to_string()), vec![], vec![]),
+                Ok(()) => {
+                    self.suspend(ctx, item_id, call, kind);
+                    CallStep::Wait
+                }
+            },
+        }
+    }
+
+    /// Journal a call's outcome (staged): the result in the item's journal, the tool message the
+    /// model reads next, and `TOOL_EXECUTION`, with whatever the outcome brought along.
+    pub(super) fn journal_result(
+        &self,
+        ctx: &mut Ctx<'_>,
+        item_id: &str,
+        call: &ToolCallRecord,
+        result: ToolResultRecord,
+        extra: Vec<NewObservation>,
+        extra_ops: Vec<Op>,
+    ) {
+        let Some(idx) = ctx.item_idx(item_id) else {
+            return;
+        };
         let it = &mut ctx.items[idx];
         let was_waiting = it.status == ItemStatus::Waiting;
         if was_waiting {
@@ -124,8 +153,23 @@ impl Engine {
         for o in extra {
             b.observe(o);
         }
-        ctx.commit(b).await?;
-        Ok(None)
+        ctx.stage(b);
+    }
+
+    /// Whether the item may call `name`: the tool is enabled for the thread, and within the
+    /// item's `toolAllowlist` and its role's `tools` when they are given.
+    pub(super) fn item_may_call(&self, ctx: &Ctx<'_>, item: &TodoItem, name: &str) -> bool {
+        self.enabled_tools(&ctx.cfg).iter().any(|t| t == name)
+            && item
+                .tool_allowlist
+                .as_ref()
+                .is_none_or(|l| l.iter().any(|t| t == name))
+            && item
+                .role
+                .as_ref()
+                .and_then(|r| ctx.cfg.roles.as_ref()?.get(r))
+                .and_then(|r| r.tools.as_ref())
+                .is_none_or(|l| l.iter().any(|t| t == name))
     }
 
     /// Whether calls of `name` wait for a person, and what they ask.
@@ -139,65 +183,32 @@ impl Engine {
             .is_some_and(|list| list.iter().any(|n| n == name))
             .then_some(SuspensionKind::Approval)
     }
+}
 
-    /// Run a tool (its arguments are validated by the registry) and describe the outcome.
-    ///
-    /// A tool with side effects starts only once everything staged, the model turn that names
-    /// the call included, is committed: should a later commit fail, the run's next owner finds
-    /// this very call unanswered and runs it under the same idempotency key, instead of asking
-    /// the model again and running a call it names anew under a new key. A pure tool keeps the
-    /// fast path: the staged turn is committed together with its result when the tool is quick,
-    /// and on its own as soon as the tool has taken [`FLUSH_SLOW_TOOL_AFTER`], so a person
-    /// watching sees a slow call while it runs (a pure call repeated after a failed commit is
-    /// harmless).
-    pub(super) async fn invoke(
-        &self,
-        ctx: &mut Ctx<'_>,
-        call: &ToolCallRecord,
-        args: Value,
-    ) -> Result<ToolResultRecord, Halt> {
-        if self.tools.has_side_effects(&call.name) {
-            // A cancel this commit brings back is seen below before the tool is first polled.
-            ctx.flush().await?;
-        }
-        let tctx = ToolContext {
-            tenant: ctx.tenant.clone(),
-            thread_id: ctx.thread_id.to_string(),
-            idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
-        };
-        let signals = ctx.signals;
-        let running = self.tools.invoke(&call.name, args, &tctx);
-        tokio::pin!(running);
-        let slow = tokio::time::sleep(FLUSH_SLOW_TOOL_AFTER);
-        tokio::pin!(slow);
-        let mut flushed = ctx.pending.is_empty();
-        let outcome = loop {
-            tokio::select! {
-                biased;
-                _ = signals.shutdown.cancelled() => return Err(Halt::Shutdown),
-                _ = signals.cancel.cancelled() => return Err(Halt::Cancel),
-                outcome = &mut running => break outcome,
-                _ = &mut slow, if !flushed => {
-                    flushed = true;
-                    ctx.flush().await?;
-                }
-            }
-        };
-        Ok(ToolResultRecord {
-            tool_call_id: call.id.clone(),
-            name: call.name.clone(),
-            status: if outcome.error.is_none() {
-                ToolResultStatus::Success
-            } else {
-                ToolResultStatus::Error
-            },
-            error: outcome.error.map(|e| {
-                let mut text = e.to_string();
-                crate::model::scrub_nul_str(&mut text);
-                text
-            }),
-            output: outcome.output,
-        })
+/// Run a tool (its arguments are validated by the registry) and describe the outcome. The
+/// scheduler commits what is staged first when the tool has side effects (see
+/// [`FLUSH_SLOW_TOOL_AFTER`] for the others).
+pub(super) async fn invoke_tool(
+    tools: &ToolRegistry,
+    call: &ToolCallRecord,
+    args: Value,
+    tctx: &ToolContext,
+) -> ToolResultRecord {
+    let outcome = tools.invoke(&call.name, args, tctx).await;
+    ToolResultRecord {
+        tool_call_id: call.id.clone(),
+        name: call.name.clone(),
+        status: if outcome.error.is_none() {
+            ToolResultStatus::Success
+        } else {
+            ToolResultStatus::Error
+        },
+        error: outcome.error.map(|e| {
+            let mut text = e.to_string();
+            crate::model::scrub_nul_str(&mut text);
+            text
+        }),
+        output: outcome.output,
     }
 }
 

@@ -284,6 +284,8 @@ mod tests {
             ("ThreadStatus", wire(ThreadStatus::ALL)),
             ("MultitaskStrategy", wire(MultitaskStrategy::ALL)),
             ("ItemStatus", wire(ItemStatus::ALL)),
+            ("ItemKind", wire(crate::model::ItemKind::ALL)),
+            ("ContextMode", wire(crate::model::ContextMode::ALL)),
             ("StepType", wire(StepType::ALL)),
             ("ToolValidationMode", wire(ToolValidationMode::ALL)),
             ("ValidationStatus", wire(ValidationStatus::ALL)),

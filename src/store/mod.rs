@@ -135,6 +135,10 @@ pub struct RunUpdate {
     pub final_response: Option<Value>,
     /// Set `ended_at` to now (with a terminal status).
     pub ended: bool,
+    /// With `status: suspended`: the pending suspensions the run waits on. Should one of them
+    /// have been decided meanwhile (a person answered while other items ran), the run is queued
+    /// again instead, so the decision is never left unread.
+    pub unless_decided: Vec<uuid::Uuid>,
 }
 
 impl RunUpdate {
@@ -146,6 +150,9 @@ impl RunUpdate {
         self.error = later.error.or(self.error.take());
         self.final_response = later.final_response.or(self.final_response.take());
         self.ended |= later.ended;
+        if !later.unless_decided.is_empty() {
+            self.unless_decided = later.unless_decided;
+        }
     }
 }
 

@@ -292,9 +292,10 @@ async fn upsert_item(
         "INSERT INTO todo_items (tenant, thread_id, item_id, position, description, status, \
            dependencies, step_type, required_tools, tool_validation_mode, validation_status, \
            expected_outcome, tool_calls, actual_tool_calls, tool_results, thoughts, result, error, \
-           attempts, usage, conversation, run_id, created_at, updated_at, started_at, completed_at) \
+           attempts, usage, conversation, run_id, created_at, updated_at, started_at, completed_at, \
+           kind, parent_item_id, role, tool_allowlist, compacted_output) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-           $19, $20, $21, $22, $23, $24, $25, $26) \
+           $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31) \
          ON CONFLICT (tenant, thread_id, item_id) DO UPDATE SET position = EXCLUDED.position, \
            description = EXCLUDED.description, status = EXCLUDED.status, \
            dependencies = EXCLUDED.dependencies, step_type = EXCLUDED.step_type, \
@@ -307,7 +308,9 @@ async fn upsert_item(
            attempts = EXCLUDED.attempts, usage = EXCLUDED.usage, \
            conversation = EXCLUDED.conversation, run_id = EXCLUDED.run_id, \
            created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, \
-           started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at",
+           started_at = EXCLUDED.started_at, completed_at = EXCLUDED.completed_at, \
+           kind = EXCLUDED.kind, parent_item_id = EXCLUDED.parent_item_id, role = EXCLUDED.role, \
+           tool_allowlist = EXCLUDED.tool_allowlist, compacted_output = EXCLUDED.compacted_output",
     )
     .bind(tenant)
     .bind(thread_id.as_str())
@@ -335,6 +338,11 @@ async fn upsert_item(
     .bind(item.updated_at)
     .bind(item.started_at)
     .bind(item.completed_at)
+    .bind(item.kind.as_str())
+    .bind(item.parent_item_id.as_ref().map(crate::model::ItemId::as_str))
+    .bind(&item.role)
+    .bind(rows::opt_json(item.tool_allowlist.as_ref())?)
+    .bind(&item.compacted_output)
     .execute(conn)
     .await?;
     Ok(())
@@ -1042,7 +1050,10 @@ impl Store for PgStore {
                lease_expires_at = CASE WHEN $13 THEN NULL \
                                   ELSE now() + make_interval(secs => $6) END, \
                lease_owner = CASE WHEN $13 THEN NULL ELSE lease_owner END, \
-               status = COALESCE($7, status), phase = COALESCE($8, phase), \
+               status = CASE WHEN $7 = 'suspended' AND EXISTS (SELECT 1 FROM suspensions s \
+                          WHERE s.suspension_id = ANY($14) AND s.status <> 'pending') \
+                        THEN 'queued' ELSE COALESCE($7, status) END, \
+               phase = COALESCE($8, phase), \
                usage = COALESCE($9, usage), error = COALESCE($10, error), \
                final_response = COALESCE($11, final_response), \
                ended_at = CASE WHEN $12 THEN now() ELSE ended_at END \
@@ -1063,6 +1074,7 @@ impl Store for PgStore {
         .bind(&u.final_response)
         .bind(u.ended)
         .bind(clear_lease)
+        .bind(&u.unless_decided)
         .fetch_optional(&mut *tx)
         .await?;
         let row = lease_lost_if_none(row)?;
@@ -1212,10 +1224,13 @@ impl Store for PgStore {
             });
         };
         let suspension = rows::suspension_from_row(&row)?;
-        // Back to the queue; the lease was cleared when it suspended, the next claim bumps attempt.
+        // A suspended run goes back to the queue (its lease was cleared when it suspended; the
+        // next claim bumps attempt). A run still busy with other items, or queued, reads the
+        // decision when it next looks (a running run that then finds nothing else to do is
+        // queued again by its own suspend commit: see `RunUpdate::unless_decided`).
         let run_row = sqlx::query(
-            "UPDATE runs SET status = 'queued' WHERE run_id = $1 AND status = 'suspended' \
-             RETURNING *",
+            "UPDATE runs SET status = CASE WHEN status = 'suspended' THEN 'queued' ELSE status END \
+             WHERE run_id = $1 AND status IN ('suspended', 'queued', 'running') RETURNING *",
         )
         .bind(run_id)
         .fetch_optional(&mut *tx)
@@ -1224,7 +1239,7 @@ impl Store for PgStore {
             // Dropping `tx` rolls the suspension back: it stays pending.
             let run_status = run_status.as_deref().unwrap_or("gone");
             return Err(StoreError::Conflict(format!(
-                "the suspension's run is {run_status}, not suspended"
+                "the suspension's run is {run_status}: it takes no more decisions"
             )));
         };
         let obs = vec![rows::agent_resumed(&suspension, &decision, expired)];

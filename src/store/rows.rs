@@ -226,6 +226,11 @@ pub(crate) fn item_from_row(r: &impl Cols) -> StoreResult<TodoItem> {
         updated_at: r.ts("updated_at")?,
         started_at: r.opt_ts("started_at")?,
         completed_at: r.opt_ts("completed_at")?,
+        kind: r.enumeration("kind")?,
+        parent_item_id: r.opt_text("parent_item_id")?.map(ItemId::from_stored),
+        role: r.opt_text("role")?,
+        tool_allowlist: r.opt_typed("tool_allowlist")?,
+        compacted_output: r.opt_text("compacted_output")?,
     })
 }
 

@@ -327,9 +327,10 @@ async fn upsert_item(
         "INSERT INTO todo_items (tenant, thread_id, item_id, position, description, status, \
            dependencies, step_type, required_tools, tool_validation_mode, validation_status, \
            expected_outcome, tool_calls, actual_tool_calls, tool_results, thoughts, result, error, \
-           attempts, usage, conversation, run_id, created_at, updated_at, started_at, completed_at) \
+           attempts, usage, conversation, run_id, created_at, updated_at, started_at, completed_at, \
+           kind, parent_item_id, role, tool_allowlist, compacted_output) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-           $19, $20, $21, $22, $23, $24, $25, $26) \
+           $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31) \
          ON CONFLICT (tenant, thread_id, item_id) DO UPDATE SET position = excluded.position, \
            description = excluded.description, status = excluded.status, \
            dependencies = excluded.dependencies, step_type = excluded.step_type, \
@@ -342,7 +343,9 @@ async fn upsert_item(
            attempts = excluded.attempts, usage = excluded.usage, \
            conversation = excluded.conversation, run_id = excluded.run_id, \
            created_at = excluded.created_at, updated_at = excluded.updated_at, \
-           started_at = excluded.started_at, completed_at = excluded.completed_at",
+           started_at = excluded.started_at, completed_at = excluded.completed_at, \
+           kind = excluded.kind, parent_item_id = excluded.parent_item_id, role = excluded.role, \
+           tool_allowlist = excluded.tool_allowlist, compacted_output = excluded.compacted_output",
     )
     .bind(tenant)
     .bind(thread_id.as_str())
@@ -370,6 +373,11 @@ async fn upsert_item(
     .bind(rows::ts_text(item.updated_at))
     .bind(item.started_at.map(rows::ts_text))
     .bind(item.completed_at.map(rows::ts_text))
+    .bind(item.kind.as_str())
+    .bind(item.parent_item_id.as_ref().map(crate::model::ItemId::as_str))
+    .bind(&item.role)
+    .bind(opt_json_text(item.tool_allowlist.as_ref())?)
+    .bind(&item.compacted_output)
     .execute(conn)
     .await?;
     Ok(())
@@ -414,7 +422,11 @@ async fn update_run(
 ) -> StoreResult<()> {
     let clear_lease = u.status.is_some_and(rows::clears_lease);
     let done = sqlx::query(
-        "UPDATE runs SET status = COALESCE($3, status), phase = COALESCE($4, phase), \
+        "UPDATE runs SET status = CASE WHEN $3 = 'suspended' AND EXISTS (SELECT 1 FROM suspensions s \
+                            WHERE s.suspension_id IN (SELECT value FROM json_each($11)) \
+                              AND s.status <> 'pending') \
+                          THEN 'queued' ELSE COALESCE($3, status) END, \
+           phase = COALESCE($4, phase), \
            usage = COALESCE($5, usage), error = COALESCE($6, error), \
            final_response = COALESCE($7, final_response), \
            ended_at = CASE WHEN $8 THEN $10 ELSE ended_at END, \
@@ -432,6 +444,12 @@ async fn update_run(
     .bind(u.ended)
     .bind(clear_lease)
     .bind(rows::ts_text(now))
+    .bind(json_text(
+        &u.unless_decided
+            .iter()
+            .map(|id| id_text(*id))
+            .collect::<Vec<_>>(),
+    )?)
     .execute(conn)
     .await?;
     if done.rows_affected() == 0 {
@@ -1229,10 +1247,13 @@ impl Store for SqliteStore {
         .await?
         .ok_or_else(|| StoreError::Conflict(format!("suspension already {current}")))?;
         let suspension = rows::suspension_from_row(&row)?;
-        // Back to the queue; the lease was cleared when it suspended, the next claim bumps attempt.
+        // A suspended run goes back to the queue (its lease was cleared when it suspended; the
+        // next claim bumps attempt). A run still busy with other items, or queued, reads the
+        // decision when it next looks (a running run that then finds nothing else to do is
+        // queued again by its own suspend commit: see `RunUpdate::unless_decided`).
         let run_row = sqlx::query(
-            "UPDATE runs SET status = 'queued' WHERE run_id = $1 AND status = 'suspended' \
-             RETURNING *",
+            "UPDATE runs SET status = CASE WHEN status = 'suspended' THEN 'queued' ELSE status END \
+             WHERE run_id = $1 AND status IN ('suspended', 'queued', 'running') RETURNING *",
         )
         .bind(&run_id)
         .fetch_optional(&mut *tx)
@@ -1246,7 +1267,7 @@ impl Store for SqliteStore {
             // Dropping `tx` rolls the suspension back: it stays pending.
             let run_status = run_status.as_deref().unwrap_or("gone");
             return Err(StoreError::Conflict(format!(
-                "the suspension's run is {run_status}, not suspended"
+                "the suspension's run is {run_status}: it takes no more decisions"
             )));
         };
         let obs = vec![rows::agent_resumed(&suspension, &decision, expired)];

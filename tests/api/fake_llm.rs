@@ -50,6 +50,7 @@ struct Inner {
     plan: VecDeque<Reply>,
     execute: VecDeque<Reply>,
     synthesis: VecDeque<Reply>,
+    compaction: VecDeque<Reply>,
     /// Replies for unscripted requests of a phase, instead of the built-in default.
     defaults: std::collections::HashMap<&'static str, Reply>,
     requests: Vec<Value>,
@@ -70,6 +71,7 @@ pub fn phase_of(req: &Value) -> &'static str {
     match req["response_format"]["json_schema"]["name"].as_str() {
         Some("pes_plan") => "plan",
         Some("pes_synthesis") => "synthesis",
+        Some("pes_compaction") => "compaction",
         _ => {
             // A provider fallback without response_format still carries the schema in the prompt.
             let text = req["messages"].to_string();
@@ -108,6 +110,7 @@ impl FakeLlm {
             "plan" => g.plan.push_back(reply),
             "execute" => g.execute.push_back(reply),
             "synthesis" => g.synthesis.push_back(reply),
+            "compaction" => g.compaction.push_back(reply),
             other => panic!("unknown phase {other}"),
         }
         self
@@ -201,6 +204,12 @@ fn default_reply(phase: &str, req: &Value) -> Reply {
         "synthesis" => Reply::Json(
             json!({"response": "final answer", "sources": [], "suggestions": ["ask again"]}),
         ),
+        // The first 200 characters of the result to compact (after its first line).
+        "compaction" => {
+            let text = req["messages"][1]["content"].as_str().unwrap_or("");
+            let body = text.split_once('\n').map_or(text, |(_, b)| b);
+            Reply::Json(json!({"summary": body.chars().take(200).collect::<String>()}))
+        }
         _ => {
             let messages = req["messages"].as_array().cloned().unwrap_or_default();
             let last = messages.last().cloned().unwrap_or(Value::Null);
@@ -280,6 +289,7 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) 
         let q = match phase {
             "plan" => &mut g.plan,
             "synthesis" => &mut g.synthesis,
+            "compaction" => &mut g.compaction,
             _ => &mut g.execute,
         };
         (

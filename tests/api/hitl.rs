@@ -55,7 +55,12 @@ async fn approval_suspends_before_the_tool_runs_and_approve_runs_it_once(backend
         c["allowedDecisions"],
         json!(["approve", "edit", "reject", "respond"])
     );
-    assert_eq!(obs.last().unwrap()["type"], "AGENT_SUSPENDED");
+    // The run waits once nothing else can proceed: RUN_SUSPENDED names what it waits on.
+    let last = obs.last().unwrap();
+    assert_eq!(last["type"], "RUN_SUSPENDED");
+    assert_eq!(last["parentId"], Value::Null);
+    assert_eq!(last["content"]["suspensionIds"], json!([sid]));
+    assert_eq!(obs[obs.len() - 2]["type"], "AGENT_SUSPENDED");
 
     let (_, state) = app.get(&format!("/v1/threads/{t}/state")).await;
     assert_eq!(state["isPaused"], true);
@@ -530,14 +535,15 @@ async fn streams_end_at_a_suspension_and_resume_can_stream(backend: Backend) {
         .await
         .unwrap();
     let mut sse = SseReader::new(r);
-    let got = sse.until("AGENT_SUSPENDED").await;
-    let sid = got.last().unwrap()["content"]["suspensionId"]
+    let got = sse.until("RUN_SUSPENDED").await;
+    let sid = got[got.len() - 2]["content"]["suspensionId"]
         .as_str()
         .unwrap()
         .to_owned();
+    assert_eq!(got[got.len() - 2]["type"], "AGENT_SUSPENDED");
     assert!(
         sse.next(Duration::from_secs(5)).await.is_none(),
-        "the stream ends at the suspension"
+        "the stream ends when the run suspends"
     );
     // A UI that reconnects finds the suspension in the replay.
     let r = app

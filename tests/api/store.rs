@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{SubsecRound, Utc};
 use pes_server::model::{
-    AgentConfig, AgentStateRow, ConversationMessage, Decision, ErrorInfo, ItemId, ItemStatus,
+    AgentConfig, AgentStateRow, ConversationMessage, Decision, ErrorInfo, ItemId, ItemKind, ItemStatus,
     Message, MessageRole, MultitaskStrategy, NewObservation, ObservationType, ResumeDecision, Run,
     RunPhase, RunStatus, StepType, Suspension, SuspensionKind, SuspensionStatus, Thread, ThreadId,
     ThreadStatus, TodoItem, ToolCallRecord, ToolResultRecord, ToolResultStatus, ToolValidationMode,
@@ -137,6 +137,11 @@ fn item(id: &str, position: i64, run_id: Uuid) -> TodoItem {
         updated_at: t,
         started_at: None,
         completed_at: None,
+        kind: ItemKind::Leaf,
+        parent_item_id: None,
+        role: None,
+        tool_allowlist: None,
+        compacted_output: None,
     }
 }
 
@@ -1900,27 +1905,61 @@ async fn resolving_a_suspension_that_is_no_longer_pending_conflicts(store: S) {
     assert_eq!(stored.status, SuspensionStatus::Pending);
     assert_eq!(seqs(&observations(&store, A, "v").await), [1]);
 
-    // Its run is not suspended: nothing changes.
-    match store
+    // Its run is still running (busy with other items): the decision is recorded, the run stays
+    // as it is and reads it when it next looks.
+    let resolved = store
         .resolve_suspension(
             A,
             orphan.suspension_id,
             resolution(json!({ "decision": "approve" })),
         )
         .await
-    {
-        Err(StoreError::Conflict(msg)) => {
-            assert_eq!(msg, "the suspension's run is running, not suspended");
-        }
-        other => panic!("expected Conflict, got {other:?}"),
-    }
-    let stored = store
-        .get_suspension(A, orphan.suspension_id)
-        .await
-        .unwrap()
         .unwrap();
-    assert_eq!(stored.status, SuspensionStatus::Pending);
-    assert!(observations(&store, A, "w").await.is_empty());
+    assert_eq!(resolved.run.status, RunStatus::Running);
+    assert_eq!(resolved.suspension.status, SuspensionStatus::Resolved);
+    assert_eq!(observations(&store, A, "w").await.len(), 1);
+}
+
+/// Parallel items: one item's suspension is decided while the run still works on another; when
+/// the run then has nothing else to do, its suspend commit must not strand that decision.
+async fn a_suspend_commit_queues_the_run_when_a_decision_came_meanwhile(store: S) {
+    let (run, f) = running(&store, A, "p").await;
+    // Item 1 waits for a person (the run goes on with other items).
+    let s1 = suspension(A, "p", run.run_id, "step-1");
+    let mut b = batch(A, "p");
+    b.op(Op::InsertSuspension(Box::new(s1.clone())));
+    apply(&store, f, b).await;
+    // The person answers while the run is still running.
+    let resolved = store
+        .resolve_suspension(A, s1.suspension_id, resolution(json!({"decision": "approve"})))
+        .await
+        .unwrap();
+    assert_eq!(resolved.run.status, RunStatus::Running);
+    // Item 2 waits too, and nothing else can proceed: the run believes both are pending.
+    let s2 = suspension(A, "p", run.run_id, "step-2");
+    let mut b = batch(A, "p");
+    b.op(Op::InsertSuspension(Box::new(s2.clone())))
+        .op(Op::UpdateRun(RunUpdate {
+            status: Some(RunStatus::Suspended),
+            unless_decided: vec![s1.suspension_id, s2.suspension_id],
+            ..Default::default()
+        }));
+    apply(&store, f, b).await;
+    let got = store.get_run(A, &tid("p"), run.run_id).await.unwrap().unwrap();
+    assert_eq!(got.status, RunStatus::Queued, "the decision must be read, not stranded");
+    // Claimed again, it finds s2 still pending and suspends for real.
+    let again = claim(&store).await;
+    assert_eq!(again.run_id, run.run_id);
+    let f2 = fence(&again);
+    let mut b = batch(A, "p");
+    b.op(Op::UpdateRun(RunUpdate {
+        status: Some(RunStatus::Suspended),
+        unless_decided: vec![s2.suspension_id],
+        ..Default::default()
+    }));
+    apply(&store, f2, b).await;
+    let got = store.get_run(A, &tid("p"), run.run_id).await.unwrap().unwrap();
+    assert_eq!(got.status, RunStatus::Suspended);
 }
 
 async fn resolving_while_cancelling_neither_deadlocks_nor_loses_a_change(store: S) {
@@ -2213,6 +2252,7 @@ conformance!(
     concurrent_resolvers_of_one_suspension_get_one_success,
     resolving_an_unknown_or_foreign_suspension_is_not_found,
     resolving_a_suspension_that_is_no_longer_pending_conflicts,
+    a_suspend_commit_queues_the_run_when_a_decision_came_meanwhile,
     resolving_while_cancelling_neither_deadlocks_nor_loses_a_change,
     an_expired_suspension_resumes_its_run_as_expired,
     due_suspensions_are_pending_and_past_their_expiry,

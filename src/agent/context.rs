@@ -50,21 +50,3 @@ impl Engine {
             .collect()
     }
 }
-
-impl Engine {
-    /// The results as (description, output) pairs: the offline model's hints, until it reads
-    /// the briefs instead.
-    pub(super) fn step_output_pairs(&self, ctx: &Ctx<'_>) -> Vec<(String, String)> {
-        self.result_lines(ctx)
-            .into_iter()
-            .filter(|l| !matches!(l.outcome, Outcome::Cancelled(_)))
-            .map(|l| {
-                let out = match l.outcome {
-                    Outcome::Completed(t) => t,
-                    Outcome::Failed(t) | Outcome::Cancelled(t) => format!("failed: {t}"),
-                };
-                (l.description, out)
-            })
-            .collect()
-    }
-}

@@ -5,7 +5,7 @@
 use chrono::Utc;
 use serde_json::json;
 
-use crate::llm::{ChatMessage, ChatRequest, ChatResponse, Phase, RequestHints, ToolCall, ToolSpec};
+use crate::llm::{ChatMessage, ChatRequest, ChatResponse, Phase, ToolCall, ToolSpec};
 use crate::model::{
     ConversationMessage, ErrorInfo, ItemStatus, Message, MessageRole, ObservationType, StepType,
     TodoItem, ToolCallRecord, ToolValidationMode, ValidationStatus, new_id,
@@ -103,13 +103,6 @@ impl Engine {
                 messages,
                 tools: self.item_tools(ctx, &item),
                 response_format: None,
-                hints: RequestHints {
-                    query: ctx.run.query.clone(),
-                    item_description: Some(item.description.clone()),
-                    required_tools: item.required_tools.clone(),
-                    step_outputs: self.step_output_pairs(ctx),
-                    ..Default::default()
-                },
             };
             ctx.flush().await?;
             let resp: ChatResponse = ctx

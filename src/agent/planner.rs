@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use tracing::debug;
 
-use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase, RequestHints};
+use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase};
 use crate::model::RunPhase;
 use crate::model::{
     AgentConfig, ErrorInfo, MessageRole, NewObservation, ObservationType, ToolCallRecord,
@@ -64,22 +64,6 @@ impl Engine {
             messages.push(ChatMessage::user(prompts::refinement_note(&ctx.items)));
         }
         messages.push(ChatMessage::user(ctx.run.query.clone()));
-        let hints = RequestHints {
-            query: ctx.run.query.clone(),
-            existing_items: ctx
-                .items
-                .iter()
-                .map(|i| {
-                    (
-                        i.id.to_string(),
-                        i.description.clone(),
-                        i.status.to_string(),
-                    )
-                })
-                .collect(),
-            max_items,
-            ..Default::default()
-        };
         let frozen = ctx.frozen_items();
 
         let mut attempt = 0;
@@ -94,7 +78,6 @@ impl Engine {
                     name: prompts::PLAN_SCHEMA_NAME.into(),
                     schema: prompts::plan_schema(),
                 }),
-                hints: hints.clone(),
             };
             let value = ctx.ask_structured(req).await?;
             let parsed: Result<PlanReply, Vec<String>> =

@@ -7,7 +7,7 @@
 use chrono::Utc;
 use serde_json::{Value, json};
 
-use crate::llm::{ChatMessage, ChatRequest, ChatResponse, JsonSchemaFormat, Phase, RequestHints};
+use crate::llm::{ChatMessage, ChatRequest, ChatResponse, JsonSchemaFormat, Phase};
 use crate::model::ObservationType;
 use crate::store::{Op, RunUpdate};
 
@@ -64,7 +64,6 @@ impl Engine {
                 name: prompts::COMPACTION_SCHEMA_NAME.into(),
                 schema: prompts::compaction_schema(),
             }),
-            hints: RequestHints::default(),
         })
     }
 

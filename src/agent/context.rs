@@ -1,7 +1,8 @@
 //! What a model call sees of the run beyond its own conversation: an item's brief (the query, the
 //! plan, the results it may read, its role and its goal) and the results the synthesizer reads.
+//! Items read compacted outputs, never whole histories, so a long plan's prompts stay bounded.
 
-use crate::model::{ItemStatus, TodoItem};
+use crate::model::{ContextMode, ItemStatus, TodoItem};
 
 use super::Engine;
 use super::journal::Ctx;
@@ -13,8 +14,12 @@ impl Engine {
         prompts::item_brief(&Brief {
             query: &ctx.run.query,
             plan: ctx.state.plan.as_deref(),
-            earlier: self.result_lines(ctx),
-            role: None,
+            earlier: self.context_lines(ctx, item),
+            role: item
+                .role
+                .as_ref()
+                .and_then(|r| ctx.cfg.roles.as_ref()?.get(r))
+                .map(|r| (r.name.as_str(), r.system_prompt_fragment.as_str())),
             item_id: item.id.as_str(),
             description: &item.description,
             expected_outcome: item.expected_outcome.as_deref(),
@@ -22,10 +27,51 @@ impl Engine {
         })
     }
 
-    /// Finished items' results (or why they did not complete), truncated to `step_output_chars`.
+    /// What an item reads of the others (`contextMode`): with `dependencies` (the default), the
+    /// compacted output of each of its dependencies, and, for a team's child, of the team's
+    /// dependencies (the context the team was planned with); with `all`, of every completed item.
+    pub(super) fn context_lines(&self, ctx: &Ctx<'_>, item: &TodoItem) -> Vec<ResultLine> {
+        let wanted: Vec<&crate::model::ItemId> = match ctx.cfg.context_mode.unwrap_or_default() {
+            ContextMode::All => ctx
+                .items
+                .iter()
+                .filter(|i| i.id != item.id)
+                .map(|i| &i.id)
+                .collect(),
+            ContextMode::Dependencies => {
+                let mut ids: Vec<&crate::model::ItemId> = item.dependencies.iter().collect();
+                let mut parent = item.parent_item_id.as_ref();
+                while let Some(p) = parent {
+                    let Some(team) = ctx.items.iter().find(|i| &i.id == p) else {
+                        break;
+                    };
+                    ids.extend(team.dependencies.iter());
+                    parent = team.parent_item_id.as_ref();
+                }
+                ids
+            }
+        };
+        self.result_lines_of(ctx, |it| {
+            wanted.contains(&&it.id) && it.status == ItemStatus::Completed
+        })
+    }
+
+    /// What the synthesis reads: every top-level item's compacted output, or why it did not
+    /// complete (a team's output already holds its children's).
     pub(super) fn result_lines(&self, ctx: &Ctx<'_>) -> Vec<ResultLine> {
+        self.result_lines_of(ctx, |it| it.parent_item_id.is_none())
+    }
+
+    /// Finished items among those `pick` selects: the compacted output of a completed one (its
+    /// result truncated to `step_output_chars` when it has none yet), or why it did not complete.
+    fn result_lines_of(
+        &self,
+        ctx: &Ctx<'_>,
+        pick: impl Fn(&TodoItem) -> bool,
+    ) -> Vec<ResultLine> {
         ctx.items
             .iter()
+            .filter(|it| pick(it))
             .filter_map(|it| {
                 let why = || {
                     it.error
@@ -33,10 +79,13 @@ impl Engine {
                         .map_or_else(|| "unknown error".to_owned(), |e| e.message.clone())
                 };
                 let outcome = match it.status {
-                    ItemStatus::Completed => Outcome::Completed(truncate(
-                        it.result.as_deref().unwrap_or(""),
-                        self.settings.step_output_chars,
-                    )),
+                    ItemStatus::Completed => Outcome::Completed(match &it.compacted_output {
+                        Some(c) => c.clone(),
+                        None => truncate(
+                            it.result.as_deref().unwrap_or(""),
+                            self.settings.step_output_chars,
+                        ),
+                    }),
                     ItemStatus::Failed => Outcome::Failed(why()),
                     ItemStatus::Cancelled => Outcome::Cancelled(why()),
                     _ => return None,
@@ -46,24 +95,6 @@ impl Engine {
                     description: it.description.clone(),
                     outcome,
                 })
-            })
-            .collect()
-    }
-}
-
-impl Engine {
-    /// The results as (description, output) pairs: the offline model's hints, until it reads
-    /// the briefs instead.
-    pub(super) fn step_output_pairs(&self, ctx: &Ctx<'_>) -> Vec<(String, String)> {
-        self.result_lines(ctx)
-            .into_iter()
-            .filter(|l| !matches!(l.outcome, Outcome::Cancelled(_)))
-            .map(|l| {
-                let out = match l.outcome {
-                    Outcome::Completed(t) => t,
-                    Outcome::Failed(t) | Outcome::Cancelled(t) => format!("failed: {t}"),
-                };
-                (l.description, out)
             })
             .collect()
     }

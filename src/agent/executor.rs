@@ -5,7 +5,7 @@
 use chrono::Utc;
 use serde_json::json;
 
-use crate::llm::{ChatMessage, ChatRequest, ChatResponse, Phase, RequestHints, ToolCall, ToolSpec};
+use crate::llm::{ChatMessage, ChatRequest, ChatResponse, Phase, ToolCall, ToolSpec};
 use crate::model::{
     ConversationMessage, ErrorInfo, ItemStatus, Message, MessageRole, ObservationType, StepType,
     TodoItem, ToolCallRecord, ToolValidationMode, ValidationStatus, new_id,
@@ -32,7 +32,14 @@ pub(super) enum Next {
 impl Engine {
     fn item_tools(&self, ctx: &Ctx<'_>, item: &TodoItem) -> Vec<ToolSpec> {
         let mut specs = match item.step_type {
-            StepType::Tool => self.tools.specs(Some(&self.enabled_tools(&ctx.cfg))),
+            StepType::Tool => {
+                let allowed: Vec<String> = self
+                    .enabled_tools(&ctx.cfg)
+                    .into_iter()
+                    .filter(|t| self.item_may_call(ctx, item, t))
+                    .collect();
+                self.tools.specs(Some(&allowed))
+            }
             StepType::Reasoning => vec![],
         };
         specs.push(ToolSpec {
@@ -118,13 +125,6 @@ impl Engine {
                 messages,
                 tools: self.item_tools(ctx, &item),
                 response_format: None,
-                hints: RequestHints {
-                    query: ctx.run.query.clone(),
-                    item_description: Some(item.description.clone()),
-                    required_tools: item.required_tools.clone(),
-                    step_outputs: self.step_output_pairs(ctx),
-                    ..Default::default()
-                },
             }));
         }
     }

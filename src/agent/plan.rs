@@ -3,14 +3,14 @@
 //! for `update_plan` during execution. Items that already started are frozen: a plan change never
 //! rewrites or removes them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::model::{
-    ItemId, ItemStatus, StepType, TodoItem, ToolValidationMode, Usage, ValidationStatus,
+    AgentRole, ItemId, ItemKind, ItemStatus, StepType, TodoItem, ToolValidationMode, Usage, ValidationStatus,
 };
 
 /// The `pes_plan` reply.
@@ -37,6 +37,15 @@ pub struct PlannedItem {
     pub expected_outcome: String,
     #[serde(default)]
     pub dependencies: Vec<String>,
+    /// `leaf` (default) or `team`; null reads as `leaf`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// A role id of the thread's `roles`, or null.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// Tools the item may call; null = every enabled tool.
+    #[serde(default)]
+    pub tool_allowlist: Option<Vec<String>>,
 }
 
 fn default_step_type() -> String {
@@ -52,6 +61,20 @@ pub struct ValidItem {
     pub required_tools: Vec<String>,
     pub expected_outcome: Option<String>,
     pub dependencies: Vec<ItemId>,
+    pub kind: ItemKind,
+    pub role: Option<String>,
+    pub tool_allowlist: Option<Vec<String>>,
+}
+
+/// What a plan is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules<'a> {
+    /// Tools enabled for the thread.
+    pub known_tools: &'a [String],
+    /// The thread's roles.
+    pub roles: Option<&'a BTreeMap<String, AgentRole>>,
+    /// How many new items the list may hold.
+    pub max_items: usize,
 }
 
 /// Validate a todo list against the frozen items it may depend on, the tools that exist and the
@@ -62,9 +85,13 @@ pub struct ValidItem {
 pub fn validate(
     planned: &[PlannedItem],
     frozen: &[TodoItem],
-    known_tools: &[String],
-    max_items: usize,
+    rules: &Rules<'_>,
 ) -> Result<Vec<ValidItem>, Vec<String>> {
+    let Rules {
+        known_tools,
+        roles,
+        max_items,
+    } = *rules;
     let mut errors = Vec::new();
     if planned.is_empty() && frozen.is_empty() {
         errors.push("todoList is empty: plan at least one item".to_owned());
@@ -120,6 +147,68 @@ pub fn validate(
                 ));
             }
         }
+        let kind = match p.kind.as_deref() {
+            None => ItemKind::Leaf,
+            Some(k) => k.parse::<ItemKind>().unwrap_or_else(|_| {
+                errors.push(format!(
+                    "item `{}` has kind `{k}`: use `leaf` or `team`",
+                    p.id
+                ));
+                ItemKind::Leaf
+            }),
+        };
+        let role = p.role.clone().filter(|r| !r.trim().is_empty());
+        let role_tools = match &role {
+            None => None,
+            Some(r) => match roles.and_then(|all| all.get(r)) {
+                Some(def) => def.tools.as_ref(),
+                None => {
+                    let known: Vec<&str> = roles
+                        .map(|all| all.keys().map(String::as_str).collect())
+                        .unwrap_or_default();
+                    errors.push(format!(
+                        "item `{}` has unknown role `{r}` (roles: {})",
+                        p.id,
+                        if known.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    ));
+                    None
+                }
+            },
+        };
+        if let Some(list) = &p.tool_allowlist {
+            for t in list {
+                if !known_tools.iter().any(|k| k == t) {
+                    errors.push(format!(
+                        "item `{}` allows unknown tool `{t}` in toolAllowlist",
+                        p.id
+                    ));
+                }
+            }
+            for t in &p.required_tools {
+                if !list.contains(t) {
+                    errors.push(format!(
+                        "item `{}` requires tool `{t}` that its toolAllowlist does not allow: \
+                         requiredTools must be a subset of toolAllowlist",
+                        p.id
+                    ));
+                }
+            }
+        }
+        if let Some(list) = role_tools {
+            for t in &p.required_tools {
+                if !list.contains(t) {
+                    errors.push(format!(
+                        "item `{}` requires tool `{t}` that its role `{}` may not use",
+                        p.id,
+                        role.as_deref().unwrap_or_default()
+                    ));
+                }
+            }
+        }
         let mut deps = Vec::new();
         for d in &p.dependencies {
             if d == &p.id {
@@ -139,6 +228,9 @@ pub fn validate(
             required_tools: p.required_tools.clone(),
             expected_outcome: Some(p.expected_outcome.trim().to_owned()).filter(|s| !s.is_empty()),
             dependencies: deps,
+            kind,
+            role,
+            tool_allowlist: p.tool_allowlist.clone(),
         });
     }
     if let Some(cycle) = find_cycle(&out) {
@@ -215,6 +307,10 @@ pub struct TodoSummary {
     pub dependencies: Vec<ItemId>,
     pub step_type: StepType,
     pub required_tools: Vec<String>,
+    pub kind: ItemKind,
+    /// The team the item belongs to (null at the top level).
+    pub parent_item_id: Option<ItemId>,
+    pub role: Option<String>,
 }
 
 impl From<&TodoItem> for TodoSummary {
@@ -226,6 +322,9 @@ impl From<&TodoItem> for TodoSummary {
             dependencies: it.dependencies.clone(),
             step_type: it.step_type,
             required_tools: it.required_tools.clone(),
+            kind: it.kind,
+            parent_item_id: it.parent_item_id.clone(),
+            role: it.role.clone(),
         }
     }
 }
@@ -303,10 +402,10 @@ pub fn new_item(v: &ValidItem, mode: ToolValidationMode) -> TodoItem {
         updated_at: now,
         started_at: None,
         completed_at: None,
-        kind: crate::model::ItemKind::Leaf,
+        kind: v.kind,
         parent_item_id: None,
-        role: None,
-        tool_allowlist: None,
+        role: v.role.clone(),
+        tool_allowlist: v.tool_allowlist.clone(),
         compacted_output: None,
     }
 }
@@ -338,13 +437,19 @@ pub fn merge(existing: &[TodoItem], planned: &[ValidItem], mode: ToolValidationM
                     || it.step_type != p.step_type
                     || it.required_tools != p.required_tools
                     || it.expected_outcome != p.expected_outcome
-                    || it.dependencies != p.dependencies;
+                    || it.dependencies != p.dependencies
+                    || it.kind != p.kind
+                    || it.role != p.role
+                    || it.tool_allowlist != p.tool_allowlist;
                 if differs {
                     it.description = p.description.clone();
                     it.step_type = p.step_type;
                     it.required_tools = p.required_tools.clone();
                     it.expected_outcome = p.expected_outcome.clone();
                     it.dependencies = p.dependencies.clone();
+                    it.kind = p.kind;
+                    it.role = p.role.clone();
+                    it.tool_allowlist = p.tool_allowlist.clone();
                     it.validation_status = if it.required_tools.is_empty() {
                         ValidationStatus::Skipped
                     } else {
@@ -394,22 +499,27 @@ mod tests {
             required_tools: vec![],
             expected_outcome: String::new(),
             dependencies: deps.iter().map(|s| s.to_string()).collect(),
+            kind: None,
+            role: None,
+            tool_allowlist: None,
+        }
+    }
+
+    fn rules(tools: &[String], max_items: usize) -> Rules<'_> {
+        Rules {
+            known_tools: tools,
+            roles: None,
+            max_items,
         }
     }
 
     #[test]
     fn unknown_dependencies_cycles_and_bad_ids_are_all_reported() {
-        let errs = validate(
-            &[
-                p("a", &["b"]),
+        let errs = validate(&[p("a", &["b"]),
                 p("b", &["a"]),
                 p("c", &["zz"]),
                 p("bad id", &[]),
-            ],
-            &[],
-            &[],
-            10,
-        )
+            ], &[], &rules(&[], 10))
         .unwrap_err();
         let all = errs.join("\n");
         assert!(all.contains("unknown item `zz`"), "{all}");
@@ -421,15 +531,62 @@ mod tests {
     fn unknown_required_tools_and_size_are_rejected() {
         let mut item = p("a", &[]);
         item.required_tools = vec!["nope".into()];
-        let errs = validate(&[item, p("b", &[])], &[], &["calculator".into()], 1).unwrap_err();
+        let errs = validate(&[item, p("b", &[])], &[], &rules(&["calculator".into()], 1)).unwrap_err();
         let all = errs.join("\n");
         assert!(all.contains("unknown tool `nope`"), "{all}");
         assert!(all.contains("too many items"), "{all}");
     }
 
     #[test]
+    fn roles_and_tool_allowlists_are_checked() {
+        let tools = vec!["calculator".to_owned(), "current_time".to_owned()];
+        let roles: BTreeMap<String, AgentRole> = [(
+            "analyst".to_owned(),
+            AgentRole {
+                name: "Analyst".into(),
+                system_prompt_fragment: "You check numbers.".into(),
+                tools: Some(vec!["calculator".into()]),
+            },
+        )]
+        .into();
+        let r = Rules {
+            known_tools: &tools,
+            roles: Some(&roles),
+            max_items: 10,
+        };
+        let mut ok = p("a", &[]);
+        ok.role = Some("analyst".into());
+        ok.required_tools = vec!["calculator".into()];
+        ok.tool_allowlist = Some(vec!["calculator".into()]);
+        let v = validate(std::slice::from_ref(&ok), &[], &r).unwrap();
+        assert_eq!(v[0].role.as_deref(), Some("analyst"));
+
+        let mut unknown_role = p("b", &[]);
+        unknown_role.role = Some("poet".into());
+        let mut outside_allowlist = p("c", &[]);
+        outside_allowlist.required_tools = vec!["current_time".into()];
+        outside_allowlist.tool_allowlist = Some(vec!["calculator".into()]);
+        let mut outside_role = p("d", &[]);
+        outside_role.role = Some("analyst".into());
+        outside_role.required_tools = vec!["current_time".into()];
+        let mut bad_kind = p("e", &[]);
+        bad_kind.kind = Some("crowd".into());
+        let errs = validate(
+            &[unknown_role, outside_allowlist, outside_role, bad_kind],
+            &[],
+            &r,
+        )
+        .unwrap_err()
+        .join("\n");
+        assert!(errs.contains("unknown role `poet` (roles: analyst)"), "{errs}");
+        assert!(errs.contains("subset of toolAllowlist"), "{errs}");
+        assert!(errs.contains("its role `analyst` may not use"), "{errs}");
+        assert!(errs.contains("kind `crowd`"), "{errs}");
+    }
+
+    #[test]
     fn merge_keeps_started_items_and_reports_changes() {
-        let valid = validate(&[p("a", &[]), p("b", &["a"])], &[], &[], 10).unwrap();
+        let valid = validate(&[p("a", &[]), p("b", &["a"])], &[], &rules(&[], 10)).unwrap();
         let mut first = merge(&[], &valid, ToolValidationMode::Strict).items;
         first[0].status = ItemStatus::Completed;
         // the new list changes a completed item (ignored), changes b, drops nothing, adds c
@@ -437,7 +594,7 @@ mod tests {
         a2.description = "rewritten".into();
         let mut b2 = p("b", &["a"]);
         b2.description = "changed".into();
-        let valid2 = validate(&[a2, b2, p("c", &["b"])], &first[..1], &[], 10).unwrap();
+        let valid2 = validate(&[a2, b2, p("c", &["b"])], &first[..1], &rules(&[], 10)).unwrap();
         let d = merge(&first, &valid2, ToolValidationMode::Strict);
         assert_eq!(d.items[0].description, "do a");
         assert_eq!(d.items[0].status, ItemStatus::Completed);
@@ -447,7 +604,7 @@ mod tests {
         assert_eq!(d.frozen, vec![ItemId::parse("a").unwrap()]);
         let d2 = merge(
             &d.items,
-            &validate(&[p("a", &[])], &[], &[], 10).unwrap(),
+            &validate(&[p("a", &[])], &[], &rules(&[], 10)).unwrap(),
             ToolValidationMode::Strict,
         );
         assert_eq!(d2.removed.len(), 2);

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use tracing::debug;
 
-use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase, RequestHints};
+use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase};
 use crate::model::RunPhase;
 use crate::model::{
     AgentConfig, ErrorInfo, MessageRole, NewObservation, ObservationType, ToolCallRecord,
@@ -27,7 +27,11 @@ impl Engine {
         }
     }
 
-    fn max_items(&self, cfg: &AgentConfig) -> u32 {
+    pub(super) fn max_team_depth(&self, cfg: &AgentConfig) -> u32 {
+        cfg.max_team_depth.unwrap_or(self.settings.max_team_depth)
+    }
+
+    pub(super) fn max_items(&self, cfg: &AgentConfig) -> u32 {
         cfg.max_items.unwrap_or(self.settings.max_items)
     }
 
@@ -45,7 +49,10 @@ impl Engine {
         let max_items = self.max_items(&ctx.cfg);
         let refining = !ctx.items.is_empty();
         let mut messages = vec![ChatMessage::system(prompts::planning_system(
-            &ctx.cfg, &described, max_items,
+            &ctx.cfg,
+            &described,
+            max_items,
+            self.max_team_depth(&ctx.cfg) > 0,
         ))];
         let skip = ctx
             .history
@@ -64,22 +71,6 @@ impl Engine {
             messages.push(ChatMessage::user(prompts::refinement_note(&ctx.items)));
         }
         messages.push(ChatMessage::user(ctx.run.query.clone()));
-        let hints = RequestHints {
-            query: ctx.run.query.clone(),
-            existing_items: ctx
-                .items
-                .iter()
-                .map(|i| {
-                    (
-                        i.id.to_string(),
-                        i.description.clone(),
-                        i.status.to_string(),
-                    )
-                })
-                .collect(),
-            max_items,
-            ..Default::default()
-        };
         let frozen = ctx.frozen_items();
 
         let mut attempt = 0;
@@ -94,13 +85,21 @@ impl Engine {
                     name: prompts::PLAN_SCHEMA_NAME.into(),
                     schema: prompts::plan_schema(),
                 }),
-                hints: hints.clone(),
             };
             let value = ctx.ask_structured(req).await?;
             let parsed: Result<PlanReply, Vec<String>> =
                 serde_json::from_value(value.clone()).map_err(|e| vec![e.to_string()]);
             let checked = parsed.and_then(|r| {
-                plan::validate(&r.todo_list, &frozen, &known, max_items as usize).map(|v| (r, v))
+                plan::validate(
+                    &r.todo_list,
+                    &frozen,
+                    &plan::Rules {
+                        known_tools: &known,
+                        roles: ctx.cfg.roles.as_ref(),
+                        max_items: max_items as usize,
+                    },
+                )
+                .map(|v| (r, v))
             });
             match checked {
                 Ok(ok) => break ok,
@@ -211,8 +210,12 @@ impl Engine {
         };
         let frozen = ctx.frozen_items();
         let known = self.enabled_tools(&ctx.cfg);
-        let valid = match plan::validate(&list, &frozen, &known, self.max_items(&ctx.cfg) as usize)
-        {
+        let rules = plan::Rules {
+            known_tools: &known,
+            roles: ctx.cfg.roles.as_ref(),
+            max_items: self.max_items(&ctx.cfg) as usize,
+        };
+        let valid = match plan::validate(&list, &frozen, &rules) {
             Ok(v) => v,
             Err(errors) => {
                 return (

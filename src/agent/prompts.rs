@@ -19,14 +19,19 @@ fn todo_item_schema() -> Value {
     json!({
         "type": "object",
         "additionalProperties": false,
-        "required": ["id", "description", "stepType", "requiredTools", "expectedOutcome", "dependencies"],
+        "required": ["id", "description", "stepType", "requiredTools", "expectedOutcome", "dependencies", "kind", "role", "toolAllowlist"],
         "properties": {
             "id": {"type": "string", "description": "Unique id, 1-64 characters of A-Za-z0-9_.-"},
             "description": {"type": "string"},
             "stepType": {"type": "string", "enum": ["tool", "reasoning"]},
             "requiredTools": {"type": "array", "items": {"type": "string"}},
             "expectedOutcome": {"type": "string"},
-            "dependencies": {"type": "array", "items": {"type": "string"}}
+            "dependencies": {"type": "array", "items": {"type": "string"}},
+            "kind": {"type": ["string", "null"], "enum": ["leaf", "team", null],
+                     "description": "team: a sub-goal planned into its own items when it is ready; leaf (or null) otherwise"},
+            "role": {"type": ["string", "null"], "description": "A role id, or null"},
+            "toolAllowlist": {"type": ["array", "null"], "items": {"type": "string"},
+                              "description": "Tools the item may call (requiredTools among them); null = every available tool"}
         }
     })
 }
@@ -137,15 +142,48 @@ fn persona_line(
 }
 
 /// System prompt of the planning phase.
-pub fn planning_system(cfg: &AgentConfig, tools: &[(String, String)], max_items: u32) -> String {
+pub fn planning_system(
+    cfg: &AgentConfig,
+    tools: &[(String, String)],
+    max_items: u32,
+    teams: bool,
+) -> String {
     let mut s = persona_line(cfg, |p| p.planning.as_ref());
     s.push_str(
         "You plan how to answer the user's query. Break the work into a short todo list of \
          concrete items. Each item has a unique id (1-64 characters of A-Za-z0-9_.-), a \
          description, a stepType (`tool` when it needs tools, `reasoning` when it needs only \
          thinking), requiredTools (names of tools the item must call), an expectedOutcome, and \
-         dependencies (ids of items whose results it needs). Dependencies must form no cycle.\n",
+         dependencies (ids of items whose results it needs). Dependencies must form no cycle. \
+         Items that do not need each other's results have no dependency between them: they run \
+         at the same time. toolAllowlist may narrow the tools an item may call (null: all).\n",
     );
+    if teams {
+        s.push_str(
+            "An item of kind `team` is a larger sub-goal: it is planned into its own items when it \
+             is ready. Use it only for work that needs several steps of its own; otherwise kind \
+             is `leaf` (or null).\n",
+        );
+    } else {
+        s.push_str("Every item is of kind `leaf` (or null): no teams.\n");
+    }
+    match cfg.roles.as_ref().filter(|r| !r.is_empty()) {
+        None => s.push_str("No roles: role is null.\n"),
+        Some(roles) => {
+            s.push_str("Roles you may give an item (role id: name, what it does):\n");
+            for (id, r) in roles {
+                s.push_str(&format!(
+                    "- {id}: {}, {}{}\n",
+                    r.name,
+                    truncate(&r.system_prompt_fragment, 200),
+                    r.tools
+                        .as_ref()
+                        .map(|t| format!(" (tools: {})", t.join(", ")))
+                        .unwrap_or_default()
+                ));
+            }
+        }
+    }
     s.push_str(&format!("Use at most {max_items} items.\n"));
     if tools.is_empty() {
         s.push_str("No tools are available.\n");

@@ -4,7 +4,7 @@
 use chrono::Utc;
 use serde_json::{Value, json};
 
-use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase, RequestHints};
+use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase};
 use crate::model::RunPhase;
 use crate::model::{ItemStatus, Message, MessageRole, ObservationType, RunStatus, new_id};
 use crate::store::{Op, RunUpdate};
@@ -57,11 +57,6 @@ impl Engine {
                 name: prompts::SYNTHESIS_SCHEMA_NAME.into(),
                 schema: prompts::synthesis_schema(),
             }),
-            hints: RequestHints {
-                query: ctx.run.query.clone(),
-                step_outputs: self.step_output_pairs(ctx),
-                ..Default::default()
-            },
         };
         let value = ctx.ask_structured(req).await?;
         let response = value

@@ -101,7 +101,10 @@ pub struct AgentStateView {
     pub title: Option<String>,
     pub plan: Option<String>,
     pub todo_list: Vec<TodoItem>,
+    /// The most recently started item still in progress.
     pub current_step_id: Option<String>,
+    /// Every item in progress (parallel items run at once), in plan order.
+    pub in_progress_item_ids: Vec<String>,
     pub is_paused: bool,
     /// The pending suspension: `{suspensionId, itemId, toolCall, iterationState, partialToolResults, …}`.
     pub suspension: Option<Value>,
@@ -310,6 +313,12 @@ pub async fn get_state(
         title: snap.state.title,
         plan: snap.state.plan,
         current_step_id: snap.state.current_step_id,
+        in_progress_item_ids: snap
+            .items
+            .iter()
+            .filter(|i| i.status == ItemStatus::InProgress)
+            .map(|i| i.id.to_string())
+            .collect(),
         is_paused: suspension.is_some(),
         suspension,
         step_outputs,

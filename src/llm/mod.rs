@@ -108,23 +108,6 @@ pub struct JsonSchemaFormat {
     pub schema: Value,
 }
 
-/// Facts about the request that are not sent on the wire; the offline model reads them instead of
-/// parsing prose.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RequestHints {
-    /// The user's query of the run.
-    pub query: String,
-    /// Execute phase: the item's description and the tools it should use.
-    pub item_description: Option<String>,
-    pub required_tools: Vec<String>,
-    /// Synthesize phase: each item's description and result.
-    pub step_outputs: Vec<(String, String)>,
-    /// Plan phase: the current todo list when refining (id, description, status).
-    pub existing_items: Vec<(String, String, String)>,
-    /// Upper bound of plan items.
-    pub max_items: u32,
-}
-
 /// One model call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatRequest {
@@ -134,7 +117,6 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub tools: Vec<ToolSpec>,
     pub response_format: Option<JsonSchemaFormat>,
-    pub hints: RequestHints,
 }
 
 /// The model's reply.

@@ -1,24 +1,38 @@
 //! The `offline` provider: deterministic, no network, the default when no model is configured,
-//! so a new user sees the whole Plan-Execute-Synthesize pipeline (plan, tool calls, results,
-//! synthesis) work end to end. It is NOT a language model and says so: the service warns at start
-//! when it is the default provider, every run it serves says so in `RUN_STARTED`, and every
-//! synthesized response starts with [`OFFLINE_NOTICE`].
+//! so a new user sees the whole Plan-Execute-Synthesize pipeline (plan, parallel items, tool calls,
+//! results, synthesis, compaction) work end to end. It is NOT a language model and says so: the
+//! service warns at start when it is the default provider, every run it serves says so in
+//! `RUN_STARTED`, and every synthesized response starts with [`OFFLINE_NOTICE`].
 //!
-//! It never parses prose: it reads [`RequestHints`](super::RequestHints) (`phase`, the query, the
-//! item being executed, the step outputs) and the tool results in the messages. The only text it
-//! looks into is the query, for arithmetic expressions (checked with the calculator's own parser)
-//! and for a question about the time.
+//! It reads a request as any model does: the phase, the messages and the offered tools, nothing
+//! else. The engine's prompts follow a written contract, the labelled lines of
+//! [`crate::agent::prompts::labels`], and that is where the offline model finds what it needs:
+//!
+//! - plan: the query is the last user message; the cap is the system prompt's
+//!   `Use at most N items.`; a refinement note (`This thread already has a plan.`) lists the
+//!   existing items, `- <id> [<status>]: <description>`;
+//! - execute: the item brief (the first user message) gives `Your item [<id>]: <description>`,
+//!   `Required tools: …` and the `Results of earlier items:` section; tool results are the `tool`
+//!   messages;
+//! - synthesize: the synthesis brief's `Results of the plan's items:` section;
+//! - compact: the user message after its first line (`Result of item [<id>] …:`).
+//!
+//! Its tests build their requests with the engine's own prompt builders, so a prompt change that
+//! breaks the contract breaks them. The only prose it interprets is the query: arithmetic
+//! expressions (checked with the calculator's own parser), a question about the time, "ask me",
+//! and its independent parts (split at `?`, `;` and line breaks) when no tool applies.
 
 use serde_json::{Value, json};
 
 use super::{ChatMessage, ChatRequest, ChatResponse, LlmError, LlmProvider, Phase, Role, ToolCall};
-use crate::model::Usage;
+use crate::agent::prompts::labels;
+use crate::model::{ItemId, ItemStatus, Usage};
 use crate::tools::builtin::{evaluate, parse_timezone};
 
 /// Prefix of every synthesized response of the offline model.
 pub const OFFLINE_NOTICE: &str = "[offline model: not a real LLM] ";
 
-/// Items a plan holds when the hints give no bound.
+/// Items a plan holds when the system prompt gives no bound.
 const DEFAULT_MAX_ITEMS: usize = 20;
 /// Longest query quoted in an item description.
 const MAX_QUOTED_QUERY: usize = 500;
@@ -65,6 +79,9 @@ impl PlanItem {
             "requiredTools": self.required_tools,
             "expectedOutcome": self.expected_outcome,
             "dependencies": self.dependencies,
+            "kind": "leaf",
+            "role": null,
+            "toolAllowlist": null,
         })
     }
 }
@@ -82,6 +99,12 @@ const TIME_PREFIX: &str = "Look up the current time";
 const ASK_PREFIX: &str = "Ask the user: ";
 /// The question the offline model asks when a query says "ask me".
 const ASK_QUESTION: &str = "What should I know to answer?";
+/// Prefix of an item that answers one independent part of a query that needs no tool.
+const PART_PREFIX: &str = "Answer this part: ";
+/// Expected outcome of such an item.
+const PART_OUTCOME: &str = "An answer to this part of the query";
+/// Fewest words a piece of a query needs to be an independent part.
+const MIN_PART_WORDS: usize = 2;
 
 fn truncate_chars(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
@@ -178,7 +201,22 @@ fn detect_zone(text: &str) -> Option<String> {
         })
 }
 
-/// New items for a query: one per arithmetic expression, one for the time, then the answer.
+/// The independent parts of a query: its pieces between `?`, `;` and line breaks that hold at
+/// least [`MIN_PART_WORDS`] words, when there are at least two (a single part is the query).
+fn independent_parts(query: &str) -> Vec<String> {
+    let mut parts: Vec<String> = Vec::new();
+    for piece in query.split(['?', ';', '\n']) {
+        let piece = piece.trim().trim_end_matches(['.', '!', ',']).trim_end();
+        if words(piece).count() >= MIN_PART_WORDS && !parts.iter().any(|p| p == piece) {
+            parts.push(piece.to_owned());
+        }
+    }
+    if parts.len() < 2 { Vec::new() } else { parts }
+}
+
+/// New items for a query: one per arithmetic expression, one for the time, one to ask the user,
+/// or, when none of these applies, one per independent part of the query; then the answer, which
+/// depends on all of them. The parts have no dependency between them, so they run in parallel.
 fn drafts_for(query: &str) -> (Vec<Draft>, Draft) {
     let mut tools: Vec<Draft> = detect_expressions(query)
         .into_iter()
@@ -204,6 +242,16 @@ fn drafts_for(query: &str) -> (Vec<Draft>, Draft) {
             expected_outcome: "The user's answer".into(),
         });
     }
+    if tools.is_empty() {
+        tools = independent_parts(query)
+            .into_iter()
+            .map(|part| Draft {
+                description: format!("{PART_PREFIX}{}", truncate_chars(&part, MAX_QUOTED_QUERY)),
+                tool: None,
+                expected_outcome: PART_OUTCOME.into(),
+            })
+            .collect();
+    }
     let answer = Draft {
         description: format!(
             "{ANSWER_PREFIX}{}",
@@ -216,11 +264,12 @@ fn drafts_for(query: &str) -> (Vec<Draft>, Draft) {
 }
 
 /// What an existing item must have been, from its description alone (the offline model wrote
-/// it); answer items depend on the tool items since the previous answer, as when first planned.
-fn rebuild_existing(existing: &[(String, String, String)]) -> Vec<PlanItem> {
+/// it): answer items depend on the tool and part items since the previous answer, as when first
+/// planned.
+fn rebuild_existing(existing: &[(String, String)]) -> Vec<PlanItem> {
     let mut items = Vec::new();
     let mut batch: Vec<String> = Vec::new();
-    for (id, description, _status) in existing {
+    for (id, description) in existing {
         let tool = if description.starts_with(CALCULATE_PREFIX) {
             Some("calculator")
         } else if description.starts_with(TIME_PREFIX) {
@@ -251,6 +300,17 @@ fn rebuild_existing(existing: &[(String, String, String)]) -> Vec<PlanItem> {
                     dependencies: vec![],
                 }
             }
+            None if description.starts_with(PART_PREFIX) => {
+                batch.push(id.clone());
+                PlanItem {
+                    id: id.clone(),
+                    description: description.clone(),
+                    step_type: "reasoning",
+                    required_tools: vec![],
+                    expected_outcome: PART_OUTCOME.into(),
+                    dependencies: vec![],
+                }
+            }
             None => PlanItem {
                 id: id.clone(),
                 description: description.clone(),
@@ -269,19 +329,15 @@ fn rebuild_existing(existing: &[(String, String, String)]) -> Vec<PlanItem> {
     items
 }
 
-/// The `pes_plan` reply for the hints.
+/// The `pes_plan` reply for the query of a planning request.
 fn plan(req: &ChatRequest) -> Value {
-    let hints = &req.hints;
-    let query = query_of(req);
-    let cap = match hints.max_items {
-        0 => DEFAULT_MAX_ITEMS,
-        n => n as usize,
-    };
-    let mut items = rebuild_existing(&hints.existing_items);
+    let query = last_user_text(req).unwrap_or_default();
+    let cap = max_items(req).unwrap_or(DEFAULT_MAX_ITEMS);
+    let mut items = rebuild_existing(&existing_items(req));
     let room = cap.saturating_sub(items.len());
     if room > 0 {
-        let (mut tools, answer) = drafts_for(&query);
-        tools.truncate(room - 1);
+        let (mut drafts, answer) = drafts_for(query);
+        drafts.truncate(room - 1);
         let highest = items
             .iter()
             .filter_map(|i| i.id.strip_prefix("step-")?.parse::<usize>().ok())
@@ -295,14 +351,18 @@ fn plan(req: &ChatRequest) -> Value {
                 return id;
             }
         };
-        let mut tool_ids = Vec::new();
-        for d in tools {
+        let mut draft_ids = Vec::new();
+        for d in drafts {
             let id = fresh_id(&items);
-            tool_ids.push(id.clone());
+            draft_ids.push(id.clone());
             items.push(PlanItem {
                 id,
                 description: d.description,
-                step_type: "tool",
+                step_type: if d.tool.is_some() {
+                    "tool"
+                } else {
+                    "reasoning"
+                },
                 required_tools: d.tool.into_iter().collect(),
                 expected_outcome: d.expected_outcome,
                 dependencies: vec![],
@@ -315,7 +375,7 @@ fn plan(req: &ChatRequest) -> Value {
             step_type: "reasoning",
             required_tools: vec![],
             expected_outcome: answer.expected_outcome,
-            dependencies: tool_ids,
+            dependencies: draft_ids,
         });
     }
     let steps: Vec<String> = items
@@ -335,17 +395,169 @@ fn plan(req: &ChatRequest) -> Value {
     })
 }
 
-/// The run's query: from the hints, else the last user message.
-fn query_of(req: &ChatRequest) -> String {
-    if !req.hints.query.trim().is_empty() {
-        return req.hints.query.clone();
-    }
+// Reading the engine's prompts (`prompts::labels` is the contract).
+
+/// The texts of the messages of one role, in order.
+fn texts(req: &ChatRequest, role: Role) -> impl DoubleEndedIterator<Item = &str> {
     req.messages
         .iter()
+        .filter(move |m| m.role == role)
+        .map(|m| m.content.as_deref().unwrap_or(""))
+}
+
+/// The last user message: a planning request's query, a compaction request's text.
+fn last_user_text(req: &ChatRequest) -> Option<&str> {
+    texts(req, Role::User).next_back()
+}
+
+/// The first user message: an item's brief, the synthesis brief.
+fn first_user_text(req: &ChatRequest) -> &str {
+    texts(req, Role::User).next().unwrap_or("")
+}
+
+/// The planning cap: the last `Use at most <n> items.` line of the system prompt (the engine's
+/// line follows any persona text); `None` when absent or zero.
+fn max_items(req: &ChatRequest) -> Option<usize> {
+    texts(req, Role::System)
+        .flat_map(str::lines)
+        .filter_map(|l| {
+            l.strip_prefix(labels::MAX_ITEMS)?
+                .strip_suffix(" items.")?
+                .parse::<usize>()
+                .ok()
+        })
+        .next_back()
+        .filter(|&n| n > 0)
+}
+
+/// The items of the refinement note, (id, description), when the request refines a plan. The note
+/// is a user message before the query; its entries are `- <id> [<status>]: <description>`,
+/// possibly followed by ` (result: …)` whose text may run over several lines: only lines with a
+/// valid id and status are entries.
+fn existing_items(req: &ChatRequest) -> Vec<(String, String)> {
+    let Some(note) = texts(req, Role::User)
         .rev()
-        .find(|m| m.role == Role::User)
-        .and_then(|m| m.content.clone())
-        .unwrap_or_default()
+        .skip(1)
+        .find(|t| t.starts_with(labels::REFINEMENT))
+    else {
+        return Vec::new();
+    };
+    note.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let (id, rest) = line.strip_prefix("- ")?.split_once(" [")?;
+            let (status, rest) = rest.split_once("]: ")?;
+            ItemId::parse(id).ok()?;
+            status.parse::<ItemStatus>().ok()?;
+            let description = rest.split_once(" (result: ").map_or(rest, |(d, _)| d);
+            Some((id.to_owned(), description.to_owned()))
+        })
+        .collect()
+}
+
+/// Whether a line of a brief starts the part that follows the query.
+fn ends_the_query(line: &str) -> bool {
+    line.starts_with(labels::PLAN)
+        || line == labels::EARLIER_RESULTS
+        || line == labels::ITEM_RESULTS
+        || line.starts_with(labels::ROLE)
+        || line.starts_with(labels::ITEM)
+}
+
+/// A brief's query (`User query: …`, which may run over several lines) and the index of the
+/// first line after it.
+fn brief_query(lines: &[&str]) -> (String, usize) {
+    let Some(first) = lines.first().and_then(|l| l.strip_prefix(labels::QUERY)) else {
+        return (String::new(), 0);
+    };
+    let end = lines[1..]
+        .iter()
+        .position(|l| ends_the_query(l))
+        .map_or(lines.len(), |i| i + 1);
+    let mut query = vec![first];
+    query.extend_from_slice(&lines[1..end]);
+    (query.join("\n").trim().to_owned(), end)
+}
+
+/// The entries of the results section under `header`, each `<description>: <output>` with the
+/// output's line breaks restored. The description and the output stay one text: a description
+/// may itself hold `: ` (the answer items' do), so the line cannot say where it ends, and the
+/// offline model only ever quotes the two together. A failed or cancelled item's output reads
+/// `FAILED (…)` or `CANCELLED (…)`.
+fn results_section(lines: &[&str], header: &str) -> Vec<String> {
+    let Some(start) = lines.iter().position(|l| *l == header) else {
+        return Vec::new();
+    };
+    let mut entries: Vec<String> = Vec::new();
+    for line in &lines[start + 1..] {
+        if let Some((_id, text)) = line
+            .strip_prefix("- [")
+            .and_then(|rest| rest.split_once("] "))
+        {
+            entries.push(text.to_owned());
+        } else if let (Some(more), Some(entry)) = (line.strip_prefix("  "), entries.last_mut()) {
+            entry.push('\n');
+            entry.push_str(more);
+        } else {
+            break;
+        }
+    }
+    entries
+}
+
+/// What the offline model reads in an item's brief.
+#[derive(Debug, Default, PartialEq)]
+struct ItemBrief {
+    query: String,
+    /// The item's id: its tool call ids carry it, so parallel items never share one.
+    item_id: String,
+    description: String,
+    required_tools: Vec<String>,
+    /// Entries of `Results of earlier items:` (see [`results_section`]).
+    earlier: Vec<String>,
+}
+
+/// Read an item brief (`prompts::item_brief`): the query, the results, then, after the role, the
+/// last `Your item [<id>]: <description>` line (the description runs until `Expected outcome:` or
+/// `Required tools:`), and the required tools.
+fn read_item_brief(text: &str) -> ItemBrief {
+    let lines: Vec<&str> = text.lines().collect();
+    let (query, after_query) = brief_query(&lines);
+    let rest = &lines[after_query..];
+    let earlier = results_section(rest, labels::EARLIER_RESULTS);
+    // The last such line: the plan and the role's fragment come before it and are free text.
+    let Some(at) = rest.iter().rposition(|l| l.starts_with(labels::ITEM)) else {
+        return ItemBrief {
+            query,
+            earlier,
+            ..Default::default()
+        };
+    };
+    let (item_id, first) = rest[at][labels::ITEM.len()..]
+        .split_once("]: ")
+        .unwrap_or(("", ""));
+    let is_field =
+        |l: &&str| l.starts_with(labels::EXPECTED) || l.starts_with(labels::REQUIRED_TOOLS);
+    let mut description = vec![first];
+    description.extend(rest[at + 1..].iter().take_while(|l| !is_field(l)));
+    let required_tools = rest[at + 1..]
+        .iter()
+        .find_map(|l| l.strip_prefix(labels::REQUIRED_TOOLS))
+        .map(|list| {
+            list.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    ItemBrief {
+        query,
+        item_id: item_id.to_owned(),
+        description: description.join("\n").trim().to_owned(),
+        required_tools,
+        earlier,
+    }
 }
 
 /// The name of the tool a tool call id belongs to, from the assistant messages.
@@ -398,7 +610,6 @@ fn describe_tool_result(messages: &[ChatMessage], msg: &ChatMessage) -> String {
 
 /// Execute phase: call the item's tool once, then answer from its result.
 fn execute(req: &ChatRequest) -> (Option<String>, Vec<ToolCall>) {
-    let hints = &req.hints;
     let results: Vec<&ChatMessage> = req
         .messages
         .iter()
@@ -412,11 +623,12 @@ fn execute(req: &ChatRequest) -> (Option<String>, Vec<ToolCall>) {
         return (Some(lines.join("\n")), vec![]);
     }
     let offered = |name: &str| req.tools.iter().any(|t| t.name == name);
-    let description = hints.item_description.clone().unwrap_or_default();
+    let brief = read_item_brief(first_user_text(req));
+    let description = brief.description.clone();
     let made_before: usize = req.messages.iter().map(|m| m.tool_calls.len()).sum();
     let mut calls = Vec::new();
     let mut notes = Vec::new();
-    for tool in &hints.required_tools {
+    for tool in &brief.required_tools {
         let arguments = match tool.as_str() {
             "calculator" => {
                 let expr = description
@@ -451,7 +663,7 @@ fn execute(req: &ChatRequest) -> (Option<String>, Vec<ToolCall>) {
             continue;
         }
         calls.push(ToolCall {
-            id: format!("call_{}", made_before + calls.len() + 1),
+            id: format!("call_{}_{}", brief.item_id, made_before + calls.len() + 1),
             name: tool.clone(),
             arguments,
         });
@@ -462,56 +674,39 @@ fn execute(req: &ChatRequest) -> (Option<String>, Vec<ToolCall>) {
     if !notes.is_empty() {
         return (Some(notes.join(" ")), vec![]);
     }
-    (Some(reasoning_answer(req)), vec![])
+    (Some(reasoning_answer(&brief)), vec![])
 }
 
-/// A reasoning item's answer: the previous step outputs (from the hints, else the context the
-/// agent put in the user messages).
-fn reasoning_answer(req: &ChatRequest) -> String {
-    let query = query_of(req);
-    if !req.hints.step_outputs.is_empty() {
-        let parts: Vec<String> = req
-            .hints
-            .step_outputs
-            .iter()
-            .map(|(d, r)| format!("{d}: {r}"))
-            .collect();
-        return format!("Answer to \"{}\": {}", query.trim(), parts.join("; "));
+/// A reasoning item's answer. An independent part is answered for itself, whatever else has
+/// finished (parts run in parallel, so what they see of each other depends on timing); any other
+/// item quotes the earlier results its brief holds.
+fn reasoning_answer(brief: &ItemBrief) -> String {
+    if let Some(part) = brief.description.strip_prefix(PART_PREFIX) {
+        return format!(
+            "The offline model cannot work out \"{part}\"; a real model would answer this part here."
+        );
     }
-    let context: Vec<&str> = req
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::User)
-        .filter_map(|m| m.content.as_deref())
-        .filter(|c| c.trim() != query.trim())
-        .collect();
-    if context.is_empty() {
-        format!(
-            "Answer to \"{}\": no earlier step produced a result.",
-            query.trim()
-        )
+    let query = brief.query.trim();
+    if brief.earlier.is_empty() {
+        format!("Answer to \"{query}\": no earlier step produced a result.")
     } else {
-        format!(
-            "Answer to \"{}\", based on: {}",
-            query.trim(),
-            truncate_chars(&context.join("\n"), 1500)
-        )
+        format!("Answer to \"{query}\": {}", brief.earlier.join("; "))
     }
 }
 
-/// The `pes_synthesis` reply.
+/// The `pes_synthesis` reply: every item of the synthesis brief, with its output (or why it did
+/// not complete).
 fn synthesize(req: &ChatRequest) -> Value {
-    let query = query_of(req);
+    let lines: Vec<&str> = first_user_text(req).lines().collect();
+    let (query, after_query) = brief_query(&lines);
+    let results = results_section(&lines[after_query..], labels::ITEM_RESULTS);
     let mut response = String::from(OFFLINE_NOTICE);
-    if req.hints.step_outputs.is_empty() {
-        response.push_str(&format!(
-            "No step produced a result for \"{}\".",
-            query.trim()
-        ));
+    if results.is_empty() {
+        response.push_str(&format!("No step produced a result for \"{query}\"."));
     } else {
-        response.push_str(&format!("Results for \"{}\":", query.trim()));
-        for (description, result) in &req.hints.step_outputs {
-            response.push_str(&format!("\n- {description}: {result}"));
+        response.push_str(&format!("Results for \"{query}\":"));
+        for entry in &results {
+            response.push_str(&format!("\n- {}", entry.replace('\n', "\n  ")));
         }
     }
     json!({
@@ -523,22 +718,20 @@ fn synthesize(req: &ChatRequest) -> Value {
     })
 }
 
-/// The `pes_compaction` reply: the conversation's text, truncated.
+/// The `pes_compaction` reply: the beginning of the result to compact (the user message after its
+/// `Result of item [<id>] …:` line), at most [`MAX_SUMMARY`] bytes. A longer result gets a strict
+/// prefix, so the summary is always shorter than what it replaces, in bytes and in characters.
 fn compact(req: &ChatRequest) -> Value {
-    let mut parts: Vec<String> = req
-        .hints
-        .step_outputs
-        .iter()
-        .map(|(d, r)| format!("{d}: {r}"))
-        .collect();
-    parts.extend(
-        req.messages
-            .iter()
-            .filter(|m| m.role != Role::System)
-            .filter_map(|m| m.content.clone())
-            .filter(|c| !c.trim().is_empty()),
-    );
-    json!({ "summary": super::truncate(&parts.join("\n"), MAX_SUMMARY) })
+    let text = last_user_text(req).unwrap_or_default();
+    let result = match text.split_once('\n') {
+        Some((first, rest)) if first.starts_with(labels::TO_COMPACT) => rest,
+        _ => text,
+    };
+    let mut end = result.len().min(MAX_SUMMARY);
+    while !result.is_char_boundary(end) {
+        end -= 1;
+    }
+    json!({ "summary": &result[..end] })
 }
 
 /// Rough token count: a token per four characters.
@@ -606,40 +799,82 @@ impl LlmProvider for OfflineProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::{RequestHints, ToolSpec};
+    use crate::agent::plan::{self, PlanReply};
+    use crate::agent::prompts::{self, Brief, Outcome, ResultLine};
+    use crate::llm::ToolSpec;
+    use crate::model::{AgentConfig, TodoItem, ToolValidationMode};
     use crate::tools::ToolRegistry;
 
-    fn req(phase: Phase, hints: RequestHints) -> ChatRequest {
+    fn request(phase: Phase, messages: Vec<ChatMessage>) -> ChatRequest {
         ChatRequest {
             phase,
             model: None,
-            messages: vec![
-                ChatMessage::system("system"),
-                ChatMessage::user(hints.query.clone()),
-            ],
+            messages,
             tools: ToolRegistry::with_builtins().specs(None),
             response_format: None,
-            hints,
         }
     }
 
-    async fn plan_for(query: &str, max_items: u32, existing: Vec<(&str, &str)>) -> Value {
-        let hints = RequestHints {
-            query: query.into(),
+    /// A planning request as the planner builds it: system prompt, history, the refinement note
+    /// when a plan exists, then the query.
+    fn plan_request(
+        query: &str,
+        max_items: u32,
+        history: &[&str],
+        existing: &[TodoItem],
+    ) -> ChatRequest {
+        let described: Vec<(String, String)> = ToolRegistry::with_builtins()
+            .specs(None)
+            .into_iter()
+            .map(|t| (t.name, t.description))
+            .collect();
+        let mut messages = vec![ChatMessage::system(prompts::planning_system(
+            &AgentConfig::default(),
+            &described,
             max_items,
-            existing_items: existing
-                .into_iter()
-                .map(|(i, d)| (i.into(), d.into(), "completed".into()))
-                .collect(),
-            ..Default::default()
-        };
-        let r = OfflineProvider::new()
-            .complete(req(Phase::Plan, hints))
-            .await
-            .unwrap();
+            true,
+        ))];
+        messages.extend(history.iter().map(|h| ChatMessage::user(*h)));
+        if !existing.is_empty() {
+            messages.push(ChatMessage::user(prompts::refinement_note(existing)));
+        }
+        messages.push(ChatMessage::user(query));
+        request(Phase::Plan, messages)
+    }
+
+    async fn reply(req: ChatRequest) -> Value {
+        let r = OfflineProvider::new().complete(req).await.unwrap();
         assert_eq!(r.usage.llm_calls, 1);
         assert!(r.usage.total_tokens > 0);
         serde_json::from_str(r.content.as_deref().unwrap()).unwrap()
+    }
+
+    async fn plan_for(query: &str, max_items: u32) -> Value {
+        reply(plan_request(query, max_items, &[], &[])).await
+    }
+
+    /// The items of an offline plan as the engine stores them (validated), all completed.
+    fn completed_items(plan_json: &Value) -> Vec<TodoItem> {
+        let reply: PlanReply = serde_json::from_value(plan_json.clone()).unwrap();
+        let known = ToolRegistry::with_builtins().names();
+        plan::validate(
+            &reply.todo_list,
+            &[],
+            &plan::Rules {
+                known_tools: &known,
+                roles: None,
+                max_items: 20,
+            },
+        )
+            .unwrap()
+            .iter()
+            .map(|v| {
+                let mut it = plan::new_item(v, ToolValidationMode::Advisory);
+                it.status = ItemStatus::Completed;
+                it.result = Some(format!("done: {}\nsecond line", v.description));
+                it
+            })
+            .collect()
     }
 
     fn descriptions(plan: &Value) -> Vec<String> {
@@ -649,6 +884,41 @@ mod tests {
             .iter()
             .map(|i| i["description"].as_str().unwrap().to_owned())
             .collect()
+    }
+
+    fn completed(id: &str, description: &str, output: &str) -> ResultLine {
+        ResultLine {
+            id: id.into(),
+            description: description.into(),
+            outcome: Outcome::Completed(output.into()),
+        }
+    }
+
+    /// An execution request as the executor builds it: system prompt, then the item's brief.
+    fn execute_request(
+        query: &str,
+        description: &str,
+        required_tools: &[&str],
+        earlier: Vec<ResultLine>,
+    ) -> ChatRequest {
+        let required: Vec<String> = required_tools.iter().map(|t| (*t).to_owned()).collect();
+        let brief = prompts::item_brief(&Brief {
+            query,
+            plan: Some("1. Something\n2. Something else"),
+            earlier,
+            role: Some(("Analyst", "You check numbers.\nYour item [x]: not this one")),
+            item_id: "step-9",
+            description,
+            expected_outcome: Some("An outcome\nover two lines"),
+            required_tools: &required,
+        });
+        request(
+            Phase::Execute,
+            vec![
+                ChatMessage::system(prompts::execution_system(&AgentConfig::default(), true)),
+                ChatMessage::user(brief),
+            ],
+        )
     }
 
     #[test]
@@ -683,9 +953,40 @@ mod tests {
         assert_eq!(detect_zone("what is 12/4"), None);
     }
 
+    #[test]
+    fn an_item_brief_is_read_through_its_labels() {
+        let req = execute_request(
+            "what is 2+2\nand more",
+            "Compose the answer to: what is 2+2",
+            &["calculator", "current_time"],
+            vec![
+                completed("step-1", "Calculate 2+2", "2+2 = 4\nsecond line"),
+                ResultLine {
+                    id: "step-2".into(),
+                    description: "Ask the user".into(),
+                    outcome: Outcome::Failed("no answer".into()),
+                },
+            ],
+        );
+        assert_eq!(
+            read_item_brief(first_user_text(&req)),
+            ItemBrief {
+                query: "what is 2+2\nand more".into(),
+                item_id: "step-9".into(),
+                description: "Compose the answer to: what is 2+2".into(),
+                required_tools: vec!["calculator".into(), "current_time".into()],
+                earlier: vec![
+                    "Calculate 2+2: 2+2 = 4\nsecond line".into(),
+                    "Ask the user: FAILED (no answer)".into()
+                ],
+            }
+        );
+        assert_eq!(read_item_brief("no labels at all"), ItemBrief::default());
+    }
+
     #[tokio::test]
     async fn a_plan_has_one_item_per_expression_and_a_final_answer() {
-        let p = plan_for("what is 12*(3+4) and 2^10", 10, vec![]).await;
+        let p = plan_for("what is 12*(3+4) and 2^10", 10).await;
         assert_eq!(p["title"], "what is 12*(3+4) and 2^10");
         assert!(
             p["intent"]
@@ -699,7 +1000,7 @@ mod tests {
             list[0],
             json!({"id": "step-1", "description": "Calculate 12*(3+4)", "stepType": "tool",
                    "requiredTools": ["calculator"], "expectedOutcome": "The value of 12*(3+4)",
-                   "dependencies": []})
+                   "dependencies": [], "kind": "leaf", "role": null, "toolAllowlist": null})
         );
         assert_eq!(list[1]["description"], "Calculate 2^10");
         assert_eq!(list[2]["id"], "step-3");
@@ -717,7 +1018,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_time_question_plans_a_current_time_step() {
-        let p = plan_for("What time is it in Asia/Tokyo?", 10, vec![]).await;
+        let p = plan_for("What time is it in Asia/Tokyo?", 10).await;
         let list = p["todoList"].as_array().unwrap();
         assert_eq!(list.len(), 2);
         assert_eq!(
@@ -726,7 +1027,7 @@ mod tests {
         );
         assert_eq!(list[0]["requiredTools"], json!(["current_time"]));
         assert_eq!(list[1]["dependencies"], json!(["step-1"]));
-        let p = plan_for("tell me a joke", 10, vec![]).await;
+        let p = plan_for("tell me a joke", 10).await;
         assert_eq!(
             descriptions(&p),
             vec!["Compose the answer to: tell me a joke"]
@@ -734,8 +1035,62 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn independent_parts_of_a_query_become_parallel_items() {
+        let query =
+            "Compare the history of Rome; summarize the causes of WW1; list three prime numbers";
+        let p = plan_for(query, 10).await;
+        let list = p["todoList"].as_array().unwrap();
+        assert_eq!(
+            descriptions(&p),
+            vec![
+                "Answer this part: Compare the history of Rome",
+                "Answer this part: summarize the causes of WW1",
+                "Answer this part: list three prime numbers",
+                &format!("Compose the answer to: {query}"),
+            ]
+        );
+        for part in &list[..3] {
+            assert_eq!(part["stepType"], "reasoning");
+            assert_eq!(part["requiredTools"], json!([]));
+            assert_eq!(part["dependencies"], json!([]), "{part}");
+        }
+        assert_eq!(
+            list[3]["dependencies"],
+            json!(["step-1", "step-2", "step-3"])
+        );
+
+        // Questions split at `?`; trivial pieces do not count.
+        let p = plan_for("Who built the pyramids? Why is the sky blue? Why?", 10).await;
+        assert_eq!(
+            descriptions(&p)[..2],
+            [
+                "Answer this part: Who built the pyramids",
+                "Answer this part: Why is the sky blue"
+            ]
+        );
+        assert_eq!(descriptions(&p).len(), 3);
+        // One real part, or a query with a tool, is planned as before.
+        for q in [
+            "What is the capital of France? Thanks",
+            "what is 2+3? and 4*5?",
+        ] {
+            let p = plan_for(q, 10).await;
+            assert!(
+                descriptions(&p).iter().all(|d| !d.starts_with(PART_PREFIX)),
+                "{q}: {p}"
+            );
+        }
+        // The cap leaves room for the answer.
+        let p = plan_for(query, 3).await;
+        assert_eq!(
+            p["todoList"][2]["dependencies"],
+            json!(["step-1", "step-2"])
+        );
+    }
+
+    #[tokio::test]
     async fn plans_respect_max_items_and_a_long_query_makes_a_short_title() {
-        let p = plan_for("1+1, 2+2, 3+3 and 4+4", 3, vec![]).await;
+        let p = plan_for("1+1, 2+2, 3+3 and 4+4", 3).await;
         assert_eq!(
             descriptions(&p),
             vec![
@@ -744,58 +1099,65 @@ mod tests {
                 "Compose the answer to: 1+1, 2+2, 3+3 and 4+4"
             ]
         );
-        let p = plan_for("1+1 and 2+2", 1, vec![]).await;
+        let p = plan_for("1+1 and 2+2", 1).await;
         assert_eq!(descriptions(&p).len(), 1);
         let long = "why ".repeat(40);
-        let p = plan_for(&long, 5, vec![]).await;
+        let p = plan_for(&long, 5).await;
         assert!(p["title"].as_str().unwrap().chars().count() <= 61);
+        // Without the cap line, the default bound applies.
+        let many: Vec<String> = (1..=25).map(|i| format!("{i}+{i}")).collect();
+        let mut req = plan_request(&many.join(", "), 5, &[], &[]);
+        req.messages[0] = ChatMessage::system("Plan.");
+        assert_eq!(max_items(&req), None);
+        let p = reply(req).await;
+        assert_eq!(descriptions(&p).len(), DEFAULT_MAX_ITEMS);
     }
 
     #[tokio::test]
     async fn refinement_keeps_existing_items_and_continues_the_numbering() {
-        let first = plan_for("what is 2+2", 10, vec![]).await;
-        let existing: Vec<(String, String)> = first["todoList"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| {
-                (
-                    i["id"].as_str().unwrap().into(),
-                    i["description"].as_str().unwrap().into(),
-                )
-            })
-            .collect();
-        let refs: Vec<(&str, &str)> = existing
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
-        let p = plan_for("and 3*3?", 10, refs).await;
-        let list = p["todoList"].as_array().unwrap();
-        // The kept items are exactly as first planned.
-        assert_eq!(list[..2], first["todoList"].as_array().unwrap()[..]);
-        assert_eq!(list[2]["id"], "step-3");
-        assert_eq!(list[2]["description"], "Calculate 3*3");
-        assert_eq!(list[3]["id"], "step-4");
-        assert_eq!(list[3]["dependencies"], json!(["step-3"]));
+        for first_query in [
+            "what is 2+2",
+            "Who built Rome? Who built Athens?",
+            "What time is it in UTC? ask me",
+        ] {
+            let first = plan_for(first_query, 10).await;
+            let items = completed_items(&first);
+            let req = plan_request("and 3*3?", 10, &[first_query], &items);
+            assert_eq!(existing_items(&req).len(), items.len(), "{first_query}");
+            let p = reply(req).await;
+            let list = p["todoList"].as_array().unwrap();
+            let kept = items.len();
+            // The kept items are exactly as first planned, dependencies included.
+            assert_eq!(list[..kept], first["todoList"].as_array().unwrap()[..]);
+            // The new query is planned; the previous one (in the history) is not planned again.
+            assert_eq!(list.len(), kept + 2, "{p}");
+            assert_eq!(list[kept]["id"], format!("step-{}", kept + 1));
+            assert_eq!(list[kept]["description"], "Calculate 3*3");
+            assert_eq!(list[kept + 1]["id"], format!("step-{}", kept + 2));
+            assert_eq!(
+                list[kept + 1]["dependencies"],
+                json!([format!("step-{}", kept + 1)])
+            );
+            assert_eq!(p["title"], "and 3*3?");
+        }
     }
 
     #[tokio::test]
     async fn execute_calls_the_tool_then_answers_from_its_result() {
-        let hints = RequestHints {
-            query: "what is 12*(3+4)".into(),
-            item_description: Some("Calculate 12*(3+4)".into()),
-            required_tools: vec!["calculator".into()],
-            ..Default::default()
-        };
         let offline = OfflineProvider::new();
-        let mut request = req(Phase::Execute, hints);
+        let mut request = execute_request(
+            "what is 12*(3+4)",
+            "Calculate 12*(3+4)",
+            &["calculator"],
+            vec![],
+        );
         let r = offline.complete(request.clone()).await.unwrap();
         assert_eq!(r.content, None);
         assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
         assert_eq!(
             r.tool_calls,
             vec![ToolCall {
-                id: "call_1".into(),
+                id: "call_step-9_1".into(),
                 name: "calculator".into(),
                 arguments: json!({"expression": "12*(3+4)"})
             }]
@@ -815,7 +1177,7 @@ mod tests {
             .push(ChatMessage::assistant(None, r.tool_calls.clone()));
         request
             .messages
-            .push(ChatMessage::tool("call_1", outcome.to_model_text()));
+            .push(ChatMessage::tool("call_step-9_1", outcome.to_model_text()));
         let r = offline.complete(request).await.unwrap();
         assert_eq!(r.content.as_deref(), Some("12*(3+4) = 84"));
         assert!(r.tool_calls.is_empty());
@@ -823,25 +1185,17 @@ mod tests {
 
     #[tokio::test]
     async fn execute_reports_tool_errors_and_time_results() {
-        let mut request = req(
-            Phase::Execute,
-            RequestHints {
-                query: "1/0".into(),
-                item_description: Some("Calculate 1/0".into()),
-                required_tools: vec!["calculator".into()],
-                ..Default::default()
-            },
-        );
+        let mut request = execute_request("1/0", "Calculate 1/0", &["calculator"], vec![]);
         request.messages.push(ChatMessage::assistant(
             None,
             vec![ToolCall {
-                id: "call_1".into(),
+                id: "call_step-9_1".into(),
                 name: "calculator".into(),
                 arguments: json!({"expression": "1/0"}),
             }],
         ));
         request.messages.push(ChatMessage::tool(
-            "call_1",
+            "call_step-9_1",
             r#"{"error":"division by zero"}"#,
         ));
         let r = OfflineProvider::new().complete(request).await.unwrap();
@@ -850,14 +1204,11 @@ mod tests {
             Some("The calculator tool failed: division by zero")
         );
 
-        let request = req(
-            Phase::Execute,
-            RequestHints {
-                query: "time in Europe/Paris".into(),
-                item_description: Some("Look up the current time in Europe/Paris".into()),
-                required_tools: vec!["current_time".into()],
-                ..Default::default()
-            },
+        let request = execute_request(
+            "time in Europe/Paris",
+            "Look up the current time in Europe/Paris",
+            &["current_time"],
+            vec![],
         );
         let r = OfflineProvider::new().complete(request).await.unwrap();
         assert_eq!(r.tool_calls[0].name, "current_time");
@@ -869,15 +1220,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_disabled_tool_is_not_called() {
-        let mut request = req(
-            Phase::Execute,
-            RequestHints {
-                query: "2+2".into(),
-                item_description: Some("Calculate 2+2".into()),
-                required_tools: vec!["calculator".into()],
-                ..Default::default()
-            },
-        );
+        let mut request = execute_request("2+2", "Calculate 2+2", &["calculator"], vec![]);
         request.tools = vec![ToolSpec {
             name: "current_time".into(),
             description: String::new(),
@@ -893,79 +1236,147 @@ mod tests {
 
     #[tokio::test]
     async fn reasoning_items_summarize_previous_outputs() {
-        let request = req(
-            Phase::Execute,
-            RequestHints {
-                query: "what is 2+2".into(),
-                item_description: Some("Compose the answer to: what is 2+2".into()),
-                step_outputs: vec![("Calculate 2+2".into(), "2+2 = 4".into())],
-                ..Default::default()
-            },
+        let request = execute_request(
+            "what is 2+2",
+            "Compose the answer to: what is 2+2",
+            &[],
+            vec![completed("step-1", "Calculate 2+2", "2+2 = 4")],
         );
         let r = OfflineProvider::new().complete(request).await.unwrap();
         assert_eq!(
             r.content.as_deref(),
             Some("Answer to \"what is 2+2\": Calculate 2+2: 2+2 = 4")
         );
+        let request = execute_request("hello", "Compose the answer to: hello", &[], vec![]);
+        let r = OfflineProvider::new().complete(request).await.unwrap();
+        assert_eq!(
+            r.content.as_deref(),
+            Some("Answer to \"hello\": no earlier step produced a result.")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_part_item_answers_its_part_whatever_else_finished() {
+        let answer = |earlier: Vec<ResultLine>| async move {
+            let request = execute_request(
+                "Who built Rome? Who built Athens?",
+                "Answer this part: Who built Rome",
+                &[],
+                earlier,
+            );
+            let r = OfflineProvider::new().complete(request).await.unwrap();
+            r.content.unwrap()
+        };
+        let alone = answer(vec![]).await;
+        assert!(alone.contains("\"Who built Rome\""), "{alone}");
+        let after_a_sibling = answer(vec![completed(
+            "step-2",
+            "Answer this part: Who built Athens",
+            "x",
+        )])
+        .await;
+        assert_eq!(alone, after_a_sibling);
     }
 
     #[tokio::test]
     async fn synthesis_says_it_is_offline_and_includes_every_result() {
-        let request = req(
+        let brief = prompts::synthesis_brief(
+            "what is 2+2 and 3*3",
+            Some("1. Calculate 2+2\n2. Calculate 3*3"),
+            &[
+                completed("step-1", "Calculate 2+2", "2+2 = 4"),
+                completed("step-2", "Calculate 3*3", "3*3 = 9\nnine"),
+                ResultLine {
+                    id: "step-3".into(),
+                    description: "Look up the current time".into(),
+                    outcome: Outcome::Failed("the clock broke".into()),
+                },
+                ResultLine {
+                    id: "step-4".into(),
+                    description: "Compose the answer to: what is 2+2 and 3*3".into(),
+                    outcome: Outcome::Cancelled("depends on failed item step-3".into()),
+                },
+            ],
+        );
+        let request = request(
             Phase::Synthesize,
-            RequestHints {
-                query: "what is 2+2 and 3*3".into(),
-                step_outputs: vec![
-                    ("Calculate 2+2".into(), "2+2 = 4".into()),
-                    ("Calculate 3*3".into(), "3*3 = 9".into()),
-                ],
-                ..Default::default()
-            },
+            vec![
+                ChatMessage::system(prompts::synthesis_system(&AgentConfig::default())),
+                ChatMessage::user(brief),
+            ],
         );
         let offline = OfflineProvider::new();
         assert!(offline.is_offline());
         assert_eq!(offline.name(), "offline");
-        let r = offline.complete(request).await.unwrap();
-        let v: Value = serde_json::from_str(r.content.as_deref().unwrap()).unwrap();
-        let response = v["response"].as_str().unwrap();
-        assert!(response.starts_with(OFFLINE_NOTICE));
-        assert!(response.contains("2+2 = 4") && response.contains("3*3 = 9"));
+        let v = reply(request).await;
+        assert_eq!(
+            v["response"],
+            format!(
+                "{OFFLINE_NOTICE}Results for \"what is 2+2 and 3*3\":\n\
+                 - Calculate 2+2: 2+2 = 4\n\
+                 - Calculate 3*3: 3*3 = 9\n  nine\n\
+                 - Look up the current time: FAILED (the clock broke)\n\
+                 - Compose the answer to: what is 2+2 and 3*3: CANCELLED (depends on failed item step-3)"
+            )
+        );
         assert_eq!(v["sources"], json!([]));
         assert!(!v["suggestions"].as_array().unwrap().is_empty());
+
+        let empty = prompts::synthesis_brief("hi", None, &[]);
+        let v = reply(request_with_user(Phase::Synthesize, empty)).await;
+        assert_eq!(
+            v["response"],
+            format!("{OFFLINE_NOTICE}No step produced a result for \"hi\".")
+        );
+    }
+
+    fn request_with_user(phase: Phase, text: String) -> ChatRequest {
+        request(
+            phase,
+            vec![ChatMessage::system("system"), ChatMessage::user(text)],
+        )
+    }
+
+    async fn summary_of(result: &str) -> String {
+        let req = request(
+            Phase::Compact,
+            vec![
+                ChatMessage::system(prompts::compaction_system(1500)),
+                ChatMessage::user(prompts::compaction_request("step-1", "Look it up", result)),
+            ],
+        );
+        reply(req).await["summary"].as_str().unwrap().to_owned()
     }
 
     #[tokio::test]
-    async fn compaction_is_a_truncated_summary() {
-        let mut request = req(Phase::Compact, RequestHints::default());
-        request.messages.push(ChatMessage::user("x".repeat(5000)));
-        let r = OfflineProvider::new().complete(request).await.unwrap();
-        let v: Value = serde_json::from_str(r.content.as_deref().unwrap()).unwrap();
-        assert!(v["summary"].as_str().unwrap().len() <= MAX_SUMMARY + 3);
+    async fn compaction_keeps_the_beginning_of_the_result_and_is_always_shorter() {
+        // A short result is its own summary, without the request's first line.
+        assert_eq!(summary_of("2+2 = 4\nfour").await, "2+2 = 4\nfour");
+        // Long results, with multi-byte characters placed so a byte cut would split them.
+        for result in [
+            "x".repeat(5000),
+            "é".repeat(MAX_SUMMARY),
+            format!("{}😀", "a".repeat(MAX_SUMMARY - 3)),
+            format!("{}😀b", "a".repeat(MAX_SUMMARY - 1)),
+        ] {
+            let summary = summary_of(&result).await;
+            assert!(summary.len() <= MAX_SUMMARY, "{} bytes", summary.len());
+            assert!(result.starts_with(&summary));
+            assert!(summary.len() < result.len());
+            assert!(summary.chars().count() < result.chars().count());
+            assert!(!summary.is_empty());
+        }
     }
 
     #[tokio::test]
     async fn the_offline_plan_matches_a_strict_plan_schema() {
-        let schema = json!({
-            "type": "object",
-            "properties": {
-                "title": {"type": "string"}, "intent": {"type": "string"}, "plan": {"type": "string"},
-                "todoList": {"type": "array", "minItems": 1, "items": {
-                    "type": "object",
-                    "properties": {
-                        "id": {"type": "string"}, "description": {"type": "string"},
-                        "stepType": {"enum": ["tool", "reasoning"]},
-                        "requiredTools": {"type": "array", "items": {"type": "string"}},
-                        "expectedOutcome": {"type": "string"},
-                        "dependencies": {"type": "array", "items": {"type": "string"}}
-                    },
-                    "required": ["id", "description", "stepType", "requiredTools", "expectedOutcome", "dependencies"],
-                    "additionalProperties": false
-                }}
-            },
-            "required": ["title", "intent", "plan", "todoList"],
-            "additionalProperties": false
-        });
-        let p = plan_for("what is 2+2 and what time is it", 10, vec![]).await;
-        crate::tools::schema::validate(&schema, &p).unwrap();
+        let schema = crate::agent::prompts::plan_schema();
+        for q in [
+            "what is 2+2 and what time is it",
+            "Who built Rome? Who built Athens?",
+        ] {
+            let p = plan_for(q, 10).await;
+            crate::tools::schema::validate(&schema, &p).unwrap();
+        }
     }
 }

@@ -443,7 +443,7 @@ mod tests {
     use axum::routing::post;
 
     use super::*;
-    use crate::llm::{JsonSchemaFormat, Phase, RequestHints, ToolSpec};
+    use crate::llm::{JsonSchemaFormat, Phase, ToolSpec};
 
     /// One scripted reply of the fake server.
     struct Scripted {
@@ -547,7 +547,6 @@ mod tests {
             messages: vec![ChatMessage::system("be brief"), ChatMessage::user("hi")],
             tools: vec![],
             response_format: None,
-            hints: RequestHints::default(),
         }
     }
 

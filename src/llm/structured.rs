@@ -132,7 +132,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::llm::{JsonSchemaFormat, Phase, RequestHints, Role};
+    use crate::llm::{JsonSchemaFormat, Phase, Role};
     use crate::model::Usage;
 
     /// Answers from a script and records what it was asked.
@@ -186,7 +186,6 @@ mod tests {
                     "required": ["response"]
                 }),
             }),
-            hints: RequestHints::default(),
         }
     }
 

@@ -191,6 +191,9 @@ pub fn plan(items: &[(&str, &str, &[&str], &[&str])]) -> Reply {
             "requiredTools": tools,
             "expectedOutcome": "a result",
             "dependencies": deps,
+            "kind": null,
+            "role": null,
+            "toolAllowlist": null,
         })).collect::<Vec<_>>(),
     }))
 }

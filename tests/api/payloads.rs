@@ -10,11 +10,14 @@ use crate::helpers::{Backend, spawn};
 const MARKER: &str = "LARGE-RESULT-MARKER";
 
 /// Fields an item summary holds, and nothing else.
-const SUMMARY_FIELDS: [&str; 6] = [
+const SUMMARY_FIELDS: [&str; 9] = [
     "dependencies",
     "description",
     "id",
+    "kind",
+    "parentItemId",
     "requiredTools",
+    "role",
     "status",
     "stepType",
 ];
@@ -80,7 +83,8 @@ async fn plan_update_stays_small_after_a_large_result(backend: Backend) {
     assert_eq!(
         list[0],
         json!({"id": "big", "description": "Write a long report", "status": "completed",
-               "dependencies": [], "stepType": "reasoning", "requiredTools": []})
+               "dependencies": [], "stepType": "reasoning", "requiredTools": [],
+               "kind": "leaf", "parentItemId": null, "role": null})
     );
     assert_eq!(list[1]["dependencies"], json!(["big"]));
 

@@ -62,7 +62,8 @@ impl LlmProvider for Model {
                 "title": "t", "intent": "i", "plan": "p",
                 "todoList": [{"id": "x", "description": "use the tool", "stepType": "tool",
                               "requiredTools": [self.tool], "expectedOutcome": "",
-                              "dependencies": []}],
+                              "dependencies": [], "kind": null, "role": null,
+                              "toolAllowlist": null}],
             })),
             Phase::Execute
                 if request

@@ -64,11 +64,7 @@ impl Engine {
 
     /// Finished items among those `pick` selects: the compacted output of a completed one (its
     /// result truncated to `step_output_chars` when it has none yet), or why it did not complete.
-    fn result_lines_of(
-        &self,
-        ctx: &Ctx<'_>,
-        pick: impl Fn(&TodoItem) -> bool,
-    ) -> Vec<ResultLine> {
+    fn result_lines_of(&self, ctx: &Ctx<'_>, pick: impl Fn(&TodoItem) -> bool) -> Vec<ResultLine> {
         ctx.items
             .iter()
             .filter(|it| pick(it))

@@ -12,9 +12,9 @@ use crate::model::{
 };
 use crate::store::{Op, RunUpdate};
 
+use super::Engine;
 use super::journal::{Ctx, Halt};
 use super::prompts::{self, truncate};
-use super::Engine;
 use super::tool_calls::CallStep;
 
 /// What an item needs next (see [`Engine::item_step`]).
@@ -23,6 +23,8 @@ pub(super) enum Next {
     Ask(ChatRequest),
     /// The structured request that compacts the item's result.
     Compact(ChatRequest),
+    /// The structured request that plans a team item.
+    PlanTeam(ChatRequest),
     /// Run this tool call with these arguments (the model's, or a person's edit).
     Invoke(ToolCallRecord, serde_json::Value),
     /// Nothing to start now: the item finished, failed or waits for a person.
@@ -88,6 +90,9 @@ impl Engine {
             }
             if !matches!(status, ItemStatus::InProgress | ItemStatus::Waiting) {
                 return Ok(Next::Idle);
+            }
+            if super::teams::is_team(&ctx.items[idx]) {
+                return Ok(self.team_step(ctx, idx));
             }
             if let Some(call) = unanswered_calls(&ctx.items[idx]).into_iter().next() {
                 match self.call_step(ctx, item_id, &call) {

@@ -5,8 +5,8 @@ use chrono::Utc;
 use serde_json::{Value, json};
 
 use crate::model::{
-    Decision, ItemStatus, MessageRole, ObservationType, ResumeDecision, Suspension,
-    SuspensionKind, SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
+    Decision, ItemStatus, MessageRole, ObservationType, ResumeDecision, Suspension, SuspensionKind,
+    SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
 };
 use crate::store::{Op, RunUpdate};
 

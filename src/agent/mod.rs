@@ -31,6 +31,7 @@ mod planner;
 pub mod prompts;
 mod scheduler;
 mod synthesizer;
+mod teams;
 mod tool_calls;
 
 use std::collections::HashMap;

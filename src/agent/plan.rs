@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::model::{
-    AgentRole, ItemId, ItemKind, ItemStatus, StepType, TodoItem, ToolValidationMode, Usage, ValidationStatus,
+    AgentRole, ItemId, ItemKind, ItemStatus, StepType, TodoItem, ToolValidationMode, Usage,
+    ValidationStatus,
 };
 
 /// The `pes_plan` reply.
@@ -419,9 +420,11 @@ pub fn merge(existing: &[TodoItem], planned: &[ValidItem], mode: ToolValidationM
     let by_id: HashMap<&str, &TodoItem> = existing.iter().map(|i| (i.id.as_str(), i)).collect();
     let mut items: Vec<TodoItem> = Vec::new();
 
-    // Frozen items the new list does not mention keep their relative order, first.
+    // Frozen items the new list does not mention keep their relative order, first. A team's
+    // children belong to their team's plan, not to this list: they stay as they are.
     for it in existing {
-        if it.status != ItemStatus::Pending && !in_new.contains(it.id.as_str()) {
+        let kept = it.status != ItemStatus::Pending || it.parent_item_id.is_some();
+        if kept && !in_new.contains(it.id.as_str()) {
             items.push(it.clone());
         }
     }
@@ -469,7 +472,10 @@ pub fn merge(existing: &[TodoItem], planned: &[ValidItem], mode: ToolValidationM
         }
     }
     for it in existing {
-        if it.status == ItemStatus::Pending && !in_new.contains(it.id.as_str()) {
+        if it.status == ItemStatus::Pending
+            && it.parent_item_id.is_none()
+            && !in_new.contains(it.id.as_str())
+        {
             diff.removed.push(it.id.clone());
             diff.removed_items.push(it.clone());
         }
@@ -515,11 +521,16 @@ mod tests {
 
     #[test]
     fn unknown_dependencies_cycles_and_bad_ids_are_all_reported() {
-        let errs = validate(&[p("a", &["b"]),
+        let errs = validate(
+            &[
+                p("a", &["b"]),
                 p("b", &["a"]),
                 p("c", &["zz"]),
                 p("bad id", &[]),
-            ], &[], &rules(&[], 10))
+            ],
+            &[],
+            &rules(&[], 10),
+        )
         .unwrap_err();
         let all = errs.join("\n");
         assert!(all.contains("unknown item `zz`"), "{all}");
@@ -531,7 +542,8 @@ mod tests {
     fn unknown_required_tools_and_size_are_rejected() {
         let mut item = p("a", &[]);
         item.required_tools = vec!["nope".into()];
-        let errs = validate(&[item, p("b", &[])], &[], &rules(&["calculator".into()], 1)).unwrap_err();
+        let errs =
+            validate(&[item, p("b", &[])], &[], &rules(&["calculator".into()], 1)).unwrap_err();
         let all = errs.join("\n");
         assert!(all.contains("unknown tool `nope`"), "{all}");
         assert!(all.contains("too many items"), "{all}");
@@ -578,7 +590,10 @@ mod tests {
         )
         .unwrap_err()
         .join("\n");
-        assert!(errs.contains("unknown role `poet` (roles: analyst)"), "{errs}");
+        assert!(
+            errs.contains("unknown role `poet` (roles: analyst)"),
+            "{errs}"
+        );
         assert!(errs.contains("subset of toolAllowlist"), "{errs}");
         assert!(errs.contains("its role `analyst` may not use"), "{errs}");
         assert!(errs.contains("kind `crowd`"), "{errs}");

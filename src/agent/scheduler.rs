@@ -31,8 +31,10 @@ use super::{Engine, FLUSH_SLOW_TOOL_AFTER, RunEnd};
 pub(super) enum Io {
     /// A ReAct turn of the model.
     Reply(Result<ChatResponse, LlmError>),
-    /// A structured reply (a compaction), with the request's purpose.
+    /// A compaction's structured reply.
     Structured(Result<(Value, ChatResponse), LlmError>),
+    /// A team plan's structured reply.
+    TeamPlan(Result<(Value, ChatResponse), LlmError>),
     /// A tool call's journaled outcome.
     Tool(crate::model::ToolCallRecord, crate::model::ToolResultRecord),
 }
@@ -86,9 +88,8 @@ impl Engine {
                 }
                 break;
             }
-            let flush_deadline = flush_at.unwrap_or_else(|| {
-                tokio::time::Instant::now() + Duration::from_secs(24 * 3600)
-            });
+            let flush_deadline = flush_at
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(24 * 3600));
             tokio::select! {
                 biased;
                 _ = signals.shutdown.cancelled() => return Err(Halt::Shutdown),
@@ -178,10 +179,11 @@ impl Engine {
                 }
                 progressed = true;
             }
+            // A team in progress holds no slot: its children do the work.
             let running = ctx
                 .items
                 .iter()
-                .filter(|i| i.status == ItemStatus::InProgress)
+                .filter(|i| i.status == ItemStatus::InProgress && !super::teams::is_team(i))
                 .count();
             if running < limit
                 && let Some(idx) = self.ready_item(ctx)
@@ -202,10 +204,16 @@ impl Engine {
             || (it.status == ItemStatus::Completed && it.compacted_output.is_none())
     }
 
-    /// The first pending item (in plan order) whose dependencies all completed and can be read.
+    /// The first pending item (in plan order) whose dependencies all completed and can be read,
+    /// and whose team (if it has one) is in progress.
     pub(super) fn ready_item(&self, ctx: &Ctx<'_>) -> Option<usize> {
         ctx.items.iter().position(|it| {
             it.status == ItemStatus::Pending
+                && it.parent_item_id.as_ref().is_none_or(|p| {
+                    ctx.items
+                        .iter()
+                        .any(|t| &t.id == p && t.status == ItemStatus::InProgress)
+                })
                 && it.dependencies.iter().all(|d| {
                     ctx.items.iter().any(|o| {
                         &o.id == d
@@ -228,6 +236,10 @@ impl Engine {
                 let r = crate::llm::structured::complete_structured(llm.as_ref(), req).await;
                 (item, Io::Structured(r))
             }),
+            Next::PlanTeam(req) => Box::pin(async move {
+                let r = crate::llm::structured::complete_structured(llm.as_ref(), req).await;
+                (item, Io::TeamPlan(r))
+            }),
             Next::Invoke(call, args) => {
                 let tctx = crate::tools::ToolContext {
                     tenant: ctx.tenant.clone(),
@@ -246,7 +258,13 @@ impl Engine {
     /// Journal (stage) what a step's I/O brought back.
     fn absorb(&self, ctx: &mut Ctx<'_>, item: &str, io: Io) -> Result<(), Halt> {
         match io {
-            Io::Reply(Err(e)) | Io::Structured(Err(e)) => Err(llm_halt(e, Some(item))),
+            Io::Reply(Err(e)) | Io::Structured(Err(e)) | Io::TeamPlan(Err(e)) => {
+                Err(llm_halt(e, Some(item)))
+            }
+            Io::TeamPlan(Ok((value, resp))) => {
+                self.take_team_plan(ctx, item, &value, &resp);
+                Ok(())
+            }
             Io::Reply(Ok(resp)) => {
                 self.take_reply(ctx, item, resp);
                 Ok(())
@@ -305,9 +323,12 @@ impl Engine {
         while let Some(gone) = doomed.pop() {
             for i in 0..ctx.items.len() {
                 let it = &ctx.items[i];
-                if it.status != ItemStatus::Pending
-                    || !it.dependencies.iter().any(|d| d.as_str() == gone)
-                {
+                let depends = it.dependencies.iter().any(|d| d.as_str() == gone);
+                let in_gone_team = it
+                    .parent_item_id
+                    .as_ref()
+                    .is_some_and(|p| p.as_str() == gone);
+                if it.status != ItemStatus::Pending || !(depends || in_gone_team) {
                     continue;
                 }
                 let now = Utc::now();
@@ -315,7 +336,13 @@ impl Engine {
                 it.status = ItemStatus::Cancelled;
                 it.error = Some(ErrorInfo {
                     code: "dependency_failed".into(),
-                    message: if gone == failed {
+                    message: if in_gone_team && gone == failed {
+                        format!("cancelled: its team `{failed}` failed")
+                    } else if in_gone_team {
+                        format!(
+                            "cancelled: its team `{gone}` was cancelled because `{failed}` failed"
+                        )
+                    } else if gone == failed {
                         format!("cancelled: its dependency `{failed}` failed")
                     } else {
                         format!(
@@ -382,7 +409,7 @@ impl Next {
     /// commit can never make the model name a call that already ran).
     fn needs_commit(&self, engine: &Engine) -> bool {
         match self {
-            Next::Ask(_) | Next::Compact(_) => true,
+            Next::Ask(_) | Next::Compact(_) | Next::PlanTeam(_) => true,
             Next::Invoke(call, _) => engine.tools.has_side_effects(&call.name),
             Next::Idle => false,
         }

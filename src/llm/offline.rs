@@ -866,15 +866,15 @@ mod tests {
                 max_items: 20,
             },
         )
-            .unwrap()
-            .iter()
-            .map(|v| {
-                let mut it = plan::new_item(v, ToolValidationMode::Advisory);
-                it.status = ItemStatus::Completed;
-                it.result = Some(format!("done: {}\nsecond line", v.description));
-                it
-            })
-            .collect()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let mut it = plan::new_item(v, ToolValidationMode::Advisory);
+            it.status = ItemStatus::Completed;
+            it.result = Some(format!("done: {}\nsecond line", v.description));
+            it
+        })
+        .collect()
     }
 
     fn descriptions(plan: &Value) -> Vec<String> {

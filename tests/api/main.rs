@@ -19,4 +19,5 @@ mod process;
 mod reclaim;
 mod reporting;
 mod store;
+mod teams;
 mod tool_safety;

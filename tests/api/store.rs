@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use chrono::{SubsecRound, Utc};
 use pes_server::model::{
-    AgentConfig, AgentStateRow, ConversationMessage, Decision, ErrorInfo, ItemId, ItemKind, ItemStatus,
-    Message, MessageRole, MultitaskStrategy, NewObservation, ObservationType, ResumeDecision, Run,
-    RunPhase, RunStatus, StepType, Suspension, SuspensionKind, SuspensionStatus, Thread, ThreadId,
-    ThreadStatus, TodoItem, ToolCallRecord, ToolResultRecord, ToolResultStatus, ToolValidationMode,
-    Usage, ValidationStatus, new_id,
+    AgentConfig, AgentStateRow, ConversationMessage, Decision, ErrorInfo, ItemId, ItemKind,
+    ItemStatus, Message, MessageRole, MultitaskStrategy, NewObservation, ObservationType,
+    ResumeDecision, Run, RunPhase, RunStatus, StepType, Suspension, SuspensionKind,
+    SuspensionStatus, Thread, ThreadId, ThreadStatus, TodoItem, ToolCallRecord, ToolResultRecord,
+    ToolResultStatus, ToolValidationMode, Usage, ValidationStatus, new_id,
 };
 use pes_server::store::{
     Batch, Fence, NewRun, ObservationQuery, Op, PageCursor, Resolution, RunUpdate, Store,
@@ -1931,7 +1931,11 @@ async fn a_suspend_commit_queues_the_run_when_a_decision_came_meanwhile(store: S
     apply(&store, f, b).await;
     // The person answers while the run is still running.
     let resolved = store
-        .resolve_suspension(A, s1.suspension_id, resolution(json!({"decision": "approve"})))
+        .resolve_suspension(
+            A,
+            s1.suspension_id,
+            resolution(json!({"decision": "approve"})),
+        )
         .await
         .unwrap();
     assert_eq!(resolved.run.status, RunStatus::Running);
@@ -1945,8 +1949,16 @@ async fn a_suspend_commit_queues_the_run_when_a_decision_came_meanwhile(store: S
             ..Default::default()
         }));
     apply(&store, f, b).await;
-    let got = store.get_run(A, &tid("p"), run.run_id).await.unwrap().unwrap();
-    assert_eq!(got.status, RunStatus::Queued, "the decision must be read, not stranded");
+    let got = store
+        .get_run(A, &tid("p"), run.run_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        got.status,
+        RunStatus::Queued,
+        "the decision must be read, not stranded"
+    );
     // Claimed again, it finds s2 still pending and suspends for real.
     let again = claim(&store).await;
     assert_eq!(again.run_id, run.run_id);
@@ -1958,7 +1970,11 @@ async fn a_suspend_commit_queues_the_run_when_a_decision_came_meanwhile(store: S
         ..Default::default()
     }));
     apply(&store, f2, b).await;
-    let got = store.get_run(A, &tid("p"), run.run_id).await.unwrap().unwrap();
+    let got = store
+        .get_run(A, &tid("p"), run.run_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.status, RunStatus::Suspended);
 }
 

@@ -7,9 +7,9 @@
 use chrono::Utc;
 use serde_json::{Value, json};
 
+use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, JsonSchemaFormat, Phase};
 use crate::model::ObservationType;
-use crate::store::{Op, RunUpdate};
 
 use super::Engine;
 use super::executor::Next;

@@ -5,8 +5,8 @@ use chrono::Utc;
 use serde_json::json;
 use tracing::warn;
 
+use super::changes::{Op, RunUpdate};
 use crate::model::{ErrorInfo, ItemStatus, ObservationType, RunPhase, RunStatus};
-use crate::store::{Op, RunUpdate};
 
 use super::Engine;
 use super::journal::{Ctx, Halt};

@@ -5,12 +5,12 @@
 use chrono::Utc;
 use serde_json::json;
 
+use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, Phase, ToolCall, ToolSpec};
 use crate::model::{
     ConversationMessage, ErrorInfo, ItemStatus, Message, MessageRole, ObservationType, StepType,
     TodoItem, ToolCallRecord, ToolValidationMode, ValidationStatus, new_id,
 };
-use crate::store::{Op, RunUpdate};
 
 use super::Engine;
 use super::journal::{Ctx, Halt};
@@ -91,7 +91,7 @@ impl Engine {
             if !matches!(status, ItemStatus::InProgress | ItemStatus::Waiting) {
                 return Ok(Next::Idle);
             }
-            if super::teams::is_team(&ctx.items[idx]) {
+            if ctx.items[idx].kind == crate::model::ItemKind::Team {
                 return Ok(self.team_step(ctx, idx));
             }
             if let Some(call) = unanswered_calls(&ctx.items[idx]).into_iter().next() {

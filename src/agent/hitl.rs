@@ -4,11 +4,11 @@
 use chrono::Utc;
 use serde_json::{Value, json};
 
+use super::changes::{Op, RunUpdate};
 use crate::model::{
     Decision, ItemStatus, MessageRole, ObservationType, ResumeDecision, Suspension, SuspensionKind,
     SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
 };
-use crate::store::{Op, RunUpdate};
 
 use super::Engine;
 use super::journal::Ctx;

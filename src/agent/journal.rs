@@ -9,12 +9,12 @@ use std::time::Instant;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
+use super::changes::Batch;
 use crate::llm::{LlmError, LlmProvider};
 use crate::model::{
     AgentConfig, AgentStateRow, ErrorInfo, ItemStatus, Message, NewObservation, ObservationType,
     Run, Suspension, ThreadId, TodoItem, Usage,
 };
-use crate::store::Batch;
 
 use super::{EngineError, Signals};
 

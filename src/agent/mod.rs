@@ -7,19 +7,25 @@
 //! runs only the tool calls that have no journaled result. Nothing that completed runs again.
 //!
 //! This file owns the engine's public types and [`Engine::drive`], which runs the phases in order.
-//! Each phase lives in its own file:
+//! Each concept lives in its own file:
 //!
 //! - `journal.rs`: the [`Journal`] trait and the run context that stages and commits changes.
-//! - `planner.rs`: the plan, its refinement, its repair, and the `update_plan` tool.
-//! - `scheduler.rs`: which item runs next, and failing an item.
-//! - `executor.rs`: one item's ReAct loop.
-//! - `context.rs`: the brief an item gets and the earlier items' results a model call reads.
-//! - `tool_calls.rs`: running one tool call and journaling its result.
-//! - `hitl.rs`: suspending on a call that needs a person, and applying their decision.
+//! - `changes.rs`: the change set a journal commits (`Batch`, `Op`, `RunUpdate`) and the snapshot
+//!   a run starts from; the store applies these types, the engine never sees the store.
+//! - `planner.rs`: the run's plan, its refinement, its repair, and the `update_plan` tool.
+//! - `teams.rs`: team items: their nested plan, their depth limit, their end.
+//! - `scheduler.rs`: the plan as a graph: ready items in parallel under `maxParallelItems`, failure
+//!   propagation, and suspending the run once nothing can proceed.
+//! - `executor.rs`: one item's next step in its ReAct loop, and taking the model's reply.
+//! - `compaction.rs`: the compacted output other items read of a result.
+//! - `context.rs`: what an item's brief and the synthesis read of the other items (`contextMode`).
+//! - `tool_calls.rs`: deciding, running and journaling one tool call.
+//! - `hitl.rs`: suspending an item on a call that needs a person, and applying their decision.
 //! - `synthesizer.rs`: cancelling what can no longer run, and the final answer.
 //! - `endings.rs`: committing a run that failed or was cancelled.
-//! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts and schemas).
+//! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts, their labels, and schemas).
 
+pub mod changes;
 mod compaction;
 mod context;
 mod endings;
@@ -46,8 +52,8 @@ use crate::llm::LlmProvider;
 use crate::model::{
     Message, MessageRole, ObservationType, Run, RunPhase, Suspension, Thread, new_id,
 };
-use crate::store::{AgentSnapshot, Batch, Op, RunUpdate};
 use crate::tools::ToolRegistry;
+use changes::{AgentSnapshot, Batch, Op, RunUpdate};
 
 pub use journal::Journal;
 pub use tool_calls::FLUSH_SLOW_TOOL_AFTER;

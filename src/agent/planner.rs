@@ -5,13 +5,13 @@
 use serde_json::{Value, json};
 use tracing::debug;
 
+use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase};
 use crate::model::RunPhase;
 use crate::model::{
     AgentConfig, ErrorInfo, MessageRole, NewObservation, ObservationType, ToolCallRecord,
     ToolResultRecord, ToolResultStatus, ToolValidationMode,
 };
-use crate::store::{Op, RunUpdate};
 
 use super::Engine;
 use super::journal::{Ctx, Halt};

@@ -18,9 +18,9 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde_json::{Value, json};
 
+use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatResponse, LlmError};
 use crate::model::{ErrorInfo, ItemStatus, ObservationType, RunStatus, SuspensionStatus};
-use crate::store::{Op, RunUpdate};
 
 use super::executor::Next;
 use super::journal::{Ctx, Halt, llm_halt};
@@ -183,7 +183,9 @@ impl Engine {
             let running = ctx
                 .items
                 .iter()
-                .filter(|i| i.status == ItemStatus::InProgress && !super::teams::is_team(i))
+                .filter(|i| {
+                    i.status == ItemStatus::InProgress && i.kind != crate::model::ItemKind::Team
+                })
                 .count();
             if running < limit
                 && let Some(idx) = self.ready_item(ctx)
@@ -373,7 +375,7 @@ impl Engine {
 
     /// Once no item can run: every item still pending has a dependency that did not complete, so
     /// it is cancelled with that reason (staged in `b`, committed with the synthesis step).
-    pub(super) fn cancel_unreachable(&self, ctx: &mut Ctx<'_>, b: &mut crate::store::Batch) {
+    pub(super) fn cancel_unreachable(&self, ctx: &mut Ctx<'_>, b: &mut super::changes::Batch) {
         for i in 0..ctx.items.len() {
             if ctx.items[i].status != ItemStatus::Pending {
                 continue;

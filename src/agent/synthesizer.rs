@@ -4,10 +4,10 @@
 use chrono::Utc;
 use serde_json::{Value, json};
 
+use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase};
 use crate::model::RunPhase;
 use crate::model::{ItemStatus, Message, MessageRole, ObservationType, RunStatus, new_id};
-use crate::store::{Op, RunUpdate};
 
 use super::Engine;
 use super::journal::{Ctx, Halt};

@@ -12,12 +12,12 @@
 use chrono::Utc;
 use serde_json::{Value, json};
 
+use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, JsonSchemaFormat, Phase};
 use crate::model::{
-    ConversationMessage, ErrorInfo, ItemId, ItemKind, ItemStatus, MessageRole, ObservationType,
-    TodoItem, ToolValidationMode,
+    ConversationMessage, ErrorInfo, ItemId, ItemStatus, MessageRole, ObservationType, TodoItem,
+    ToolValidationMode,
 };
-use crate::store::{Op, RunUpdate};
 
 use super::Engine;
 use super::executor::Next;
@@ -354,9 +354,4 @@ impl Engine {
 /// `<teamId>.<childId>`.
 fn prefixed(team: &ItemId, child: &str) -> ItemId {
     ItemId::from_stored(format!("{team}.{child}"))
-}
-
-/// Whether an item is a team (planned into children, never executed with a ReAct loop).
-pub(super) fn is_team(it: &TodoItem) -> bool {
-    it.kind == ItemKind::Team
 }

@@ -5,12 +5,12 @@
 use chrono::Utc;
 use serde_json::{Value, json};
 
+use super::changes::Op;
 use crate::model::{
     ConversationMessage, ItemStatus, Message, MessageRole, NewObservation, ObservationType,
     StepType, SuspensionKind, SuspensionStatus, TodoItem, ToolCallRecord, ToolResultRecord,
     ToolResultStatus, new_id,
 };
-use crate::store::Op;
 use crate::tools::{ToolContext, ToolRegistry};
 
 use super::Engine;

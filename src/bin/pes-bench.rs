@@ -92,6 +92,14 @@ struct Args {
     /// Also print one JSON line with the results.
     #[arg(long)]
     json: bool,
+    /// How long the fake model takes to answer each request, in milliseconds (0: at once). With
+    /// a latency, the effect of parallel items on run latency shows: the plan's 3 items are
+    /// independent.
+    #[arg(long, default_value_t = 0)]
+    model_latency_ms: u64,
+    /// `PES_MAX_PARALLEL_ITEMS` of the service (1 runs the items one at a time).
+    #[arg(long, default_value_t = 4)]
+    max_parallel_items: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -153,7 +161,7 @@ async fn run(args: Args) -> Result<()> {
         check_open_files(args.subscribers)?;
     }
     let server_bin = server_binary()?;
-    let fake = FakeLlm::start().await?;
+    let fake = FakeLlm::start(args.model_latency_ms).await?;
     let db = Database::create(&args).await?;
     let outcome = bench_on(&args, &db, &fake, &server_bin).await;
     if let Err(e) = db.remove().await {
@@ -439,6 +447,8 @@ struct FakeLlm {
 
 struct FakeState {
     calls: AtomicU64,
+    /// How long each reply waits.
+    latency: Duration,
 }
 
 #[derive(Deserialize)]
@@ -473,9 +483,10 @@ struct ChatMessage {
 const REFINEMENT_MARK: &str = "This thread already has a plan";
 
 impl FakeLlm {
-    async fn start() -> Result<FakeLlm> {
+    async fn start(latency_ms: u64) -> Result<FakeLlm> {
         let state = Arc::new(FakeState {
             calls: AtomicU64::new(0),
+            latency: Duration::from_millis(latency_ms),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -502,6 +513,9 @@ impl FakeLlm {
 
 async fn fake_completion(State(state): State<Arc<FakeState>>, body: Bytes) -> Response {
     let n = state.calls.fetch_add(1, Ordering::Relaxed);
+    if !state.latency.is_zero() {
+        tokio::time::sleep(state.latency).await;
+    }
     let req: ChatRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
@@ -545,6 +559,9 @@ fn plan_json(req: &ChatRequest, n: u64) -> String {
             "requiredTools": ["calculator"],
             "expectedOutcome": "n",
             "dependencies": [],
+            "kind": "leaf",
+            "role": null,
+            "toolAllowlist": null,
         })
     };
     json!({
@@ -738,6 +755,7 @@ impl Server {
             .env("PES_LLM_MODEL", "bench")
             .env("PES_LOG", "warn")
             .env("PES_WORKER_CONCURRENCY", worker_concurrency.to_string())
+            .env("PES_MAX_PARALLEL_ITEMS", args.max_parallel_items.to_string())
             .env(
                 "PES_DATABASE_MAX_CONNECTIONS",
                 args.database_max_connections.to_string(),

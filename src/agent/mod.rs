@@ -31,6 +31,8 @@ mod planner;
 pub mod prompts;
 mod scheduler;
 mod synthesizer;
+#[cfg(test)]
+mod tests;
 mod tool_calls;
 
 use std::collections::HashMap;

@@ -38,6 +38,8 @@ pub mod prompts;
 mod scheduler;
 mod synthesizer;
 mod teams;
+#[cfg(test)]
+mod tests;
 mod tool_calls;
 
 use std::collections::HashMap;

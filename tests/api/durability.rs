@@ -13,12 +13,12 @@ use crate::fake_llm::{FakeLlm, plan};
 use crate::helpers::{Backend, SseReader, spawn_with};
 use crate::process::{Proc, env_for};
 
-fn temp_log() -> PathBuf {
+pub(crate) fn temp_log() -> PathBuf {
     std::env::temp_dir().join(format!("pes-debug-{}.log", uuid::Uuid::now_v7().simple()))
 }
 
 /// Completed `debug_sleep` calls by tag, from the tool's log (it survives the process).
-fn completed_calls(log: &Path) -> HashMap<String, usize> {
+pub(crate) fn completed_calls(log: &Path) -> HashMap<String, usize> {
     let mut out = HashMap::new();
     for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
         *out.entry(line.split(' ').next().unwrap().to_owned())
@@ -29,7 +29,7 @@ fn completed_calls(log: &Path) -> HashMap<String, usize> {
 
 /// The lease is a few seconds, not one: on a loaded machine a 1 s lease can lapse under a live
 /// worker, and a call in flight then legitimately runs twice (under the same key).
-fn env(db: &str, llm: &FakeLlm, log: &Path, lease: &str) -> Vec<(&'static str, String)> {
+pub(crate) fn env(db: &str, llm: &FakeLlm, log: &Path, lease: &str) -> Vec<(&'static str, String)> {
     let mut e = env_for(db, &llm.url);
     e.push(("PES_DEBUG_TOOLS", "true".into()));
     e.push(("PES_DEBUG_TOOL_LOG", log.display().to_string()));
@@ -75,7 +75,7 @@ async fn drain_stream(mut sse: SseReader, until: &str) -> Vec<Value> {
     }
 }
 
-fn assert_gap_free(obs: &[Value]) {
+pub(crate) fn assert_gap_free(obs: &[Value]) {
     let seqs: Vec<i64> = obs.iter().map(|o| o["seq"].as_i64().unwrap()).collect();
     assert_eq!(
         seqs,
@@ -84,7 +84,7 @@ fn assert_gap_free(obs: &[Value]) {
     );
 }
 
-async fn all_observations(p: &Proc, thread: &str) -> Vec<Value> {
+pub(crate) async fn all_observations(p: &Proc, thread: &str) -> Vec<Value> {
     let (_, page) = p
         .get(&format!("/v1/threads/{thread}/observations?limit=1000"))
         .await;

@@ -1,6 +1,6 @@
 //! A fake OpenAI-compatible Chat Completions server over real HTTP: scripted replies per phase
-//! (plan, execute, synthesis), a sensible default for anything unscripted, and a log of every
-//! request for assertions.
+//! (plan, execute, synthesis, compaction) and per item, holds that keep chosen requests in flight,
+//! a sensible default for anything unscripted, and a log of every request for assertions.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -30,19 +30,16 @@ pub enum Reply {
 
 type Pred = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
 
-/// Closed (`true`) while every request is held before it is answered.
-struct Gate(tokio::sync::watch::Sender<bool>);
-
-impl Default for Gate {
-    fn default() -> Self {
-        Gate(tokio::sync::watch::Sender::new(false))
-    }
-}
+/// Bumped whenever what is held changes, so held requests look again.
+#[derive(Default)]
+struct Gate(tokio::sync::watch::Sender<u64>);
 
 #[derive(Default)]
 struct Inner {
     /// Held requests wait here (they are recorded on arrival).
     gate: Gate,
+    /// The requests held before they are answered (none when unset).
+    hold: Option<Pred>,
     /// Delay the first request that matches, once.
     slow_once: Option<(Pred, Duration)>,
     /// Delay every execute request.
@@ -51,6 +48,11 @@ struct Inner {
     execute: VecDeque<Reply>,
     synthesis: VecDeque<Reply>,
     compaction: VecDeque<Reply>,
+    /// Scripted execute replies by item id (they come before the phase's queue): with items
+    /// running in parallel, the order of execute requests across items is not fixed.
+    item_replies: std::collections::HashMap<String, VecDeque<Reply>>,
+    /// Replies for an item's unscripted execute requests, by item id.
+    item_defaults: std::collections::HashMap<String, Reply>,
     /// Replies for unscripted requests of a phase, instead of the built-in default.
     defaults: std::collections::HashMap<&'static str, Reply>,
     requests: Vec<Value>,
@@ -138,12 +140,47 @@ impl FakeLlm {
     /// Hold every request from now on (recorded on arrival, answered only after [`Self::release`]):
     /// model calls stay in flight for as long as a test needs.
     pub fn hold(&self) {
-        self.inner.lock().unwrap().gate.0.send_replace(true);
+        self.set_hold(Some(Arc::new(|_: &Value| true)));
+    }
+
+    /// Hold only the requests for which `pred` holds (until [`Self::release`] or another hold);
+    /// the others are answered as usual. Requests held already are looked at again: one that
+    /// `pred` does not match is answered now, so a test can let items go one by one.
+    pub fn hold_if(&self, pred: impl Fn(&Value) -> bool + Send + Sync + 'static) {
+        self.set_hold(Some(Arc::new(pred)));
     }
 
     /// Answer the held requests and stop holding.
     pub fn release(&self) {
-        self.inner.lock().unwrap().gate.0.send_replace(false);
+        self.set_hold(None);
+    }
+
+    fn set_hold(&self, hold: Option<Pred>) {
+        let mut g = self.inner.lock().unwrap();
+        g.hold = hold;
+        g.gate.0.send_modify(|n| *n += 1);
+    }
+
+    /// Queue a reply for the next execute request of item `id` (its brief's `Your item [id]`);
+    /// it comes before the execute queue and the defaults.
+    pub fn push_item(&self, id: &str, reply: Reply) -> &Self {
+        self.inner
+            .lock()
+            .unwrap()
+            .item_replies
+            .entry(id.to_owned())
+            .or_default()
+            .push_back(reply);
+        self
+    }
+
+    /// Answer every unscripted execute request of item `id` with `reply`.
+    pub fn set_item_default(&self, id: &str, reply: Reply) {
+        self.inner
+            .lock()
+            .unwrap()
+            .item_defaults
+            .insert(id.to_owned(), reply);
     }
 
     /// Wait (deadline 30 s) until a request matching `pred` has arrived.
@@ -176,6 +213,16 @@ impl FakeLlm {
             .filter(|r| phase_of(r) == phase)
             .collect()
     }
+}
+
+/// The item an execute request is for: the id in its brief's `Your item [<id>]`.
+pub fn item_of(req: &Value) -> Option<String> {
+    if phase_of(req) != "execute" {
+        return None;
+    }
+    let brief = req["messages"][1]["content"].as_str()?;
+    let rest = brief.split("Your item [").nth(1)?;
+    Some(rest.split(']').next()?.to_owned())
 }
 
 /// A plan reply with the given items: (id, description, requiredTools, dependencies).
@@ -270,7 +317,7 @@ fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
 
 async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) -> Response {
     let phase = phase_of(&req);
-    let mut gate = inner.lock().unwrap().gate.0.subscribe();
+    let item = item_of(&req);
     let (reply, n, delay) = {
         let mut g = inner.lock().unwrap();
         g.requests.push(req.clone());
@@ -288,6 +335,12 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) 
             delay = Some(d);
         }
         let calls = g.calls;
+        let for_item = item.as_ref().and_then(|id| {
+            g.item_replies
+                .get_mut(id)
+                .and_then(VecDeque::pop_front)
+                .or_else(|| g.item_defaults.get(id).cloned())
+        });
         let fallback = g.defaults.get(phase).cloned();
         let q = match phase {
             "plan" => &mut g.plan,
@@ -295,19 +348,31 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, Json(req): Json<Value>) 
             "compaction" => &mut g.compaction,
             _ => &mut g.execute,
         };
-        (
-            q.pop_front()
+        let reply = match for_item {
+            Some(r) => r,
+            None => q
+                .pop_front()
                 .or(fallback)
                 .unwrap_or_else(|| default_reply(phase, &req)),
-            calls,
-            delay,
-        )
+        };
+        (reply, calls, delay)
     };
-    let _ = gate.wait_for(|held| !held).await;
+    loop {
+        // Subscribed before looking, so a change made in between is not missed.
+        let mut changed = inner.lock().unwrap().gate.0.subscribe();
+        if !held(&inner, &req) {
+            break;
+        }
+        let _ = changed.changed().await;
+    }
     if let Some(d) = delay {
         tokio::time::sleep(d).await;
     }
     render(reply, n).await
+}
+
+fn held(inner: &Mutex<Inner>, req: &Value) -> bool {
+    inner.lock().unwrap().hold.as_ref().is_some_and(|p| p(req))
 }
 
 async fn render(reply: Reply, n: u64) -> Response {

@@ -8,6 +8,7 @@ mod db;
 mod durability;
 mod fake_llm;
 mod fuzz;
+mod graph;
 mod helpers;
 mod history;
 mod hitl;

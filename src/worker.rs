@@ -124,6 +124,7 @@ pub struct Worker {
 
 struct WorkerJournal {
     store: Arc<dyn Store>,
+    tenant: String,
     bus: EventBus,
     fence: Fence,
     lease: Duration,
@@ -146,6 +147,21 @@ impl Journal for WorkerJournal {
             Err(StoreError::LeaseLost) => Err(EngineError::LeaseLost),
             Err(e) => Err(EngineError::Store(e.to_string())),
         }
+    }
+
+    async fn decided(
+        &self,
+        ids: &[uuid::Uuid],
+    ) -> Result<Vec<crate::model::Suspension>, EngineError> {
+        let mut out = Vec::new();
+        for id in ids {
+            match self.store.get_suspension(&self.tenant, *id).await {
+                Ok(Some(s)) if s.status != crate::model::SuspensionStatus::Pending => out.push(s),
+                Ok(_) => {}
+                Err(e) => return Err(EngineError::Store(e.to_string())),
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -319,6 +335,7 @@ impl Worker {
         self.registry.insert(run_id, signals.cancel.clone());
         let journal = WorkerJournal {
             store: self.store.clone(),
+            tenant: input.run.tenant.clone(),
             bus: self.bus.clone(),
             fence,
             lease: self.settings.lease,

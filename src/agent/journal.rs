@@ -27,6 +27,16 @@ pub trait Journal: Send + Sync {
     /// # Errors
     /// [`EngineError::LeaseLost`] when the run is no longer ours; [`EngineError::Store`] otherwise.
     async fn commit(&self, batch: Batch) -> Result<(), EngineError>;
+
+    /// Which of these suspensions a person (or the expiry sweeper) has decided since the run
+    /// loaded them: read before the run suspends, so a decision made while other items were
+    /// running is applied now rather than after a needless suspend and re-claim.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when they cannot be read.
+    async fn decided(&self, _ids: &[uuid::Uuid]) -> Result<Vec<Suspension>, EngineError> {
+        Ok(vec![])
+    }
 }
 
 /// Internal reasons to leave the normal flow.

@@ -61,90 +61,107 @@ impl Engine {
         // When staged changes must be committed even though no commit point came (a pure tool
         // that runs long: a person watching sees its call while it runs).
         let mut flush_at: Option<tokio::time::Instant> = None;
-        loop {
-            if signals.cancel.is_cancelled() {
-                return Err(Halt::Cancel);
-            }
-            let draining = signals.drain.is_cancelled() || signals.shutdown.is_cancelled();
-            if !draining {
-                let started = self.launch(ctx, &mut busy, limit)?;
-                let needs_commit = started.iter().any(|(_, s)| s.needs_commit(self));
-                let idle_wait = started.is_empty() && !inflight.is_empty();
-                if needs_commit || (idle_wait && !ctx.pending.is_empty()) {
-                    ctx.flush().await?;
-                    flush_at = None;
-                } else if !ctx.pending.is_empty() && flush_at.is_none() {
-                    flush_at = Some(tokio::time::Instant::now() + FLUSH_SLOW_TOOL_AFTER);
+        'run: loop {
+            loop {
+                if signals.cancel.is_cancelled() {
+                    return Err(Halt::Cancel);
                 }
-                for (item, step) in started {
-                    inflight.push(self.start_io(ctx, item, step));
+                let draining = signals.drain.is_cancelled() || signals.shutdown.is_cancelled();
+                if !draining {
+                    let started = self.launch(ctx, &mut busy, limit)?;
+                    let needs_commit = started.iter().any(|(_, s)| s.needs_commit(self));
+                    let idle_wait = started.is_empty() && !inflight.is_empty();
+                    if needs_commit || (idle_wait && !ctx.pending.is_empty()) {
+                        ctx.flush().await?;
+                        flush_at = None;
+                    } else if !ctx.pending.is_empty() && flush_at.is_none() {
+                        flush_at = Some(tokio::time::Instant::now() + FLUSH_SLOW_TOOL_AFTER);
+                    }
+                    for (item, step) in started {
+                        inflight.push(self.start_io(ctx, item, step));
+                    }
                 }
-            }
-            if inflight.is_empty() {
-                if draining {
-                    // The steps in flight are done and journaled: the next owner resumes here.
-                    ctx.flush().await?;
-                    return Err(Halt::Shutdown);
+                if inflight.is_empty() {
+                    if draining {
+                        // The steps in flight are done and journaled: the next owner resumes here.
+                        ctx.flush().await?;
+                        return Err(Halt::Shutdown);
+                    }
+                    break;
                 }
-                break;
-            }
-            let flush_deadline = flush_at
-                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(24 * 3600));
-            tokio::select! {
-                biased;
-                _ = signals.shutdown.cancelled() => return Err(Halt::Shutdown),
-                _ = signals.cancel.cancelled() => return Err(Halt::Cancel),
-                done = inflight.next() => {
-                    let (item, io) = done.expect("the set is not empty");
-                    busy.remove(&item);
-                    let was_tool = matches!(io, Io::Tool(..));
-                    self.absorb(ctx, &item, io)?;
-                    if was_tool {
-                        // A tool's result is journaled before anything else happens.
+                let flush_deadline = flush_at.unwrap_or_else(|| {
+                    tokio::time::Instant::now() + Duration::from_secs(24 * 3600)
+                });
+                tokio::select! {
+                    biased;
+                    _ = signals.shutdown.cancelled() => return Err(Halt::Shutdown),
+                    _ = signals.cancel.cancelled() => return Err(Halt::Cancel),
+                    done = inflight.next() => {
+                        let (item, io) = done.expect("the set is not empty");
+                        busy.remove(&item);
+                        let was_tool = matches!(io, Io::Tool(..));
+                        self.absorb(ctx, &item, io)?;
+                        if was_tool {
+                            // A tool's result is journaled before anything else happens.
+                            ctx.flush().await?;
+                            flush_at = None;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(flush_deadline), if flush_at.is_some() => {
                         ctx.flush().await?;
                         flush_at = None;
                     }
+                    // Stop starting new steps; the loop above notices.
+                    _ = signals.drain.cancelled(), if !draining => {}
                 }
-                _ = tokio::time::sleep_until(flush_deadline), if flush_at.is_some() => {
-                    ctx.flush().await?;
-                    flush_at = None;
-                }
-                // Stop starting new steps; the loop above notices.
-                _ = signals.drain.cancelled(), if !draining => {}
             }
+            let waiting: Vec<uuid::Uuid> = ctx
+                .suspensions
+                .iter()
+                .filter(|s| s.status == SuspensionStatus::Pending && s.run_id == ctx.run.run_id)
+                .filter(|s| {
+                    ctx.item_idx(s.item_id.as_str())
+                        .is_some_and(|i| ctx.items[i].status == ItemStatus::Waiting)
+                })
+                .map(|s| s.suspension_id)
+                .collect();
+            if waiting.is_empty() {
+                return Ok(None);
+            }
+            // A person may have decided while the other items ran: apply it now.
+            let decided = ctx.journal.decided(&waiting).await.map_err(Halt::from)?;
+            if !decided.is_empty() {
+                for d in decided {
+                    if let Some(s) = ctx
+                        .suspensions
+                        .iter_mut()
+                        .find(|s| s.suspension_id == d.suspension_id)
+                    {
+                        *s = d;
+                    }
+                }
+                continue 'run;
+            }
+            // Nothing can proceed until a person decides. Should one of these suspensions have been
+            // decided while this run was busy, the store queues the run again instead.
+            let mut b = ctx.batch();
+            ctx.state.current_step_id = None;
+            b.op(Op::SetAgentState(ctx.state.clone()));
+            b.observe(ctx.obs(
+                None,
+                ObservationType::RunSuspended,
+                format!("Waiting for {} decision(s)", waiting.len()),
+                json!({"suspensionIds": waiting, "usage": ctx.usage}),
+            ));
+            b.op(Op::UpdateRun(RunUpdate {
+                status: Some(RunStatus::Suspended),
+                usage: Some(ctx.usage),
+                unless_decided: waiting,
+                ..Default::default()
+            }));
+            ctx.commit(b).await?;
+            return Ok(Some(RunEnd::Suspended));
         }
-        let waiting: Vec<uuid::Uuid> = ctx
-            .suspensions
-            .iter()
-            .filter(|s| s.status == SuspensionStatus::Pending && s.run_id == ctx.run.run_id)
-            .filter(|s| {
-                ctx.item_idx(s.item_id.as_str())
-                    .is_some_and(|i| ctx.items[i].status == ItemStatus::Waiting)
-            })
-            .map(|s| s.suspension_id)
-            .collect();
-        if waiting.is_empty() {
-            return Ok(None);
-        }
-        // Nothing can proceed until a person decides. Should one of these suspensions have been
-        // decided while this run was busy, the store queues the run again instead.
-        let mut b = ctx.batch();
-        ctx.state.current_step_id = None;
-        b.op(Op::SetAgentState(ctx.state.clone()));
-        b.observe(ctx.obs(
-            None,
-            ObservationType::RunSuspended,
-            format!("Waiting for {} decision(s)", waiting.len()),
-            json!({"suspensionIds": waiting, "usage": ctx.usage}),
-        ));
-        b.op(Op::UpdateRun(RunUpdate {
-            status: Some(RunStatus::Suspended),
-            usage: Some(ctx.usage),
-            unless_decided: waiting,
-            ..Default::default()
-        }));
-        ctx.commit(b).await?;
-        Ok(Some(RunEnd::Suspended))
     }
 
     /// Bring every in-flight item to its next step and start ready items while there is room.

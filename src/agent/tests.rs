@@ -15,6 +15,7 @@ use chrono::Utc;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, Semaphore};
 
+use super::changes::{AgentSnapshot, Batch, Op};
 use super::prompts::labels;
 use super::{Engine, EngineError, EngineSettings, Journal, RunEnd, RunInput, Signals};
 use crate::llm::{ChatRequest, ChatResponse, LlmError, LlmProvider, Phase, Role, ToolCall};
@@ -23,7 +24,6 @@ use crate::model::{
     ObservationType, ResumeDecision, Run, RunPhase, RunStatus, Suspension, SuspensionStatus,
     Thread, ThreadId, ThreadStatus, TodoItem, ToolResultStatus, Usage, new_id,
 };
-use crate::store::{AgentSnapshot, Batch, Op};
 use crate::tools::{Tool, ToolContext, ToolError, ToolRegistry};
 
 /// No test here waits on anything slow: a drive that takes longer is stuck (waiting for a reply

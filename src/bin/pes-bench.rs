@@ -755,7 +755,10 @@ impl Server {
             .env("PES_LLM_MODEL", "bench")
             .env("PES_LOG", "warn")
             .env("PES_WORKER_CONCURRENCY", worker_concurrency.to_string())
-            .env("PES_MAX_PARALLEL_ITEMS", args.max_parallel_items.to_string())
+            .env(
+                "PES_MAX_PARALLEL_ITEMS",
+                args.max_parallel_items.to_string(),
+            )
             .env(
                 "PES_DATABASE_MAX_CONNECTIONS",
                 args.database_max_connections.to_string(),

@@ -1039,6 +1039,13 @@ impl Store for PgStore {
         let u = update.clone().unwrap_or_default();
         let clear_lease = u.status.is_some_and(rows::clears_lease);
         let mut tx = self.pool.begin().await?;
+        if !u.unless_decided.is_empty() {
+            // A suspend that must see every decision committed before it: take the thread lock
+            // first (a resolver holds it while it decides), so the statement below starts with a
+            // snapshot taken after any such decision. Inside one statement that waited for the
+            // lock, the EXISTS would still read the snapshot from before the wait.
+            lock_thread(&mut tx, &tenant, &thread_id).await?;
+        }
         // One round trip: lock the thread row and reserve the seqs (thread first: lock order),
         // then check the fence, extend the lease and apply the run's update. No row: the lease is
         // gone; the rollback (dropping `tx`) also takes the counter back.

@@ -1158,9 +1158,77 @@ async fn two_items_waiting_for_approval_suspend_the_run_once_and_resume_one_by_o
 }
 
 // ----- teams (kind `team`) -----------------------------------------------------------------------
-//
-// Team items are being implemented; their tests go here: a team planned when it becomes ready
-// (`pes_plan` for its goal, `PLAN` with parentId = the team id), children `<teamId>.<childId>` run
-// under the same rules, the team's result is the compaction of its children's, and a team beyond
-// `maxTeamDepth` fails with a reason. The doubles above are enough: the scripted model tells a
-// team's planning request from the run's by its brief.
+
+/// `t` is a team (planned into `a` and `b`, which needs `a`); `x` needs the team. A team's
+/// planning request is told from the run's by its `sub-goal [t]` line.
+fn team_model() -> Scripted {
+    Scripted::new(|ask| {
+        let team_request = ask.req.messages.iter().any(|m| {
+            m.content
+                .as_deref()
+                .is_some_and(|c| c.contains("sub-goal [t]"))
+        });
+        match ask.phase {
+            Phase::Plan if team_request => plan(vec![
+                item("a", "reasoning", &[]),
+                item("b", "reasoning", &["a"]),
+            ]),
+            Phase::Plan => {
+                let mut team = item("t", "reasoning", &[]);
+                team["kind"] = json!("team");
+                plan(vec![team, item("x", "reasoning", &["t"])])
+            }
+            Phase::Execute => text(format!("result of {}", ask.item.as_deref().unwrap_or("?"))),
+            _ => synthesis(),
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_team_is_planned_when_ready_and_resumes_after_a_crash_at_any_commit() {
+    let clean = Harness::new(AgentConfig::default(), team_model());
+    assert_eq!(clean.drive().await.unwrap(), RunEnd::Completed);
+    let results = clean.journal.results();
+    for id in ["t.a", "t.b", "x"] {
+        assert_eq!(
+            results.get(id).cloned().flatten().as_deref(),
+            Some(format!("result of {id}").as_str()),
+            "{results:?}"
+        );
+    }
+    let team_result = results["t"].clone().unwrap();
+    assert!(
+        team_result.contains("[t.a]") && team_result.contains("[t.b]"),
+        "{team_result}"
+    );
+    // The team's child `b` read its sibling `a`, and `x` read the team's output.
+    let b_brief = clean.llm.asked("t.b")[0].messages[1]
+        .content
+        .clone()
+        .unwrap();
+    assert!(b_brief.contains("[t.a] do a: result of t.a"), "{b_brief}");
+    let x_brief = clean.llm.asked("x")[0].messages[1].content.clone().unwrap();
+    assert!(x_brief.contains("[t] do t:"), "{x_brief}");
+    let plans = clean.journal.logged(ObservationType::Plan);
+    assert_eq!(plans.len(), 2);
+    assert_eq!(plans[1]["teamId"], "t");
+    let commits = clean.journal.committed.load(Ordering::SeqCst);
+
+    for k in 1..=commits {
+        let h = Harness::new(AgentConfig::default(), team_model());
+        h.journal.fail_nth(k, Crash::LeaseLost);
+        assert!(h.drive().await.is_err(), "crash at commit {k}");
+        settle().await;
+        assert_eq!(
+            h.drive().await.unwrap(),
+            RunEnd::Completed,
+            "crash at commit {k}"
+        );
+        assert_eq!(h.journal.results(), results, "crash at commit {k}");
+        assert_eq!(
+            h.journal.logged(ObservationType::Plan).len(),
+            2,
+            "crash at commit {k}: the team is planned once its plan is committed"
+        );
+    }
+}

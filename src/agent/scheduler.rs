@@ -39,6 +39,40 @@ pub(super) enum Io {
     Tool(crate::model::ToolCallRecord, crate::model::ToolResultRecord),
 }
 
+/// How often a run that is busy with some items looks for decisions on the suspensions its other
+/// items wait on (one read of those suspensions; only while some wait and others work).
+const DECISION_POLL: Duration = Duration::from_secs(1);
+
+/// The pending suspensions of this run that its waiting items wait on.
+fn waiting_suspensions(ctx: &Ctx<'_>) -> Vec<uuid::Uuid> {
+    ctx.suspensions
+        .iter()
+        .filter(|s| s.status == SuspensionStatus::Pending && s.run_id == ctx.run.run_id)
+        .filter(|s| {
+            ctx.item_idx(s.item_id.as_str())
+                .is_some_and(|i| ctx.items[i].status == ItemStatus::Waiting)
+        })
+        .map(|s| s.suspension_id)
+        .collect()
+}
+
+/// Read which of `waiting` were decided since the run loaded them and take the decisions in;
+/// `true` when there was one (its item can go on).
+async fn take_decisions(ctx: &mut Ctx<'_>, waiting: &[uuid::Uuid]) -> Result<bool, Halt> {
+    let decided = ctx.journal.decided(waiting).await.map_err(Halt::from)?;
+    let any = !decided.is_empty();
+    for d in decided {
+        if let Some(s) = ctx
+            .suspensions
+            .iter_mut()
+            .find(|s| s.suspension_id == d.suspension_id)
+        {
+            *s = d;
+        }
+    }
+    Ok(any)
+}
+
 type InFlight<'f> = Pin<Box<dyn Future<Output = (String, Io)> + Send + 'f>>;
 
 impl Engine {
@@ -61,6 +95,8 @@ impl Engine {
         // When staged changes must be committed even though no commit point came (a pure tool
         // that runs long: a person watching sees its call while it runs).
         let mut flush_at: Option<tokio::time::Instant> = None;
+        // When to look for decisions on the suspensions some items wait on.
+        let mut look_at: Option<tokio::time::Instant> = None;
         'run: loop {
             loop {
                 if signals.cancel.is_cancelled() {
@@ -89,9 +125,16 @@ impl Engine {
                     }
                     break;
                 }
-                let flush_deadline = flush_at.unwrap_or_else(|| {
-                    tokio::time::Instant::now() + Duration::from_secs(24 * 3600)
-                });
+                let far = tokio::time::Instant::now() + Duration::from_secs(24 * 3600);
+                let flush_deadline = flush_at.unwrap_or(far);
+                // While some items wait for people and others work, look for their decisions
+                // now and then, so an answer is used without waiting for the others to finish.
+                let waiting = waiting_suspensions(ctx);
+                if waiting.is_empty() {
+                    look_at = None;
+                } else if look_at.is_none() {
+                    look_at = Some(tokio::time::Instant::now() + DECISION_POLL);
+                }
                 tokio::select! {
                     biased;
                     _ = signals.shutdown.cancelled() => return Err(Halt::Shutdown),
@@ -111,35 +154,20 @@ impl Engine {
                         ctx.flush().await?;
                         flush_at = None;
                     }
+                    _ = tokio::time::sleep_until(look_at.unwrap_or(far)), if look_at.is_some() => {
+                        look_at = None;
+                        take_decisions(ctx, &waiting).await?;
+                    }
                     // Stop starting new steps; the loop above notices.
                     _ = signals.drain.cancelled(), if !draining => {}
                 }
             }
-            let waiting: Vec<uuid::Uuid> = ctx
-                .suspensions
-                .iter()
-                .filter(|s| s.status == SuspensionStatus::Pending && s.run_id == ctx.run.run_id)
-                .filter(|s| {
-                    ctx.item_idx(s.item_id.as_str())
-                        .is_some_and(|i| ctx.items[i].status == ItemStatus::Waiting)
-                })
-                .map(|s| s.suspension_id)
-                .collect();
+            let waiting = waiting_suspensions(ctx);
             if waiting.is_empty() {
                 return Ok(None);
             }
             // A person may have decided while the other items ran: apply it now.
-            let decided = ctx.journal.decided(&waiting).await.map_err(Halt::from)?;
-            if !decided.is_empty() {
-                for d in decided {
-                    if let Some(s) = ctx
-                        .suspensions
-                        .iter_mut()
-                        .find(|s| s.suspension_id == d.suspension_id)
-                    {
-                        *s = d;
-                    }
-                }
+            if take_decisions(ctx, &waiting).await? {
                 continue 'run;
             }
             // Nothing can proceed until a person decides. Should one of these suspensions have been

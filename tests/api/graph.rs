@@ -666,6 +666,46 @@ both_stores!(
     a_decision_taken_while_running_is_followed_to_the_end
 );
 
+/// A decision taken while other items work is used while they still work: the approved call
+/// runs (and its item completes) while `u` is still held at the model, without waiting for the run
+/// to run out of other work.
+async fn a_decision_is_used_while_other_items_still_work(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn(backend, Some(&llm)).await;
+    let (t, rid, sid) = approval_pending_while_others_run(&app, &llm).await;
+    let (status, _) = app
+        .post(
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    wait_until("a completes while u is held", async || {
+        let st = state(&app, &t).await;
+        item_in(&st, "a")["status"] == "completed"
+    })
+    .await;
+    let st = state(&app, &t).await;
+    assert_eq!(
+        item_in(&st, "u")["status"],
+        "in_progress",
+        "u is still at the model: {st}"
+    );
+    let obs = app.observations(&t).await;
+    assert_eq!(
+        of_type(&obs, "TOOL_EXECUTION").len(),
+        1,
+        "the approved call ran once"
+    );
+    llm.release();
+    app.wait_run(&t, &rid, |r| r["status"] == "completed").await;
+    app.stop().await;
+}
+both_stores!(
+    decided_mid_run,
+    a_decision_is_used_while_other_items_still_work
+);
+
 /// A result longer than `compactionThresholdChars` is summarized once (`COMPACTION` with the
 /// lengths in characters) and only the summary reaches the items that read it and the
 /// synthesis; a short result is its own compacted output, with no model call.

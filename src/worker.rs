@@ -145,7 +145,7 @@ impl Journal for WorkerJournal {
                 Ok(())
             }
             Err(StoreError::LeaseLost) => Err(EngineError::LeaseLost),
-            Err(e) => Err(EngineError::Store(e.to_string())),
+            Err(e) => Err(EngineError::Store(e.into())),
         }
     }
 
@@ -158,7 +158,7 @@ impl Journal for WorkerJournal {
             match self.store.get_suspension(&self.tenant, *id).await {
                 Ok(Some(s)) if s.status != crate::model::SuspensionStatus::Pending => out.push(s),
                 Ok(_) => {}
-                Err(e) => return Err(EngineError::Store(e.to_string())),
+                Err(e) => return Err(EngineError::Store(e.into())),
             }
         }
         Ok(out)
@@ -366,7 +366,10 @@ impl Worker {
                 Outcome::Stopped(run_id)
             }
             Err(EngineError::Store(e)) => {
-                error!(error = %e, "store error; the run is retried when its lease expires");
+                error!(
+                    error = format!("{e:#}"),
+                    "store error; the run is retried when its lease expires"
+                );
                 Outcome::Stopped(run_id)
             }
         }

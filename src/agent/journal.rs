@@ -44,7 +44,7 @@ pub(super) enum Halt {
     Cancel,
     Shutdown,
     LeaseLost,
-    Store(String),
+    Store(anyhow::Error),
     /// The run fails: code, message, and the item it failed in.
     Fail(ErrorInfo, Option<String>),
 }

@@ -109,8 +109,9 @@ pub enum EngineError {
     /// The process is shutting down; the run is left for another worker.
     #[error("stopped for shutdown")]
     Stopped,
-    #[error("store error: {0}")]
-    Store(String),
+    /// The store failed; the source error is kept, with its chain, for the one log line.
+    #[error("store error: {0:#}")]
+    Store(anyhow::Error),
 }
 
 /// How a run ended (or paused).
@@ -199,7 +200,9 @@ impl Engine {
                 .get(&self.settings.default_provider)
                 .cloned()
                 .ok_or_else(|| {
-                    EngineError::Store(format!("no provider `{provider_name}` is configured"))
+                    EngineError::Store(anyhow::anyhow!(
+                        "no provider `{provider_name}` is configured"
+                    ))
                 })?,
         };
         let pending = Batch::new(input.run.tenant.clone(), input.run.thread_id.clone());

@@ -151,7 +151,9 @@ impl Journal for MemJournal {
         };
         match crash {
             Some(Crash::LeaseLost) => return Err(EngineError::LeaseLost),
-            Some(Crash::Store) => return Err(EngineError::Store("injected crash".into())),
+            Some(Crash::Store) => {
+                return Err(EngineError::Store(anyhow::anyhow!("injected crash")));
+            }
             None => {}
         }
         let mut rows = self.rows.lock().unwrap();

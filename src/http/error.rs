@@ -69,8 +69,10 @@ pub enum ApiError {
     MethodNotAllowed(String),
     #[error("the service is not ready: {0}")]
     Unavailable(String),
+    /// Something failed that the client cannot fix; the source error (and its chain) is kept so
+    /// it is logged once, whole, in the request's span (which carries the request id).
     #[error("internal error")]
-    Internal(String),
+    Internal(#[source] anyhow::Error),
 }
 
 impl ApiError {
@@ -155,7 +157,7 @@ impl IntoResponse for ApiError {
         let (status, code, title) = self.parts();
         let detail = match &self {
             Self::Internal(cause) => {
-                tracing::error!(cause = %cause, "internal error");
+                tracing::error!(cause = format!("{cause:#}"), "internal error");
                 "an internal error occurred; it has been logged".to_owned()
             }
             other => other.to_string(),
@@ -202,7 +204,7 @@ impl From<StoreError> for ApiError {
                 code: "conflict",
                 detail,
             },
-            other => Self::Internal(other.to_string()),
+            other => Self::Internal(anyhow::Error::new(other)),
         }
     }
 }

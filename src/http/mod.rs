@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Request, State};
+use axum::http::HeaderName;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -26,6 +27,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -189,6 +191,9 @@ async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::MethodNotAllowed(req.method().to_string())
 }
 
+/// The header that carries a request's id, both ways.
+pub const REQUEST_ID: &str = "x-request-id";
+
 /// The whole HTTP surface. Pure: builds routes, does no I/O.
 pub fn router(state: AppState) -> Router {
     let v1 = v1_routes().layer(axum::middleware::from_fn_with_state(
@@ -212,8 +217,23 @@ pub fn router(state: AppState) -> Router {
                 .get::<axum::extract::MatchedPath>()
                 .map(|p| p.as_str().to_owned())
                 .unwrap_or_else(|| "unmatched".into());
-            tracing::info_span!("request", method = %req.method(), route = %route)
+            let request_id = req
+                .headers()
+                .get(REQUEST_ID)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            tracing::info_span!("request", method = %req.method(), route = %route, request_id)
         }))
+        // Every request gets an id (the client's `x-request-id`, else a fresh UUID): it is on the
+        // request's log lines (the span above) and echoed on the response, errors included, so a
+        // problem a client reports can be found in the logs.
+        .layer(PropagateRequestIdLayer::new(HeaderName::from_static(
+            REQUEST_ID,
+        )))
+        .layer(SetRequestIdLayer::new(
+            HeaderName::from_static(REQUEST_ID),
+            MakeRequestUuid,
+        ))
         .with_state(state)
 }
 

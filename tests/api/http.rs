@@ -551,3 +551,46 @@ async fn the_committed_openapi_document_is_what_the_server_serves() {
     assert!(r.text().await.unwrap().contains("swagger"));
     app.stop().await;
 }
+
+/// Every answer carries `x-request-id` (a fresh UUID, or the client's own id echoed), errors
+/// included, so what a client reports can be found in the logs.
+async fn every_response_carries_a_request_id(backend: Backend) {
+    let app = spawn(backend, None).await;
+    let mut ids = std::collections::HashSet::new();
+    for (method, path) in [
+        (reqwest::Method::GET, "/healthz"),
+        (reqwest::Method::GET, "/v1/threads"),
+        (reqwest::Method::GET, "/v1/threads/nope/state"),
+        (reqwest::Method::POST, "/v1/threads"),
+        (reqwest::Method::GET, "/no/such/route"),
+    ] {
+        let r = app
+            .client
+            .request(method.clone(), app.url(path))
+            .header("content-type", "application/json")
+            .body("[1]")
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let id = r
+            .headers()
+            .get("x-request-id")
+            .unwrap_or_else(|| panic!("{method} {path} ({status}) has no x-request-id"))
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(uuid::Uuid::parse_str(&id).is_ok(), "{method} {path}: {id}");
+        assert!(ids.insert(id), "each request gets its own id");
+    }
+    let r = app
+        .client
+        .get(app.url("/v1/threads/nope"))
+        .header("x-request-id", "client-chosen-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.headers()["x-request-id"], "client-chosen-42");
+}
+both_stores!(request_ids, every_response_carries_a_request_id);

@@ -153,14 +153,16 @@ impl Journal for FlakyJournal {
             if hit {
                 *fail = None;
                 *self.runs_at_failure.lock().unwrap() = Some(self.keys.lock().unwrap().len());
-                return Err(EngineError::Store("injected: the store went away".into()));
+                return Err(EngineError::Store(anyhow::anyhow!(
+                    "injected: the store went away"
+                )));
             }
         }
         self.commits.lock().unwrap().push(kinds);
         match self.store.apply(self.fence, LEASE, batch).await {
             Ok(_) => Ok(()),
             Err(StoreError::LeaseLost) => Err(EngineError::LeaseLost),
-            Err(e) => Err(EngineError::Store(e.to_string())),
+            Err(e) => Err(EngineError::Store(e.into())),
         }
     }
 }

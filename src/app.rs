@@ -237,19 +237,19 @@ impl App {
         info!(%addr, store = state.store.backend(), "pes-server listening");
         let shutdown = state.shutdown.clone();
         let tracker = state.tracker.clone();
-        let sweeper = tokio::spawn(crate::worker::sweep_suspensions(
+        let sweeper = tracker.spawn(crate::worker::sweep_suspensions(
             state.store.clone(),
             state.bus.clone(),
             state.worker_wake.clone(),
             Duration::from_millis(state.config.suspension_sweep_ms.max(10)),
             shutdown.clone(),
         ));
-        let signals = spawn_signal_tasks(&state).await?;
+        let signals = spawn_signal_tasks(&state, &tracker).await?;
         tracker.spawn(crate::memory::trim_periodically(
             Duration::from_secs(state.config.memory_trim_seconds),
             shutdown.clone(),
         ));
-        let worker_task = tokio::spawn(worker.run(shutdown.clone()));
+        let worker_task = tracker.spawn(worker.run(shutdown.clone()));
         let settings = ServeSettings::from_config(&state.config);
         let router = http::router(state);
         http::serve::serve(listener, router, settings, shutdown.clone()).await;
@@ -277,7 +277,10 @@ impl App {
 /// With a store shared by several processes: one LISTEN connection whose wake-ups reach the
 /// local SSE streams, worker and cancel registry, and a poll of the watched threads' `last_seq`
 /// that covers a notification lost while that connection was down.
-async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+async fn spawn_signal_tasks(
+    state: &AppState,
+    tracker: &TaskTracker,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let Some(mut signals) = state
         .store
         .signals()
@@ -292,7 +295,7 @@ async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task:
         state.runs.clone(),
         state.shutdown.clone(),
     );
-    let listen = tokio::spawn(async move {
+    let listen = tracker.spawn(async move {
         loop {
             let signal = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -323,7 +326,7 @@ async fn spawn_signal_tasks(state: &AppState) -> anyhow::Result<Vec<tokio::task:
         state.shutdown.clone(),
     );
     let every = Duration::from_millis(state.config.stream_poll_ms.max(10));
-    let poll = tokio::spawn(async move {
+    let poll = tracker.spawn(async move {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,

@@ -47,6 +47,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve => {
             let app = App::build(cli.config).await?;
             let token = app.shutdown_token();
+            // Waits for the signal for as long as the process lives; nothing waits for it.
+            #[allow(clippy::disallowed_methods)]
             tokio::spawn(async move {
                 shutdown_signal().await;
                 tracing::info!("shutdown signal received");

@@ -24,6 +24,8 @@
 //!
 //! Every phase has a deadline (`--phase-timeout`); the bench fails with a clear message when one
 //! passes, and always stops the service and removes the store it made.
+// A load generator: its fake model and readers are tasks of the bench run itself.
+#![allow(clippy::disallowed_methods)]
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

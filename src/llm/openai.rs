@@ -523,6 +523,7 @@ mod tests {
             .with_state(fake.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        #[allow(clippy::disallowed_methods)] // a test server, for the test's life
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         (fake, format!("http://{addr}/v1/"))
     }

@@ -282,6 +282,7 @@ impl ToolRegistry {
         let timeout = self.timeout();
         let task_ctx = ctx.clone();
         // A task of its own: a panic in the tool becomes a JoinError, not a crashed worker.
+        #[allow(clippy::disallowed_methods)] // short-lived, awaited (or aborted) right here
         let mut handle = tokio::spawn(async move { tool.call(args, &task_ctx).await });
         match tokio::time::timeout(timeout, &mut handle).await {
             Ok(Ok(Ok(output))) => ToolOutcome::success(output),

@@ -1,5 +1,7 @@
 //! The one integration test binary: black-box tests over HTTP against the app spawned on port 0,
 //! a fake OpenAI-compatible LLM, and real Postgres and SQLite stores.
+// Test servers and clients are tasks of the test itself.
+#![allow(clippy::disallowed_methods)]
 
 mod agent;
 mod connections;

@@ -1,7 +1,10 @@
 //! Database helpers for the integration tests: every call gets a database of its own.
 //!
 //! Postgres: a fresh `pes_test_<uuid>` database on the server of `DATABASE_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/postgres`), never dropped. SQLite: a file in a folder of
+//! `postgres://postgres@127.0.0.1:5432/postgres`). It is not dropped when its test ends (the app
+//! under test may still hold connections); instead each new one drops those left over 15 minutes
+//! ago, because hundreds of idle databases keep Postgres's autovacuum busy and slow every later
+//! test and benchmark on the machine. SQLite: a file in a folder of
 //! its own under the system temp dir (the folder does not exist yet: the store must create it).
 #![allow(dead_code)]
 
@@ -47,8 +50,38 @@ pub async fn fresh_postgres_url() -> String {
     conn.execute(format!("CREATE DATABASE {name}").as_str())
         .await
         .expect("create the test database");
+    drop_stale_databases(&mut conn).await;
     conn.close().await.ok();
     with_database(&admin, &name)
+}
+
+/// No test lives this long: a test database older than this is a leftover.
+const STALE_AFTER_MS: u128 = 15 * 60 * 1000;
+
+/// Drop a few test databases created over [`STALE_AFTER_MS`] ago (their UUIDv7 name carries the
+/// creation time). Best effort: one still in use, or dropped by another test meanwhile, is skipped.
+async fn drop_stale_databases(conn: &mut PgConnection) {
+    let Ok(names) = sqlx::query_scalar::<_, String>(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'pes\\_test\\_%' LIMIT 1000",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let stale = names.into_iter().filter(|n| {
+        n.strip_prefix("pes_test_")
+            .and_then(|hex| u128::from_str_radix(hex.get(..12)?, 16).ok())
+            .is_some_and(|created| now.saturating_sub(created) > STALE_AFTER_MS)
+    });
+    for name in stale.take(20) {
+        let _ = conn
+            .execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
+            .await;
+    }
 }
 
 /// A migrated [`PgStore`] on a fresh database.

@@ -479,7 +479,21 @@ impl hyper::service::Service<Request<Incoming>> for RequestService {
         Box::pin(async move {
             let settings = &shared.settings;
             let response = match settings.check_head(&req) {
-                Err(problem) => problem.into_response(),
+                Err(problem) => {
+                    // Answered before the router: give it the request id the router would have.
+                    let id = req
+                        .headers()
+                        .get(super::REQUEST_ID)
+                        .cloned()
+                        .unwrap_or_else(|| {
+                            axum::http::HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
+                                .expect("a UUID is a valid header value")
+                        });
+                    tracing::info!(request_id = ?id, status = %problem.status(), "refused before routing");
+                    let mut resp = problem.into_response();
+                    resp.headers_mut().insert(super::REQUEST_ID, id);
+                    resp
+                }
                 Ok(()) => {
                     let timeout = settings.body_read_timeout;
                     let req = req.map(|body| Body::new(DeadlineBody::new(body, timeout)));

@@ -109,6 +109,8 @@ impl RawResponse {
         let body = self.json();
         assert_eq!(body["code"], code, "{body}");
         assert_eq!(body["status"], status, "{body}");
+        // Refused before routing or not, every answer has a request id.
+        assert!(self.header("x-request-id").is_some(), "{self:?}");
     }
 }
 

@@ -300,7 +300,7 @@ impl Engine {
             tool_call_id: None,
         });
         self.settle_compaction(ctx, idx);
-        self.item_left(ctx, &item_id);
+        self.item_left(ctx);
         let mut b = ctx.batch();
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
         b.op(Op::SetAgentState(ctx.state.clone()));

@@ -27,6 +27,18 @@ impl Engine {
         }
     }
 
+    /// The enabled tools as the planning prompt lists them: (name, description).
+    pub(super) fn described_tools(&self, known: &[String]) -> Vec<(String, String)> {
+        known
+            .iter()
+            .filter_map(|n| {
+                self.tools
+                    .get(n)
+                    .map(|t| (n.clone(), t.description().to_owned()))
+            })
+            .collect()
+    }
+
     pub(super) fn max_team_depth(&self, cfg: &AgentConfig) -> u32 {
         cfg.max_team_depth.unwrap_or(self.settings.max_team_depth)
     }
@@ -38,14 +50,7 @@ impl Engine {
     /// Plan (or refine the existing plan), with one repair request for an invalid plan.
     pub(super) async fn plan(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
         let known = self.enabled_tools(&ctx.cfg);
-        let described: Vec<(String, String)> = known
-            .iter()
-            .filter_map(|n| {
-                self.tools
-                    .get(n)
-                    .map(|t| (n.clone(), t.description().to_owned()))
-            })
-            .collect();
+        let described = self.described_tools(&known);
         let max_items = self.max_items(&ctx.cfg);
         let refining = !ctx.items.is_empty();
         let mut messages = vec![ChatMessage::system(prompts::planning_system(

@@ -345,7 +345,7 @@ impl Engine {
         }
         it.completed_at = Some(Utc::now());
         it.updated_at = Utc::now();
-        self.item_left(ctx, item_id);
+        self.item_left(ctx);
         let mut b = ctx.batch();
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
         b.observe(ctx.obs(
@@ -409,7 +409,7 @@ impl Engine {
 
     /// An item stopped being in progress: `currentStepId` moves to the most recently started
     /// item still in progress.
-    pub(super) fn item_left(&self, ctx: &mut Ctx<'_>, _item_id: &str) {
+    pub(super) fn item_left(&self, ctx: &mut Ctx<'_>) {
         ctx.state.current_step_id = ctx
             .items
             .iter()

@@ -118,7 +118,7 @@ impl Engine {
         it.completed_at = Some(Utc::now());
         it.updated_at = Utc::now();
         self.settle_compaction(ctx, idx);
-        self.item_left(ctx, team.id.as_str());
+        self.item_left(ctx);
         let mut b = ctx.batch();
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
         b.op(Op::SetAgentState(ctx.state.clone()));
@@ -138,14 +138,7 @@ impl Engine {
         teams_allowed: bool,
     ) -> ChatRequest {
         let known = self.enabled_tools(&ctx.cfg);
-        let described: Vec<(String, String)> = known
-            .iter()
-            .filter_map(|n| {
-                self.tools
-                    .get(n)
-                    .map(|t| (n.clone(), t.description().to_owned()))
-            })
-            .collect();
+        let described = self.described_tools(&known);
         let room = self.team_room(ctx);
         let mut context = format!("{}{}\n", prompts::labels::QUERY, ctx.run.query);
         context.push_str(&prompts::results_section(

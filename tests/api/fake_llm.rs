@@ -231,18 +231,27 @@ pub fn plan(items: &[(&str, &str, &[&str], &[&str])]) -> Reply {
         "title": "Test plan",
         "intent": "Answer the test query",
         "plan": "Do the items in order",
-        "todoList": items.iter().map(|(id, desc, tools, deps)| json!({
-            "id": id,
-            "description": desc,
-            "stepType": if tools.is_empty() { "reasoning" } else { "tool" },
-            "requiredTools": tools,
-            "expectedOutcome": "a result",
-            "dependencies": deps,
-            "kind": null,
-            "role": null,
-            "toolAllowlist": null,
-        })).collect::<Vec<_>>(),
+        "todoList": items
+            .iter()
+            .map(|(id, desc, tools, deps)| plan_item(id, desc, tools, deps))
+            .collect::<Vec<_>>(),
     }))
+}
+
+/// One item of a plan reply, with every field of the `pes_plan` schema (`kind`, `role` and
+/// `toolAllowlist` null: a test sets them on the value when it needs them).
+pub fn plan_item(id: &str, desc: &str, tools: &[&str], deps: &[&str]) -> Value {
+    json!({
+        "id": id,
+        "description": desc,
+        "stepType": if tools.is_empty() { "reasoning" } else { "tool" },
+        "requiredTools": tools,
+        "expectedOutcome": "a result",
+        "dependencies": deps,
+        "kind": null,
+        "role": null,
+        "toolAllowlist": null,
+    })
 }
 
 fn default_reply(phase: &str, req: &Value) -> Reply {

@@ -13,20 +13,7 @@ use crate::durability::assert_gap_free;
 use crate::fake_llm::{FakeLlm, Reply, item_of, phase_of, plan};
 use crate::helpers::{Backend, SseReader, TestApp, spawn};
 
-/// One item of a plan reply, with every field of the `pes_plan` schema.
-fn item(id: &str, desc: &str, tools: &[&str], deps: &[&str]) -> Value {
-    json!({
-        "id": id,
-        "description": desc,
-        "stepType": if tools.is_empty() { "reasoning" } else { "tool" },
-        "requiredTools": tools,
-        "expectedOutcome": "a result",
-        "dependencies": deps,
-        "kind": null,
-        "role": null,
-        "toolAllowlist": null,
-    })
-}
+use crate::fake_llm::plan_item as item;
 
 /// A plan reply with these items.
 fn plan_of(items: Vec<Value>) -> Reply {

@@ -5,18 +5,18 @@
 use serde_json::{Value, json};
 
 use crate::both_stores;
-use crate::fake_llm::{FakeLlm, Reply, phase_of};
+use crate::fake_llm::{FakeLlm, Reply, phase_of, plan_item};
 use crate::helpers::{Backend, spawn};
 
 /// A plan reply whose items are `(id, description, kind, dependencies)`.
 fn plan_with(items: &[(&str, &str, &str, &[&str])]) -> Reply {
     Reply::Json(json!({
         "title": "Team plan", "intent": "test teams", "plan": "teams and leaves",
-        "todoList": items.iter().map(|(id, desc, kind, deps)| json!({
-            "id": id, "description": desc, "stepType": "reasoning", "requiredTools": [],
-            "expectedOutcome": "a result", "dependencies": deps, "kind": kind,
-            "role": null, "toolAllowlist": null,
-        })).collect::<Vec<_>>(),
+        "todoList": items.iter().map(|(id, desc, kind, deps)| {
+            let mut item = plan_item(id, desc, &[], deps);
+            item["kind"] = json!(kind);
+            item
+        }).collect::<Vec<_>>(),
     }))
 }
 

@@ -1,7 +1,13 @@
-//! All persistence. The [`Store`] trait is the only door to the database; Postgres
-//! ([`postgres::PgStore`]) is the production backend and the coordination engine between replicas,
-//! SQLite ([`sqlite::SqliteStore`]) the embedded default for one process. Both pass one
-//! conformance suite (`tests/api/store.rs`).
+//! All persistence. The [`Store`] trait is the only door to the database. One implementation,
+//! [`SqlStore`], runs on Postgres (the production backend and the coordination engine between
+//! replicas; open it with [`postgres::PgStore`]) and on SQLite (the embedded default for one
+//! process; [`sqlite::SqliteStore`]). Both pass one conformance suite (`tests/api/store.rs`).
+//!
+//! Layout: the business rules are written once, one file per concept (`threads`, `runs`,
+//! `leases`, `apply`, `suspensions`), over the dialect layer `sql` (bind values, rows,
+//! connections and a few SQL tokens each dialect renders); `postgres` and `sqlite` hold only what
+//! truly differs (connecting, the claim, the list insert of observations, LISTEN/NOTIFY);
+//! `rows` maps rows to the domain types.
 //!
 //! Invariants every backend keeps:
 //! - an observation and the state change it reports commit in one transaction ([`Store::apply`]);
@@ -22,9 +28,18 @@ use crate::model::{
     Suspension, SuspensionStatus, Thread, ThreadId,
 };
 
+mod apply;
+mod leases;
 pub mod postgres;
 mod rows;
+mod runs;
+mod sql;
+mod sql_store;
 pub mod sqlite;
+mod suspensions;
+mod threads;
+
+pub use sql_store::SqlStore;
 
 /// Result of a store operation.
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -40,11 +40,6 @@ pub(crate) fn parse_ts_text(s: &str) -> StoreResult<DateTime<Utc>> {
         .map_err(|e| StoreError::Decode(format!("bad timestamp `{s}`: {e}")))
 }
 
-/// Now, at the precision both backends store (microseconds).
-pub(crate) fn now_micros() -> DateTime<Utc> {
-    Utc::now().trunc_subsecs(6)
-}
-
 /// A timestamp at stored precision, so what a caller passed in equals what it reads back.
 pub(crate) fn micros(t: DateTime<Utc>) -> DateTime<Utc> {
     t.trunc_subsecs(6)

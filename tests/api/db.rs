@@ -10,6 +10,7 @@
 
 use std::path::PathBuf;
 
+use pes_server::store::SqlStore;
 use pes_server::store::Store;
 use pes_server::store::postgres::PgStore;
 use pes_server::store::sqlite::SqliteStore;
@@ -84,8 +85,8 @@ async fn drop_stale_databases(conn: &mut PgConnection) {
     }
 }
 
-/// A migrated [`PgStore`] on a fresh database.
-pub async fn postgres_store() -> PgStore {
+/// A migrated Postgres store on a fresh database.
+pub async fn postgres_store() -> SqlStore {
     let store = PgStore::connect(&fresh_postgres_url().await, 10)
         .await
         .expect("connect to the test database");
@@ -117,8 +118,8 @@ pub fn fresh_sqlite_url() -> String {
     url
 }
 
-/// A migrated [`SqliteStore`] on a fresh file; keep the guard alive as long as the store.
-pub async fn sqlite_store() -> (SqliteStore, TempDir) {
+/// A migrated SQLite store on a fresh file; keep the guard alive as long as the store.
+pub async fn sqlite_store() -> (SqlStore, TempDir) {
     let (url, dir) = fresh_sqlite_location();
     let store = SqliteStore::connect(&url)
         .await

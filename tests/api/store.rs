@@ -2295,7 +2295,7 @@ async fn postgres_replicas_migrating_at_once_both_succeed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_claim_never_jumps_a_locked_older_run_of_the_thread() {
     let pg = crate::db::postgres_store().await;
-    let pool = pg.pool().clone();
+    let pool = pg.pg_pool().expect("a Postgres store").clone();
     let store: S = Arc::new(pg);
     let r1 = enqueue(&store, A, "t").await;
     let r2 = enqueue(&store, A, "t").await;

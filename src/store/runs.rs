@@ -1,0 +1,288 @@
+//! Runs: enqueueing (the idempotency key and the multitask strategies, atomically), reading,
+//! listing and cancelling. Written once for both dialects.
+
+use uuid::Uuid;
+
+use super::apply::append_observations;
+use super::rows::{self, Cols};
+use super::sql::{Conn, q};
+use super::sql_store::SqlStore;
+use super::threads::{lock_thread, map_rows};
+use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
+use crate::model::{MultitaskStrategy, Run, RunStatus, ThreadId, Usage, new_id};
+
+/// Cancel the queued or suspended runs among `$1` (the store cancels those itself).
+const CANCEL_QUEUED_OR_SUSPENDED: &str = "UPDATE runs SET status = 'cancelled', \
+    ended_at = {now}, lease_owner = NULL, lease_expires_at = NULL \
+    WHERE {in run_id 1} AND status IN ('queued', 'suspended') RETURNING *";
+
+/// Cancel the pending suspensions of the runs in `$1`.
+const CANCEL_PENDING_SUSPENSIONS: &str = "UPDATE suspensions SET status = 'cancelled', \
+    resolved_at = {now} WHERE {in run_id 1} AND status = 'pending'";
+
+/// Fill `suspension` of the suspended runs among `runs`.
+async fn attach_suspensions(conn: &mut Conn, runs: &mut [Run]) -> StoreResult<()> {
+    let ids = rows::suspended_run_ids(runs);
+    let pending = if ids.is_empty() {
+        Vec::new()
+    } else {
+        let found = conn
+            .all(
+                q("SELECT * FROM suspensions WHERE {in run_id 1} AND status = 'pending'").bind(ids),
+            )
+            .await?;
+        map_rows(&found, rows::suspension_from_row)?
+    };
+    rows::attach_suspensions(runs, pending)
+}
+
+/// Cancel queued or suspended runs (and their pending suspensions) in the caller's transaction;
+/// the `RUN_CANCELLED` observations are the caller's to append.
+async fn cancel_waiting(conn: &mut Conn, ids: Vec<Uuid>) -> StoreResult<Vec<Run>> {
+    let cancelled = conn
+        .all(q(CANCEL_QUEUED_OR_SUSPENDED).bind(ids.clone()))
+        .await?;
+    conn.exec(q(CANCEL_PENDING_SUSPENSIONS).bind(ids)).await?;
+    map_rows(&cancelled, rows::run_from_row)
+}
+
+/// Ask the workers of running runs to stop at their next safe point.
+async fn request_cancel(conn: &mut Conn, ids: Vec<Uuid>) -> StoreResult<Vec<Run>> {
+    let flagged = conn
+        .all(q("UPDATE runs SET cancel_requested = TRUE WHERE {in run_id 1} RETURNING *").bind(ids))
+        .await?;
+    let runs = map_rows(&flagged, rows::run_from_row)?;
+    for run in &runs {
+        conn.notify(&Signal::Cancel { run: run.run_id }).await?;
+    }
+    Ok(runs)
+}
+
+impl SqlStore {
+    pub(crate) async fn enqueue(&self, new: NewRun) -> StoreResult<CreatedRun> {
+        let mut tx = self.write().await?;
+        let (tenant, thread_id) = (new.tenant.as_str(), &new.thread_id);
+        let mut last_seq = lock_thread(&mut tx, tenant, thread_id).await?;
+        if last_seq.is_none() && new.create_thread {
+            // Concurrent creators wait on the primary key; the loser inserts nothing.
+            tx.exec(
+                q(
+                    "INSERT INTO threads (tenant, thread_id, created_at, updated_at) \
+                   VALUES ($1, $2, {now}, {now}) ON CONFLICT DO NOTHING",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str()),
+            )
+            .await?;
+            tx.exec(
+                q(
+                    "INSERT INTO agent_state (tenant, thread_id) VALUES ($1, $2) \
+                   ON CONFLICT DO NOTHING",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str()),
+            )
+            .await?;
+            last_seq = lock_thread(&mut tx, tenant, thread_id).await?;
+        }
+        let last_seq = last_seq.ok_or(StoreError::ThreadNotFound)?;
+
+        if let Some(key) = &new.idempotency_key {
+            let existing = tx
+                .opt(
+                    q("SELECT * FROM runs WHERE tenant = $1 AND thread_id = $2 \
+                         AND idempotency_key = $3")
+                    .bind(tenant)
+                    .bind(thread_id.as_str())
+                    .bind(key),
+                )
+                .await?;
+            if let Some(row) = existing {
+                let mut run = rows::run_from_row(&row)?;
+                attach_suspensions(&mut tx, std::slice::from_mut(&mut run)).await?;
+                tx.commit().await?;
+                return Ok(CreatedRun {
+                    run,
+                    created: false,
+                    observations: Vec::new(),
+                });
+            }
+        }
+
+        // Lock the active runs: a concurrent claim either finished (we see `running`) or skips
+        // them.
+        let active = tx
+            .all(
+                q(
+                    "SELECT run_id, status FROM runs WHERE tenant = $1 AND thread_id = $2 \
+                     AND status IN ('queued', 'running', 'suspended') \
+                   ORDER BY created_at, run_id {lock}",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str()),
+            )
+            .await?
+            .iter()
+            .map(|r| Ok((r.uuid("run_id")?, r.enumeration::<RunStatus>("status")?)))
+            .collect::<StoreResult<Vec<_>>>()?;
+
+        let run_id = new_id();
+        let mut observations = Vec::new();
+        match new.strategy {
+            MultitaskStrategy::Reject => {
+                if let Some((active_run, _)) = active.first() {
+                    return Err(StoreError::ThreadBusy {
+                        active_run: *active_run,
+                    });
+                }
+            }
+            MultitaskStrategy::Enqueue => {}
+            MultitaskStrategy::Interrupt => {
+                let (running, displaced): (Vec<_>, Vec<_>) = active
+                    .into_iter()
+                    .partition(|(_, s)| *s == RunStatus::Running);
+                let running: Vec<Uuid> = running.into_iter().map(|(id, _)| id).collect();
+                let displaced: Vec<Uuid> = displaced.into_iter().map(|(id, _)| id).collect();
+                if !displaced.is_empty() {
+                    cancel_waiting(&mut tx, displaced.clone()).await?;
+                    let obs = displaced
+                        .iter()
+                        .map(|id| rows::run_cancelled(*id, Some(run_id)))
+                        .collect();
+                    observations = append_observations(&mut tx, tenant, thread_id, obs).await?;
+                }
+                if !running.is_empty() {
+                    request_cancel(&mut tx, running).await?;
+                }
+            }
+        }
+        let start_seq = observations.last().map_or(last_seq, |o| o.seq);
+        // {clock}: taken after the thread lock, so runs of a thread sort in the order they were
+        // enqueued.
+        let row = tx
+            .one(
+                q(
+                    "INSERT INTO runs (run_id, tenant, thread_id, status, query, config, \
+                     multitask_strategy, idempotency_key, created_at, usage, attempt, phase, \
+                     cancel_requested, start_seq) \
+                   VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, {clock}, $8, 0, 'new', FALSE, \
+                     $9) RETURNING *",
+                )
+                .bind(run_id)
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(&new.query)
+                .bind(rows::to_json(&new.config)?)
+                .bind(new.strategy.as_str())
+                .bind(&new.idempotency_key)
+                .bind(rows::to_json(&Usage::default())?)
+                .bind(start_seq),
+            )
+            .await?;
+        tx.notify(&Signal::RunReady).await?;
+        tx.commit().await?;
+        Ok(CreatedRun {
+            run: rows::run_from_row(&row)?,
+            created: true,
+            observations,
+        })
+    }
+
+    pub(crate) async fn run(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        run_id: Uuid,
+    ) -> StoreResult<Option<Run>> {
+        let mut conn = self.snapshot().await?;
+        let Some(row) = conn
+            .opt(
+                q("SELECT * FROM runs WHERE tenant = $1 AND thread_id = $2 AND run_id = $3")
+                    .bind(tenant)
+                    .bind(thread_id.as_str())
+                    .bind(run_id),
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let mut run = rows::run_from_row(&row)?;
+        attach_suspensions(&mut conn, std::slice::from_mut(&mut run)).await?;
+        conn.commit().await?;
+        Ok(Some(run))
+    }
+
+    pub(crate) async fn runs(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        limit: u32,
+        cursor: Option<&PageCursor>,
+    ) -> StoreResult<Option<Vec<Run>>> {
+        if !self.thread_exists(tenant, thread_id).await? {
+            return Ok(None);
+        }
+        let after = if cursor.is_some() {
+            "AND (created_at, run_id) < ($4, $5)"
+        } else {
+            ""
+        };
+        let mut stmt = q(format!(
+            "SELECT * FROM runs WHERE tenant = $1 AND thread_id = $2 {after} \
+             ORDER BY created_at DESC, run_id DESC LIMIT $3"
+        ))
+        .bind(tenant)
+        .bind(thread_id.as_str())
+        .bind(rows::sql_limit(limit));
+        if let Some(c) = cursor {
+            stmt = stmt.bind(c.created_at).bind(rows::cursor_uuid(&c.id)?);
+        }
+        let mut conn = self.snapshot().await?;
+        let mut runs = map_rows(&conn.all(stmt).await?, rows::run_from_row)?;
+        attach_suspensions(&mut conn, &mut runs).await?;
+        conn.commit().await?;
+        Ok(Some(runs))
+    }
+
+    pub(crate) async fn cancel(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        run_id: Uuid,
+    ) -> StoreResult<CancelledRun> {
+        let mut tx = self.write().await?;
+        // Lock order: thread, then run (as create_run and apply).
+        if lock_thread(&mut tx, tenant, thread_id).await?.is_none() {
+            return Err(StoreError::RunNotFound);
+        }
+        let status: RunStatus = tx
+            .opt(
+                q(
+                    "SELECT status FROM runs WHERE tenant = $1 AND thread_id = $2 AND run_id = $3 \
+                   {lock}",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(run_id),
+            )
+            .await?
+            .ok_or(StoreError::RunNotFound)?
+            .enumeration("status")?;
+        let (run, observations) = match status {
+            RunStatus::Queued | RunStatus::Suspended => {
+                let run = cancel_waiting(&mut tx, vec![run_id]).await?.pop();
+                let obs = vec![rows::run_cancelled(run_id, None)];
+                let obs = append_observations(&mut tx, tenant, thread_id, obs).await?;
+                (run, obs)
+            }
+            RunStatus::Running => (
+                request_cancel(&mut tx, vec![run_id]).await?.pop(),
+                Vec::new(),
+            ),
+            done => return Err(StoreError::Conflict(format!("run already {done}"))),
+        };
+        let run = run.ok_or(StoreError::RunNotFound)?;
+        tx.commit().await?;
+        Ok(CancelledRun { run, observations })
+    }
+}

@@ -1,0 +1,399 @@
+//! The dialect layer: what differs between Postgres and SQLite below the store's logic, and
+//! nothing else. The logic (`threads.rs`, `runs.rs`, `leases.rs`, `apply.rs`,
+//! `suspensions.rs`) is written once against these types:
+//!
+//! - [`Arg`]: a bind value in the domain's terms; each dialect encodes it natively (Postgres has
+//!   `UUID`, `JSONB`, `TIMESTAMPTZ` and arrays; SQLite keeps them as text, lists as JSON arrays).
+//! - [`Row`]: a result row of either backend, decoded through [`Cols`].
+//! - [`Conn`]: a connection or transaction of either backend that runs a [`Q`].
+//! - SQL templates: the shared SQL text, with a few tokens each dialect renders its own way —
+//!   `{now}` (the time, from the database's clock on Postgres), `{clock}` (the time even inside a
+//!   transaction), `{later N}` (now plus `$N` seconds), `{in COL N}` (`COL` is one of the list
+//!   `$N`) and `{lock}` (`FOR UPDATE`, a no-op where writers are serialized).
+//!
+//! The two backends are a closed set, so they are an enum rather than a trait: no generic
+//! bounds over sqlx's database traits, one compiled copy of the logic.
+
+use std::borrow::Cow;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnection, PgRow};
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
+use sqlx::{Postgres, Sqlite, Transaction};
+use uuid::Uuid;
+
+use super::rows::{self, Cols};
+use super::{Signal, StoreError, StoreResult};
+
+/// Which SQL the store speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Postgres,
+    Sqlite,
+}
+
+/// A bind value. `None` binds a typed NULL.
+#[derive(Debug, Clone)]
+pub(crate) enum Arg {
+    Text(Option<String>),
+    Int(Option<i64>),
+    Float(f64),
+    Bool(bool),
+    Uuid(Option<Uuid>),
+    /// A JSON document (`JSONB` / JSON text).
+    Json(Option<Value>),
+    /// A timestamp (`TIMESTAMPTZ` / fixed-width text, see [`rows::ts_text`]).
+    Ts(Option<DateTime<Utc>>),
+    /// A list for `{in COL N}` (`UUID[]` / a JSON array of text).
+    Uuids(Vec<Uuid>),
+    /// A list for `{in COL N}` (`TEXT[]` / a JSON array).
+    Texts(Vec<String>),
+}
+
+impl From<&str> for Arg {
+    fn from(v: &str) -> Self {
+        Arg::Text(Some(v.to_owned()))
+    }
+}
+impl From<String> for Arg {
+    fn from(v: String) -> Self {
+        Arg::Text(Some(v))
+    }
+}
+impl From<&String> for Arg {
+    fn from(v: &String) -> Self {
+        Arg::Text(Some(v.clone()))
+    }
+}
+impl From<Option<&str>> for Arg {
+    fn from(v: Option<&str>) -> Self {
+        Arg::Text(v.map(str::to_owned))
+    }
+}
+impl From<&Option<String>> for Arg {
+    fn from(v: &Option<String>) -> Self {
+        Arg::Text(v.clone())
+    }
+}
+impl From<i64> for Arg {
+    fn from(v: i64) -> Self {
+        Arg::Int(Some(v))
+    }
+}
+impl From<bool> for Arg {
+    fn from(v: bool) -> Self {
+        Arg::Bool(v)
+    }
+}
+impl From<Uuid> for Arg {
+    fn from(v: Uuid) -> Self {
+        Arg::Uuid(Some(v))
+    }
+}
+impl From<Option<Uuid>> for Arg {
+    fn from(v: Option<Uuid>) -> Self {
+        Arg::Uuid(v)
+    }
+}
+impl From<Value> for Arg {
+    fn from(v: Value) -> Self {
+        Arg::Json(Some(v))
+    }
+}
+impl From<Option<Value>> for Arg {
+    fn from(v: Option<Value>) -> Self {
+        Arg::Json(v)
+    }
+}
+impl From<DateTime<Utc>> for Arg {
+    fn from(v: DateTime<Utc>) -> Self {
+        Arg::Ts(Some(v))
+    }
+}
+impl From<Option<DateTime<Utc>>> for Arg {
+    fn from(v: Option<DateTime<Utc>>) -> Self {
+        Arg::Ts(v)
+    }
+}
+impl From<Vec<Uuid>> for Arg {
+    fn from(v: Vec<Uuid>) -> Self {
+        Arg::Uuids(v)
+    }
+}
+impl From<Vec<String>> for Arg {
+    fn from(v: Vec<String>) -> Self {
+        Arg::Texts(v)
+    }
+}
+
+/// A statement: SQL template plus its arguments, in `$N` order.
+#[derive(Debug, Clone)]
+pub(crate) struct Q {
+    sql: Cow<'static, str>,
+    args: Vec<Arg>,
+}
+
+/// Start a statement from a template.
+pub(crate) fn q(sql: impl Into<Cow<'static, str>>) -> Q {
+    Q {
+        sql: sql.into(),
+        args: Vec::new(),
+    }
+}
+
+impl Q {
+    /// Bind the next `$N`.
+    pub(crate) fn bind(mut self, arg: impl Into<Arg>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+}
+
+/// Render a template's tokens for a dialect (templates without tokens are borrowed as they are).
+pub(crate) fn render(d: Dialect, tpl: &str) -> Cow<'_, str> {
+    if !tpl.contains('{') {
+        return Cow::Borrowed(tpl);
+    }
+    let mut out = String::with_capacity(tpl.len() + 64);
+    let mut rest = tpl;
+    while let Some(start) = rest.find('{') {
+        out.push_str(&rest[..start]);
+        let end = rest[start..]
+            .find('}')
+            .map(|e| start + e)
+            .unwrap_or_else(|| panic!("unclosed token in SQL template: {tpl}"));
+        let token: Vec<&str> = rest[start + 1..end].split_whitespace().collect();
+        out.push_str(&token_sql(d, &token, tpl));
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+/// SQLite's clock as the store's fixed-width timestamp text (SQLite keeps milliseconds).
+const SQLITE_NOW: &str = "(strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z')";
+
+fn token_sql(d: Dialect, token: &[&str], tpl: &str) -> String {
+    match (d, token) {
+        (Dialect::Postgres, ["now"]) => "now()".into(),
+        (Dialect::Postgres, ["clock"]) => "clock_timestamp()".into(),
+        (Dialect::Sqlite, ["now" | "clock"]) => SQLITE_NOW.into(),
+        (Dialect::Postgres, ["later", n]) => format!("(now() + make_interval(secs => ${n}))"),
+        (Dialect::Sqlite, ["later", n]) => {
+            format!("(strftime('%Y-%m-%dT%H:%M:%f', 'now', ${n} || ' seconds') || '000Z')")
+        }
+        (Dialect::Postgres, ["in", col, n]) => format!("{col} = ANY(${n})"),
+        (Dialect::Sqlite, ["in", col, n]) => {
+            format!("{col} IN (SELECT value FROM json_each(${n}))")
+        }
+        (Dialect::Postgres, ["lock"]) => "FOR UPDATE".into(),
+        (Dialect::Sqlite, ["lock"]) => String::new(),
+        _ => panic!("unknown token {token:?} in SQL template: {tpl}"),
+    }
+}
+
+fn bind_pg<'q>(q: Query<'q, Postgres, PgArguments>, arg: Arg) -> Query<'q, Postgres, PgArguments> {
+    match arg {
+        Arg::Text(v) => q.bind(v),
+        Arg::Int(v) => q.bind(v),
+        Arg::Float(v) => q.bind(v),
+        Arg::Bool(v) => q.bind(v),
+        Arg::Uuid(v) => q.bind(v),
+        Arg::Json(v) => q.bind(v),
+        Arg::Ts(v) => q.bind(v),
+        Arg::Uuids(v) => q.bind(v),
+        Arg::Texts(v) => q.bind(v),
+    }
+}
+
+fn bind_lite<'q>(
+    q: Query<'q, Sqlite, SqliteArguments<'q>>,
+    arg: Arg,
+) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+    match arg {
+        Arg::Text(v) => q.bind(v),
+        Arg::Int(v) => q.bind(v),
+        Arg::Float(v) => q.bind(v),
+        Arg::Bool(v) => q.bind(v),
+        Arg::Uuid(v) => q.bind(v.map(id_text)),
+        Arg::Json(v) => q.bind(v.map(|v| v.to_string())),
+        Arg::Ts(v) => q.bind(v.map(rows::ts_text)),
+        Arg::Uuids(v) => {
+            q.bind(Value::from(v.into_iter().map(id_text).collect::<Vec<_>>()).to_string())
+        }
+        Arg::Texts(v) => q.bind(Value::from(v).to_string()),
+    }
+}
+
+/// A UUID as SQLite stores it.
+pub(crate) fn id_text(id: Uuid) -> String {
+    id.hyphenated().to_string()
+}
+
+/// A result row of either backend.
+pub(crate) enum Row {
+    Pg(PgRow),
+    Lite(SqliteRow),
+}
+
+macro_rules! delegate_cols {
+    ($($name:ident -> $t:ty),* $(,)?) => {
+        $(fn $name(&self, col: &str) -> StoreResult<$t> {
+            match self {
+                Row::Pg(r) => r.$name(col),
+                Row::Lite(r) => r.$name(col),
+            }
+        })*
+    };
+}
+
+impl Cols for Row {
+    delegate_cols! {
+        text -> String,
+        opt_text -> Option<String>,
+        int -> i64,
+        boolean -> bool,
+        uuid -> Uuid,
+        opt_uuid -> Option<Uuid>,
+        ts -> DateTime<Utc>,
+        opt_ts -> Option<DateTime<Utc>>,
+        json -> Value,
+        opt_json -> Option<Value>,
+    }
+}
+
+impl Row {
+    /// A nullable float column (only computed columns are floats).
+    pub(crate) fn opt_float(&self, col: &str) -> StoreResult<Option<f64>> {
+        use sqlx::Row as _;
+        match self {
+            Row::Pg(r) => r.try_get(col),
+            Row::Lite(r) => r.try_get(col),
+        }
+        .map_err(|e| StoreError::Decode(format!("column {col}: {e}")))
+    }
+}
+
+/// A connection of either backend: a pooled one (each statement commits on its own) or a
+/// transaction (dropping it rolls back).
+pub(crate) enum Conn {
+    Pg(PoolConnection<Postgres>),
+    PgTx(Transaction<'static, Postgres>),
+    Lite(PoolConnection<Sqlite>),
+    LiteTx(Transaction<'static, Sqlite>),
+}
+
+/// The raw connection under a [`Conn`], for the few statements only one dialect has.
+pub(crate) enum Raw<'a> {
+    Pg(&'a mut PgConnection),
+    Lite(&'a mut SqliteConnection),
+}
+
+impl Conn {
+    pub(crate) fn dialect(&self) -> Dialect {
+        match self {
+            Conn::Pg(_) | Conn::PgTx(_) => Dialect::Postgres,
+            Conn::Lite(_) | Conn::LiteTx(_) => Dialect::Sqlite,
+        }
+    }
+
+    /// The raw connection.
+    pub(crate) fn raw(&mut self) -> Raw<'_> {
+        match self {
+            Conn::Pg(c) => Raw::Pg(&mut *c),
+            Conn::PgTx(t) => Raw::Pg(&mut *t),
+            Conn::Lite(c) => Raw::Lite(&mut *c),
+            Conn::LiteTx(t) => Raw::Lite(&mut *t),
+        }
+    }
+
+    /// Every row the statement returns.
+    pub(crate) async fn all(&mut self, q: Q) -> StoreResult<Vec<Row>> {
+        let d = self.dialect();
+        let sql = render(d, &q.sql);
+        Ok(match self.raw() {
+            Raw::Pg(c) => {
+                let query = q.args.into_iter().fold(sqlx::query(&sql), bind_pg);
+                query.fetch_all(c).await?.into_iter().map(Row::Pg).collect()
+            }
+            Raw::Lite(c) => {
+                let query = q.args.into_iter().fold(sqlx::query(&sql), bind_lite);
+                query
+                    .fetch_all(c)
+                    .await?
+                    .into_iter()
+                    .map(Row::Lite)
+                    .collect()
+            }
+        })
+    }
+
+    /// The first row, if any.
+    pub(crate) async fn opt(&mut self, q: Q) -> StoreResult<Option<Row>> {
+        let d = self.dialect();
+        let sql = render(d, &q.sql);
+        Ok(match self.raw() {
+            Raw::Pg(c) => {
+                let query = q.args.into_iter().fold(sqlx::query(&sql), bind_pg);
+                query.fetch_optional(c).await?.map(Row::Pg)
+            }
+            Raw::Lite(c) => {
+                let query = q.args.into_iter().fold(sqlx::query(&sql), bind_lite);
+                query.fetch_optional(c).await?.map(Row::Lite)
+            }
+        })
+    }
+
+    /// Exactly one row (no row is a [`sqlx::Error::RowNotFound`]).
+    pub(crate) async fn one(&mut self, q: Q) -> StoreResult<Row> {
+        self.opt(q)
+            .await?
+            .ok_or(StoreError::Database(sqlx::Error::RowNotFound))
+    }
+
+    /// Run the statement; how many rows it changed.
+    pub(crate) async fn exec(&mut self, q: Q) -> StoreResult<u64> {
+        let d = self.dialect();
+        let sql = render(d, &q.sql);
+        Ok(match self.raw() {
+            Raw::Pg(c) => {
+                let query = q.args.into_iter().fold(sqlx::query(&sql), bind_pg);
+                query.execute(c).await?.rows_affected()
+            }
+            Raw::Lite(c) => {
+                let query = q.args.into_iter().fold(sqlx::query(&sql), bind_lite);
+                query.execute(c).await?.rows_affected()
+            }
+        })
+    }
+
+    /// Tell other replicas, at commit, that something happened (Postgres `NOTIFY`; SQLite has
+    /// one process, whose own code wakes itself).
+    pub(crate) async fn notify(&mut self, s: &Signal) -> StoreResult<()> {
+        if let Raw::Pg(c) = self.raw() {
+            sqlx::query("SELECT pg_notify('pes', $1)")
+                .bind(signal_payload(s))
+                .execute(c)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Commit a transaction (a pooled connection has nothing to commit).
+    pub(crate) async fn commit(self) -> StoreResult<()> {
+        match self {
+            Conn::PgTx(t) => t.commit().await?,
+            Conn::LiteTx(t) => t.commit().await?,
+            Conn::Pg(_) | Conn::Lite(_) => {}
+        }
+        Ok(())
+    }
+}
+
+/// The `NOTIFY` payload of a signal.
+pub(crate) fn signal_payload(s: &Signal) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}

@@ -1,0 +1,358 @@
+//! Threads, their agent state and conversation: create, read, list, patch, delete, and the
+//! engine's snapshot. Written once for both dialects.
+
+use serde_json::Value;
+use sqlx::migrate::Migrator;
+
+use super::rows::{self, Cols};
+use super::sql::{Arg, Conn, Q, Row, q};
+use super::sql_store::SqlStore;
+use super::{
+    AgentSnapshot, ObservationQuery, PageCursor, Signal, StoreError, StoreResult, ThreadPatch,
+};
+use crate::model::{AgentConfig, Message, Observation, Thread, ThreadId};
+
+/// A thread with its status derived from its runs: `busy` while one is queued or running,
+/// `suspended` while one waits for a person, `error` when the newest failed, else `idle`.
+/// Expects the thread row aliased `t`.
+const THREAD_COLUMNS: &str = "t.tenant, t.thread_id, t.metadata, t.config, t.created_at, \
+    t.updated_at, \
+    CASE \
+      WHEN EXISTS (SELECT 1 FROM runs r WHERE r.tenant = t.tenant AND r.thread_id = t.thread_id \
+                   AND r.status IN ('queued', 'running')) THEN 'busy' \
+      WHEN EXISTS (SELECT 1 FROM runs r WHERE r.tenant = t.tenant AND r.thread_id = t.thread_id \
+                   AND r.status = 'suspended') THEN 'suspended' \
+      WHEN (SELECT r.status FROM runs r WHERE r.tenant = t.tenant AND r.thread_id = t.thread_id \
+            ORDER BY r.created_at DESC, r.run_id DESC LIMIT 1) = 'failed' THEN 'error' \
+      ELSE 'idle' \
+    END AS status";
+
+pub(crate) fn map_rows<T>(rows: &[Row], f: impl Fn(&Row) -> StoreResult<T>) -> StoreResult<Vec<T>> {
+    rows.iter().map(f).collect()
+}
+
+/// Lock the thread row (the first lock of every multi-row write: thread → run → suspension);
+/// its `last_seq`, or `None` when the thread does not exist.
+pub(crate) async fn lock_thread(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+) -> StoreResult<Option<i64>> {
+    conn.opt(
+        q("SELECT last_seq FROM threads WHERE tenant = $1 AND thread_id = $2 {lock}")
+            .bind(tenant)
+            .bind(thread_id.as_str()),
+    )
+    .await?
+    .map(|r| r.int("last_seq"))
+    .transpose()
+}
+
+async fn thread_in(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+) -> StoreResult<Option<Thread>> {
+    conn.opt(
+        q(format!(
+            "SELECT {THREAD_COLUMNS} FROM threads t WHERE t.tenant = $1 AND t.thread_id = $2"
+        ))
+        .bind(tenant)
+        .bind(thread_id.as_str()),
+    )
+    .await?
+    .as_ref()
+    .map(rows::thread_from_row)
+    .transpose()
+}
+
+impl SqlStore {
+    /// Every migration of `migrator` applied.
+    pub(crate) async fn migrations_applied(&self, migrator: &Migrator) -> StoreResult<()> {
+        let applied = self
+            .read()
+            .await?
+            .all(q("SELECT version FROM _sqlx_migrations WHERE success"))
+            .await?
+            .iter()
+            .map(|r| r.int("version"))
+            .collect::<StoreResult<Vec<i64>>>()?;
+        for m in migrator.iter() {
+            if !applied.contains(&m.version) {
+                return Err(StoreError::Conflict(format!(
+                    "migration {} ({}) is not applied",
+                    m.version, m.description
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn thread_exists(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> StoreResult<bool> {
+        Ok(self
+            .read()
+            .await?
+            .opt(
+                q("SELECT 1 AS one FROM threads WHERE tenant = $1 AND thread_id = $2")
+                    .bind(tenant)
+                    .bind(thread_id.as_str()),
+            )
+            .await?
+            .is_some())
+    }
+
+    pub(crate) async fn insert_thread(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        metadata: Value,
+        config: AgentConfig,
+    ) -> StoreResult<Thread> {
+        let mut tx = self.write().await?;
+        let row = tx
+            .one(
+                q(
+                    "INSERT INTO threads (tenant, thread_id, metadata, config, created_at, \
+                     updated_at) VALUES ($1, $2, $3, $4, {now}, {now}) \
+                   RETURNING tenant, thread_id, metadata, config, created_at, updated_at, \
+                     'idle' AS status",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(metadata)
+                .bind(rows::to_json(&config)?),
+            )
+            .await
+            .map_err(|e| match e {
+                StoreError::Database(e) if rows::is_unique_violation(&e, Some("threads_pkey")) => {
+                    StoreError::ThreadExists
+                }
+                e => e,
+            })?;
+        tx.exec(
+            q("INSERT INTO agent_state (tenant, thread_id) VALUES ($1, $2)")
+                .bind(tenant)
+                .bind(thread_id.as_str()),
+        )
+        .await?;
+        tx.commit().await?;
+        rows::thread_from_row(&row)
+    }
+
+    pub(crate) async fn thread(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> StoreResult<Option<Thread>> {
+        thread_in(&mut self.read().await?, tenant, thread_id).await
+    }
+
+    pub(crate) async fn threads(
+        &self,
+        tenant: &str,
+        limit: u32,
+        cursor: Option<&PageCursor>,
+    ) -> StoreResult<Vec<Thread>> {
+        let after = if cursor.is_some() {
+            "AND (t.created_at, t.thread_id) < ($3, $4)"
+        } else {
+            ""
+        };
+        let mut stmt = q(format!(
+            "SELECT {THREAD_COLUMNS} FROM threads t WHERE t.tenant = $1 {after} \
+             ORDER BY t.created_at DESC, t.thread_id DESC LIMIT $2"
+        ))
+        .bind(tenant)
+        .bind(rows::sql_limit(limit));
+        if let Some(c) = cursor {
+            stmt = stmt.bind(c.created_at).bind(&c.id);
+        }
+        map_rows(&self.read().await?.all(stmt).await?, rows::thread_from_row)
+    }
+
+    pub(crate) async fn patch_thread(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        patch: ThreadPatch,
+    ) -> StoreResult<Option<Thread>> {
+        let mut tx = self.write().await?;
+        let changed = tx
+            .exec(
+                q("UPDATE threads SET metadata = COALESCE($3, metadata), \
+                     config = COALESCE($4, config), updated_at = {now} \
+                   WHERE tenant = $1 AND thread_id = $2")
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(patch.metadata)
+                .bind(rows::opt_json(patch.config.as_ref())?),
+            )
+            .await?;
+        if changed == 0 {
+            return Ok(None);
+        }
+        let thread = thread_in(&mut tx, tenant, thread_id).await?;
+        tx.commit().await?;
+        Ok(thread)
+    }
+
+    pub(crate) async fn remove_thread(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> StoreResult<bool> {
+        let mut tx = self.write().await?;
+        let deleted = tx
+            .exec(
+                q("DELETE FROM threads WHERE tenant = $1 AND thread_id = $2")
+                    .bind(tenant)
+                    .bind(thread_id.as_str()),
+            )
+            .await?
+            > 0;
+        if deleted {
+            tx.notify(&Signal::ThreadDeleted {
+                tenant: tenant.to_owned(),
+                thread: thread_id.as_str().to_owned(),
+            })
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    pub(crate) async fn snapshot_of(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> StoreResult<Option<AgentSnapshot>> {
+        // One snapshot for the three reads.
+        let mut tx = self.snapshot().await?;
+        let key = |sql: &'static str| q(sql).bind(tenant).bind(thread_id.as_str());
+        let Some(state) = tx
+            .opt(key(
+                "SELECT * FROM agent_state WHERE tenant = $1 AND thread_id = $2",
+            ))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let items = tx
+            .all(key(
+                "SELECT * FROM todo_items WHERE tenant = $1 AND thread_id = $2 \
+                 ORDER BY position, item_id",
+            ))
+            .await?;
+        let pending = tx
+            .opt(key(
+                "SELECT * FROM suspensions WHERE tenant = $1 AND thread_id = $2 \
+                   AND status = 'pending' ORDER BY created_at DESC, suspension_id DESC LIMIT 1",
+            ))
+            .await?;
+        tx.commit().await?;
+        Ok(Some(AgentSnapshot {
+            state: rows::agent_state_from_row(&state)?,
+            items: map_rows(&items, rows::item_from_row)?,
+            pending_suspension: pending
+                .as_ref()
+                .map(rows::suspension_from_row)
+                .transpose()?,
+        }))
+    }
+
+    pub(crate) async fn messages(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        limit: u32,
+        cursor: Option<&PageCursor>,
+    ) -> StoreResult<Option<Vec<Message>>> {
+        if !self.thread_exists(tenant, thread_id).await? {
+            return Ok(None);
+        }
+        let after = if cursor.is_some() {
+            "AND (created_at, id) > ($4, $5)"
+        } else {
+            ""
+        };
+        let mut stmt = q(format!(
+            "SELECT * FROM messages WHERE tenant = $1 AND thread_id = $2 {after} \
+             ORDER BY created_at, id LIMIT $3"
+        ))
+        .bind(tenant)
+        .bind(thread_id.as_str())
+        .bind(rows::sql_limit(limit));
+        if let Some(c) = cursor {
+            stmt = stmt.bind(c.created_at).bind(rows::cursor_uuid(&c.id)?);
+        }
+        map_rows(&self.read().await?.all(stmt).await?, rows::message_from_row).map(Some)
+    }
+
+    pub(crate) async fn newest_messages(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        limit: u32,
+    ) -> StoreResult<Vec<Message>> {
+        let rows = self
+            .read()
+            .await?
+            .all(
+                q(
+                    "SELECT * FROM (SELECT * FROM messages WHERE tenant = $1 AND thread_id = $2 \
+                     AND item_id IS NULL AND role IN ('user', 'assistant') \
+                   ORDER BY created_at DESC, id DESC LIMIT $3) m \
+                   ORDER BY created_at, id",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(i64::from(limit)),
+            )
+            .await?;
+        map_rows(&rows, rows::message_from_row)
+    }
+}
+
+impl SqlStore {
+    pub(crate) async fn observations(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        query: &ObservationQuery,
+    ) -> StoreResult<Option<Vec<Observation>>> {
+        if !self.thread_exists(tenant, thread_id).await? {
+            return Ok(None);
+        }
+        // Only the filters given become SQL (`$N` numbered as they are bound).
+        let mut sql = String::from(
+            "SELECT * FROM observations WHERE tenant = $1 AND thread_id = $2 AND seq > $3",
+        );
+        let mut args: Vec<Arg> = vec![tenant.into(), thread_id.as_str().into(), query.after.into()];
+        if let Some(types) = &query.types {
+            args.push(Arg::Texts(
+                types.iter().map(|t| t.as_str().to_owned()).collect(),
+            ));
+            sql.push_str(&format!(" AND {{in type {}}}", args.len()));
+        }
+        if let Some(parent) = &query.parent_id {
+            args.push(parent.into());
+            sql.push_str(&format!(" AND parent_id = ${}", args.len()));
+        }
+        if let Some(run) = query.run_id {
+            args.push(run.into());
+            sql.push_str(&format!(" AND run_id = ${}", args.len()));
+        }
+        args.push(rows::sql_limit(query.limit).into());
+        sql.push_str(&format!(" ORDER BY seq LIMIT ${}", args.len()));
+        let stmt = args.into_iter().fold(q(sql), Q::bind);
+        map_rows(
+            &self.read().await?.all(stmt).await?,
+            rows::observation_from_row,
+        )
+        .map(Some)
+    }
+}

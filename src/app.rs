@@ -146,6 +146,7 @@ impl App {
                 max_parallel_items: config.max_parallel_items,
                 compaction_threshold_chars: config.compaction_threshold_chars,
                 max_team_depth: config.max_team_depth,
+                decision_poll: Duration::from_millis(config.decision_poll_ms.max(10)),
                 ..EngineSettings::default()
             },
         ));

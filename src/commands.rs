@@ -5,8 +5,8 @@
 //! 1. the store write, in one transaction (which also NOTIFYs other replicas, on Postgres);
 //! 2. publish the observations it committed on this process's [`EventBus`];
 //! 3. wake this process's worker when a run may have become claimable;
-//! 4. reach the run at once when this process drives it: stop it (cancel, interrupt), through
-//!    the [`RunRegistry`].
+//! 4. reach the run at once when this process drives it: stop it (cancel, interrupt) or hand it a
+//!    decision (through the [`RunRegistry`]).
 //!
 //! Other replicas learn the same through [`crate::events::replicas`], which delivers the store's
 //! signals to the same bus, wake-up and registry.
@@ -116,7 +116,9 @@ impl RunCommands {
     }
 
     /// Resolve a pending suspension exactly once (a person's decision, or the sweeper's
-    /// expiry). A suspended run goes back to the queue and the worker is woken.
+    /// expiry). A suspended run goes back to the queue and the worker is woken; a run still
+    /// busy with other items, when driven here, is handed the decision at once (on another
+    /// replica the store's signal does that).
     ///
     /// # Errors
     /// As [`Store::resolve_suspension`].
@@ -131,7 +133,12 @@ impl RunCommands {
             .resolve_suspension(tenant, suspension_id, resolution)
             .await?;
         self.bus.publish(&done.observations);
-        self.wake_worker();
+        match done.run.status {
+            RunStatus::Running => {
+                self.runs.decided(done.run.run_id);
+            }
+            _ => self.wake_worker(),
+        }
         Ok(done)
     }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -30,9 +30,13 @@ struct LocalRun {
     thread_id: ThreadId,
     /// Stops the run at its next safe point (cancel, interrupt).
     cancel: CancellationToken,
+    /// Poked when one of the run's suspensions is decided while it runs, so the decision is
+    /// taken in at once (see [`Journal::decision_arrived`]).
+    decided: Arc<Notify>,
 }
 
-/// The runs this process drives right now, so a command (a cancel, an interrupt) reaches the run at once instead of at its next heartbeat or look at the store. Filled by the
+/// The runs this process drives right now, so a command (a cancel, an interrupt, a decision)
+/// reaches the run at once instead of at its next heartbeat or look at the store. Filled by the
 /// worker; reached through [`crate::commands::RunCommands`] and the replica listener.
 #[derive(Clone, Default)]
 pub struct RunRegistry {
@@ -40,14 +44,18 @@ pub struct RunRegistry {
 }
 
 impl RunRegistry {
-    /// Register a run driven here.
-    fn insert(&self, run: &Run, cancel: CancellationToken) {
+    /// Register a run driven here; the answer is the notification its journal awaits decisions
+    /// on.
+    fn insert(&self, run: &Run, cancel: CancellationToken) -> Arc<Notify> {
+        let decided = Arc::new(Notify::new());
         let local = LocalRun {
             tenant: run.tenant.clone(),
             thread_id: run.thread_id.clone(),
             cancel,
+            decided: decided.clone(),
         };
         self.lock().insert(run.run_id, local);
+        decided
     }
 
     fn remove(&self, run_id: Uuid) {
@@ -81,6 +89,20 @@ impl RunRegistry {
             }
         }
         n
+    }
+
+    /// One of a run's suspensions was decided while it runs: tell the run, if this process
+    /// drives it (false otherwise). A run not waiting for it yet finds it when it next waits.
+    pub fn decided(&self, run_id: Uuid) -> bool {
+        match self.lock().get(&run_id) {
+            Some(r) => {
+                // `notify_one` keeps a permit when nobody waits right now, so a decision that
+                // arrives between two waits is not missed.
+                r.decided.notify_one();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Runs driven by this process right now.
@@ -164,6 +186,8 @@ struct WorkerJournal {
     fence: Fence,
     lease: Duration,
     cancel: CancellationToken,
+    /// Poked (through the run registry) when a decision on one of the run's suspensions arrives.
+    decided: Arc<Notify>,
     metrics: Arc<WorkerMetrics>,
 }
 
@@ -197,6 +221,10 @@ impl Journal for WorkerJournal {
             }
         }
         Ok(out)
+    }
+
+    async fn decision_arrived(&self) {
+        self.decided.notified().await;
     }
 }
 
@@ -364,7 +392,8 @@ impl Worker {
                 return Outcome::Stopped(run_id);
             }
         };
-        self.commands
+        let decided = self
+            .commands
             .runs()
             .insert(&input.run, signals.cancel.clone());
         let journal = WorkerJournal {
@@ -374,6 +403,7 @@ impl Worker {
             fence,
             lease: self.settings.lease,
             cancel: signals.cancel.clone(),
+            decided,
             metrics: self.metrics.clone(),
         };
         let heartbeat = self.heartbeat(fence, signals.clone());

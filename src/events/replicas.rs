@@ -1,9 +1,9 @@
 //! Wake-ups from other processes sharing the store. With Postgres, one LISTEN connection per
 //! process receives the [`Signal`]s other replicas' commits send, and hands each to whoever here
 //! must know: the bus (observations, a deleted thread), the worker (a run became claimable), a
-//! run driven here (a cancel). A poll of the watched threads' `last_seq` covers a
-//! notification lost while that connection was down; a lost cancel is covered by the run's
-//! heartbeat.
+//! run driven here (a cancel, a decision). A poll of the watched threads' `last_seq` covers a
+//! notification lost while that connection was down; a lost cancel or decision is covered by
+//! the run's heartbeat and its fallback look at its suspensions.
 //!
 //! With a store no other process shares (SQLite), nothing is spawned: every command was made
 //! here and already told everyone (see [`crate::commands`]).
@@ -77,6 +77,9 @@ fn deliver(commands: &RunCommands, signal: Signal) {
         Signal::RunReady => commands.wake_worker(),
         Signal::Cancel { run } => {
             commands.runs().cancel(run);
+        }
+        Signal::Decided { run } => {
+            commands.runs().decided(run);
         }
         Signal::ThreadDeleted { tenant, thread } => {
             commands

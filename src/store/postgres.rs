@@ -1252,6 +1252,9 @@ impl Store for PgStore {
         let obs = vec![rows::agent_resumed(&suspension, &decision, expired)];
         let observations = append_observations(&mut tx, tenant, &thread_id, obs).await?;
         notify(&mut tx, &Signal::RunReady).await?;
+        if run_status.as_deref() == Some("running") {
+            notify(&mut tx, &Signal::Decided { run: run_id }).await?;
+        }
         tx.commit().await?;
         Ok(ResolvedSuspension {
             suspension,

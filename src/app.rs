@@ -10,27 +10,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use futures::StreamExt;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::agent::{Engine, EngineSettings};
+use crate::commands::RunCommands;
 use crate::config::{Config, ProviderKind};
-use crate::events::EventBus;
+use crate::events::{EventBus, replicas};
 use crate::http::serve::ServeSettings;
 use crate::http::{self, AppState};
 use crate::llm::LlmProvider;
 use crate::llm::offline::OfflineProvider;
 use crate::llm::openai::{OpenAiConfig, OpenAiProvider};
-use crate::model::ThreadId;
+use crate::store::Store;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
-use crate::store::{Signal, Store};
 use crate::tools::ToolRegistry;
-use crate::worker::{RunRegistry, Stops, Worker, WorkerSettings};
+use crate::worker::{Stops, Worker, WorkerSettings};
 
 /// Model providers by name.
 pub type Providers = HashMap<String, Arc<dyn LlmProvider>>;
@@ -148,6 +146,7 @@ impl App {
                 max_parallel_items: config.max_parallel_items,
                 compaction_threshold_chars: config.compaction_threshold_chars,
                 max_team_depth: config.max_team_depth,
+                decision_poll: Duration::from_millis(config.decision_poll_ms.max(10)),
                 ..EngineSettings::default()
             },
         ));
@@ -161,13 +160,11 @@ impl App {
             .with_context(|| format!("binding {}", config.bind))?;
         let addr = listener.local_addr()?;
         let bus = EventBus::new();
-        let wake = Arc::new(Notify::new());
-        let registry = RunRegistry::default();
+        let commands = RunCommands::new(store.clone(), bus.clone());
         let hard_stop = CancellationToken::new();
         let shutdown = CancellationToken::new();
         let worker = Worker::new(
-            store.clone(),
-            bus.clone(),
+            commands.clone(),
             engine.clone(),
             WorkerSettings {
                 owner: format!("{}-{}", hostname(), crate::model::new_id()),
@@ -176,8 +173,6 @@ impl App {
                 poll_interval: Duration::from_millis(config.poll_interval_ms.max(10)),
                 heartbeat: config.heartbeat(),
             },
-            wake.clone(),
-            registry.clone(),
             Stops {
                 drain: shutdown.clone(),
                 hard_stop: hard_stop.clone(),
@@ -190,8 +185,7 @@ impl App {
             engine,
             shutdown,
             tracker: TaskTracker::new(),
-            worker_wake: wake,
-            runs: registry,
+            commands,
             metrics: worker.metrics(),
             api_keys: Arc::new(api_keys),
             config: Arc::new(config),
@@ -237,14 +231,18 @@ impl App {
         info!(%addr, store = state.store.backend(), "pes-server listening");
         let shutdown = state.shutdown.clone();
         let tracker = state.tracker.clone();
-        let sweeper = tracker.spawn(crate::worker::sweep_suspensions(
-            state.store.clone(),
-            state.bus.clone(),
-            state.worker_wake.clone(),
+        tracker.spawn(crate::worker::sweep_suspensions(
+            state.commands.clone(),
             Duration::from_millis(state.config.suspension_sweep_ms.max(10)),
             shutdown.clone(),
         ));
-        let signals = spawn_signal_tasks(&state, &tracker).await?;
+        replicas::spawn(
+            &tracker,
+            &state.commands,
+            Duration::from_millis(state.config.stream_poll_ms.max(10)),
+            &shutdown,
+        )
+        .await?;
         tracker.spawn(crate::memory::trim_periodically(
             Duration::from_secs(state.config.memory_trim_seconds),
             shutdown.clone(),
@@ -263,99 +261,12 @@ impl App {
             hard_stop.cancel();
             let _ = worker_task.await;
         }
-        let _ = sweeper.await;
-        for task in signals {
-            let _ = task.await;
-        }
+        // The sweeper and the replica tasks end with the shutdown token.
         tracker.close();
         tracker.wait().await;
         info!("stopped");
         Ok(())
     }
-}
-
-/// With a store shared by several processes: one LISTEN connection whose wake-ups reach the
-/// local SSE streams, worker and cancel registry, and a poll of the watched threads' `last_seq`
-/// that covers a notification lost while that connection was down.
-async fn spawn_signal_tasks(
-    state: &AppState,
-    tracker: &TaskTracker,
-) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let Some(mut signals) = state
-        .store
-        .signals()
-        .await
-        .context("listening for signals")?
-    else {
-        return Ok(Vec::new());
-    };
-    let (bus, wake, runs, stop) = (
-        state.bus.clone(),
-        state.worker_wake.clone(),
-        state.runs.clone(),
-        state.shutdown.clone(),
-    );
-    let listen = tracker.spawn(async move {
-        loop {
-            let signal = tokio::select! {
-                _ = stop.cancelled() => return,
-                s = signals.next() => match s {
-                    Some(s) => s,
-                    None => return,
-                },
-            };
-            match signal {
-                Signal::Observations {
-                    tenant,
-                    thread,
-                    seq,
-                } => bus.wake(&tenant, &ThreadId::from_stored(thread), seq),
-                Signal::RunReady => wake.notify_one(),
-                Signal::Cancel { run } => {
-                    runs.cancel(run);
-                }
-                Signal::ThreadDeleted { tenant, thread } => {
-                    bus.thread_deleted(&tenant, &ThreadId::from_stored(thread));
-                }
-            }
-        }
-    });
-    let (store, bus, stop) = (
-        state.store.clone(),
-        state.bus.clone(),
-        state.shutdown.clone(),
-    );
-    let every = Duration::from_millis(state.config.stream_poll_ms.max(10));
-    let poll = tracker.spawn(async move {
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(every) => {}
-            }
-            let watched = bus.watched();
-            if watched.is_empty() {
-                continue;
-            }
-            let keys: Vec<(String, ThreadId)> =
-                watched.into_iter().map(|(t, id, _)| (t, id)).collect();
-            match store.thread_seqs(&keys).await {
-                Ok(seqs) => {
-                    let mut missing: std::collections::HashSet<(String, ThreadId)> =
-                        keys.into_iter().collect();
-                    for (tenant, id, seq) in seqs {
-                        missing.remove(&(tenant.clone(), id.clone()));
-                        bus.wake(&tenant, &id, seq);
-                    }
-                    // A watched thread with no row was deleted by another replica.
-                    for (tenant, id) in missing {
-                        bus.thread_deleted(&tenant, &id);
-                    }
-                }
-                Err(e) => warn!(error = %e, "polling watched threads failed"),
-            }
-        }
-    });
-    Ok(vec![listen, poll])
 }
 
 /// File descriptors kept for everything but client connections (database pool, SQLite files,

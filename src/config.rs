@@ -227,6 +227,13 @@ pub struct Config {
     #[arg(long, env = "PES_SUSPENSION_SWEEP_MS", default_value_t = 1000)]
     pub suspension_sweep_ms: u64,
 
+    /// How often a run busy with some items re-reads the suspensions its other items wait on
+    /// (milliseconds). Decisions reach the run at once (pushed, also across replicas); this slow
+    /// look only covers a lost push. At most one day.
+    #[arg(long, env = "PES_DECISION_POLL_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
+    pub decision_poll_ms: u64,
+
     /// Log format: `text` or `json`.
     #[arg(long, env = "PES_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -5,8 +5,9 @@
 //! - [`config`]: every setting (flag + `PES_*` environment variable);
 //! - [`http`]: routers per resource, problem+json errors, SSE;
 //! - [`agent`]: the PES engine, pure logic over traits;
+//! - [`commands`]: enqueue, cancel, resume: store write, publish, wake, reach the local run;
 //! - [`worker`]: claims runs under a lease and drives the engine;
-//! - [`events`]: in-process fan-out of committed observations;
+//! - [`events`]: in-process fan-out of committed observations, and wake-ups from other replicas;
 //! - [`store`]: all SQL, behind the [`store::Store`] trait (Postgres and SQLite);
 //! - [`llm`]: model providers (`openai`, `offline`);
 //! - [`tools`]: the tool registry and built-in tools;
@@ -15,6 +16,7 @@
 
 pub mod agent;
 pub mod app;
+pub mod commands;
 pub mod config;
 pub mod events;
 pub mod http;

@@ -19,40 +19,98 @@ use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
 use crate::agent::{Engine, EngineError, Journal, RunEnd, RunInput, Signals};
+use crate::commands::RunCommands;
 use crate::events::EventBus;
-use crate::model::{ResumeDecision, Run, SuspensionStatus};
+use crate::model::{ResumeDecision, Run, SuspensionStatus, ThreadId};
 use crate::store::{Batch, Fence, Resolution, Store, StoreError};
 
-/// Cancel tokens of the runs this process drives, so a cancel request reaches the run at once.
+/// One run this process drives: how a command reaches it from outside the engine.
+struct LocalRun {
+    tenant: String,
+    thread_id: ThreadId,
+    /// Stops the run at its next safe point (cancel, interrupt).
+    cancel: CancellationToken,
+    /// Poked when one of the run's suspensions is decided while it runs, so the decision is
+    /// taken in at once (see [`Journal::decision_arrived`]).
+    decided: Arc<Notify>,
+}
+
+/// The runs this process drives right now, so a command (a cancel, an interrupt, a decision)
+/// reaches the run at once instead of at its next heartbeat or look at the store. Filled by the
+/// worker; reached through [`crate::commands::RunCommands`] and the replica listener.
 #[derive(Clone, Default)]
 pub struct RunRegistry {
-    inner: Arc<Mutex<HashMap<Uuid, CancellationToken>>>,
+    inner: Arc<Mutex<HashMap<Uuid, LocalRun>>>,
 }
 
 impl RunRegistry {
-    fn insert(&self, run_id: Uuid, token: CancellationToken) {
-        self.inner
-            .lock()
-            .expect("registry lock")
-            .insert(run_id, token);
+    /// Register a run driven here; the answer is the notification its journal awaits decisions
+    /// on.
+    fn insert(&self, run: &Run, cancel: CancellationToken) -> Arc<Notify> {
+        let decided = Arc::new(Notify::new());
+        let local = LocalRun {
+            tenant: run.tenant.clone(),
+            thread_id: run.thread_id.clone(),
+            cancel,
+            decided: decided.clone(),
+        };
+        self.lock().insert(run.run_id, local);
+        decided
     }
+
     fn remove(&self, run_id: Uuid) {
-        self.inner.lock().expect("registry lock").remove(&run_id);
+        self.lock().remove(&run_id);
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, LocalRun>> {
+        self.inner.lock().expect("registry lock")
+    }
+
     /// Cancel a run driven here; false when this process does not drive it.
     pub fn cancel(&self, run_id: Uuid) -> bool {
-        match self.inner.lock().expect("registry lock").get(&run_id) {
-            Some(t) => {
-                t.cancel();
+        match self.lock().get(&run_id) {
+            Some(r) => {
+                r.cancel.cancel();
                 true
             }
             None => false,
         }
     }
+
+    /// Cancel the runs of a thread driven here, but `except` (an `interrupt` displaced them in
+    /// favour of `except`); how many there were.
+    pub fn cancel_thread(&self, tenant: &str, thread_id: &ThreadId, except: Uuid) -> usize {
+        let map = self.lock();
+        let mut n = 0;
+        for (id, r) in map.iter() {
+            if *id != except && r.tenant == tenant && &r.thread_id == thread_id {
+                r.cancel.cancel();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// One of a run's suspensions was decided while it runs: tell the run, if this process
+    /// drives it (false otherwise). A run not waiting for it yet finds it when it next waits.
+    pub fn decided(&self, run_id: Uuid) -> bool {
+        match self.lock().get(&run_id) {
+            Some(r) => {
+                // `notify_one` keeps a permit when nobody waits right now, so a decision that
+                // arrives between two waits is not missed.
+                r.decided.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Runs driven by this process right now.
     pub fn len(&self) -> usize {
-        self.inner.lock().expect("registry lock").len()
+        self.lock().len()
     }
+
+    /// No run is driven here.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -110,11 +168,10 @@ pub struct WorkerSettings {
 #[derive(Clone)]
 pub struct Worker {
     store: Arc<dyn Store>,
-    bus: EventBus,
+    /// The bus its commits publish on, its wake-up, and the registry of the runs it drives.
+    commands: RunCommands,
     engine: Arc<Engine>,
     settings: WorkerSettings,
-    wake: Arc<Notify>,
-    registry: RunRegistry,
     metrics: Arc<WorkerMetrics>,
     /// Cancelled when the process starts shutting down: runs stop at their next safe point.
     drain: CancellationToken,
@@ -129,6 +186,8 @@ struct WorkerJournal {
     fence: Fence,
     lease: Duration,
     cancel: CancellationToken,
+    /// Poked (through the run registry) when a decision on one of the run's suspensions arrives.
+    decided: Arc<Notify>,
     metrics: Arc<WorkerMetrics>,
 }
 
@@ -163,27 +222,28 @@ impl Journal for WorkerJournal {
         }
         Ok(out)
     }
+
+    async fn decision_arrived(&self) {
+        self.decided.notified().await;
+    }
 }
 
 impl Worker {
-    /// A worker over the store; `wake` is notified whenever a run may have become runnable.
+    /// A worker over the commands' store: it sleeps on their worker wake-up (notified whenever
+    /// a run may have become runnable), publishes its commits on their bus and registers the
+    /// runs it drives in their registry, so cancels and decisions reach them.
     pub fn new(
-        store: Arc<dyn Store>,
-        bus: EventBus,
+        commands: RunCommands,
         engine: Arc<Engine>,
         settings: WorkerSettings,
-        wake: Arc<Notify>,
-        registry: RunRegistry,
         stops: Stops,
     ) -> Self {
         let Stops { drain, hard_stop } = stops;
         Self {
-            store,
-            bus,
+            store: commands.store().clone(),
+            commands,
             engine,
             settings,
-            wake,
-            registry,
             metrics: Arc::new(WorkerMetrics::default()),
             drain,
             hard_stop,
@@ -250,7 +310,7 @@ impl Worker {
             };
             tokio::select! {
                 _ = stop_claiming.cancelled() => break,
-                _ = self.wake.notified() => {}
+                _ = self.commands.worker_woken() => {}
                 _ = tokio::time::sleep(nap) => {}
             }
         }
@@ -288,7 +348,7 @@ impl Worker {
                 let _permit = permit;
                 me.drive(run).await;
                 // The thread may have a queued run that can start now.
-                me.wake.notify_one();
+                me.commands.wake_worker();
             });
         }
         Ok((!filled).then(|| idle_wait(self.settings.poll_interval, claim.next_expiry)))
@@ -332,14 +392,18 @@ impl Worker {
                 return Outcome::Stopped(run_id);
             }
         };
-        self.registry.insert(run_id, signals.cancel.clone());
+        let decided = self
+            .commands
+            .runs()
+            .insert(&input.run, signals.cancel.clone());
         let journal = WorkerJournal {
             store: self.store.clone(),
             tenant: input.run.tenant.clone(),
-            bus: self.bus.clone(),
+            bus: self.commands.bus().clone(),
             fence,
             lease: self.settings.lease,
             cancel: signals.cancel.clone(),
+            decided,
             metrics: self.metrics.clone(),
         };
         let heartbeat = self.heartbeat(fence, signals.clone());
@@ -347,7 +411,7 @@ impl Worker {
             r = self.engine.drive(input, &journal, &signals) => r,
             _ = heartbeat => Err(EngineError::LeaseLost),
         };
-        self.registry.remove(run_id);
+        self.commands.runs().remove(run_id);
         match result {
             Ok(end) => {
                 info!(?end, "run ended");
@@ -438,20 +502,15 @@ fn idle_wait(poll: Duration, next_expiry: Option<Duration>) -> Duration {
 }
 
 /// Resolve suspensions whose expiry has passed as rejections (reason `expired`), so their runs go
-/// on. Safe on every replica at once: each resolution is an exactly-once compare-and-set.
-pub async fn sweep_suspensions(
-    store: Arc<dyn Store>,
-    bus: EventBus,
-    wake: Arc<Notify>,
-    every: Duration,
-    stop: CancellationToken,
-) {
+/// on (through [`RunCommands::resume`], as a person's decision would). Safe on every replica at
+/// once: each resolution is an exactly-once compare-and-set.
+pub async fn sweep_suspensions(commands: RunCommands, every: Duration, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        let due = match store.due_suspensions(100).await {
+        let due = match commands.store().due_suspensions(100).await {
             Ok(d) => d,
             Err(e) => {
                 warn!(error = %e, "looking for expired suspensions failed");
@@ -465,11 +524,9 @@ pub async fn sweep_suspensions(
                     reason: Some("expired".into()),
                 },
             };
-            match store.resolve_suspension(&tenant, id, resolution).await {
+            match commands.resume(&tenant, id, resolution).await {
                 Ok(done) => {
                     info!(suspension_id = %id, run_id = %done.run.run_id, "suspension expired");
-                    bus.publish(&done.observations);
-                    wake.notify_one();
                 }
                 // Resolved by a person (or another replica) in the meantime.
                 Err(StoreError::Conflict(_)) | Err(StoreError::SuspensionNotFound) => {}

@@ -37,6 +37,15 @@ pub trait Journal: Send + Sync {
     async fn decided(&self, _ids: &[uuid::Uuid]) -> Result<Vec<Suspension>, EngineError> {
         Ok(vec![])
     }
+
+    /// Resolves when a decision on one of the run's suspensions may have arrived (a push: the
+    /// worker's run registry is poked by the command that resolved it, here or on another
+    /// replica), so the scheduler reads [`Journal::decided`] at once instead of at its next
+    /// fallback look (`EngineSettings::decision_poll`). A spurious wake-up costs one read. The
+    /// default never resolves: a journal without pushes relies on the fallback look alone.
+    async fn decision_arrived(&self) {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Internal reasons to leave the normal flow.

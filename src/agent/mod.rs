@@ -81,6 +81,10 @@ pub struct EngineSettings {
     pub compaction_threshold_chars: u32,
     /// Team nesting limit when the thread sets no `maxTeamDepth`.
     pub max_team_depth: u32,
+    /// How often a run busy with some items re-reads the suspensions its other items wait on.
+    /// Decisions are pushed to the run the moment they are taken ([`Journal::decision_arrived`]);
+    /// this slow look only covers a push that was lost (a replica's LISTEN connection was down).
+    pub decision_poll: std::time::Duration,
 }
 
 impl Default for EngineSettings {
@@ -96,6 +100,7 @@ impl Default for EngineSettings {
             max_parallel_items: 4,
             compaction_threshold_chars: 1500,
             max_team_depth: 2,
+            decision_poll: std::time::Duration::from_secs(5),
         }
     }
 }

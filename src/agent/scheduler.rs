@@ -39,10 +39,6 @@ pub(super) enum Io {
     Tool(crate::model::ToolCallRecord, crate::model::ToolResultRecord),
 }
 
-/// How often a run that is busy with some items looks for decisions on the suspensions its other
-/// items wait on (one read of those suspensions; only while some wait and others work).
-const DECISION_POLL: Duration = Duration::from_secs(1);
-
 /// The pending suspensions of this run that its waiting items wait on.
 fn waiting_suspensions(ctx: &Ctx<'_>) -> Vec<uuid::Uuid> {
     ctx.suspensions
@@ -95,8 +91,10 @@ impl Engine {
         // When staged changes must be committed even though no commit point came (a pure tool
         // that runs long: a person watching sees its call while it runs).
         let mut flush_at: Option<tokio::time::Instant> = None;
-        // When to look for decisions on the suspensions some items wait on.
+        // When to look for decisions on the suspensions some items wait on, should their push
+        // have been lost.
         let mut look_at: Option<tokio::time::Instant> = None;
+        let journal = ctx.journal;
         'run: loop {
             loop {
                 if signals.cancel.is_cancelled() {
@@ -127,13 +125,14 @@ impl Engine {
                 }
                 let far = tokio::time::Instant::now() + Duration::from_secs(24 * 3600);
                 let flush_deadline = flush_at.unwrap_or(far);
-                // While some items wait for people and others work, look for their decisions
-                // now and then, so an answer is used without waiting for the others to finish.
+                // While some items wait for people and others work, a decision is taken in as
+                // soon as it is pushed (or at the slow fallback look, should the push be lost),
+                // so an answer is used without waiting for the others to finish.
                 let waiting = waiting_suspensions(ctx);
                 if waiting.is_empty() {
                     look_at = None;
                 } else if look_at.is_none() {
-                    look_at = Some(tokio::time::Instant::now() + DECISION_POLL);
+                    look_at = Some(tokio::time::Instant::now() + self.settings.decision_poll);
                 }
                 tokio::select! {
                     biased;
@@ -153,6 +152,9 @@ impl Engine {
                     _ = tokio::time::sleep_until(flush_deadline), if flush_at.is_some() => {
                         ctx.flush().await?;
                         flush_at = None;
+                    }
+                    _ = journal.decision_arrived(), if !waiting.is_empty() => {
+                        take_decisions(ctx, &waiting).await?;
                     }
                     _ = tokio::time::sleep_until(look_at.unwrap_or(far)), if look_at.is_some() => {
                         look_at = None;

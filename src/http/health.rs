@@ -119,7 +119,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let _ = writeln!(
         out,
         "# HELP pes_runs_in_flight Runs this process drives now.\n# TYPE pes_runs_in_flight gauge\npes_runs_in_flight {}",
-        state.runs.len()
+        state.commands.runs().len()
     );
     let _ = writeln!(
         out,

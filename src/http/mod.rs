@@ -24,7 +24,6 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -34,11 +33,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::agent::Engine;
+use crate::commands::RunCommands;
 use crate::config::Config;
 use crate::events::EventBus;
 use crate::model::{DEFAULT_TENANT, ThreadId};
 use crate::store::{PageCursor, Store};
-use crate::worker::{RunRegistry, WorkerMetrics};
+use crate::worker::WorkerMetrics;
 pub use error::{ApiError, AppJson, AppPath, AppQuery, Problem};
 
 /// Cheap, cloneable handles every handler may use.
@@ -51,9 +51,9 @@ pub struct AppState {
     /// Fires when the service shuts down: SSE streams end with it.
     pub shutdown: CancellationToken,
     pub tracker: TaskTracker,
-    /// Wakes the worker when a run may have become runnable.
-    pub worker_wake: Arc<Notify>,
-    pub runs: RunRegistry,
+    /// Enqueue, cancel, resume, delete a thread: the one path from the store write to the runs
+    /// and streams it concerns.
+    pub commands: RunCommands,
     pub metrics: Arc<WorkerMetrics>,
     /// API key → tenant; empty when authentication is off.
     pub api_keys: Arc<HashMap<String, String>>,

@@ -93,8 +93,8 @@ async fn enqueue(
         .multitask_strategy
         .unwrap_or(MultitaskStrategy::Enqueue);
     let created = state
-        .store
-        .create_run(NewRun {
+        .commands
+        .enqueue(NewRun {
             tenant,
             thread_id,
             query,
@@ -104,23 +104,6 @@ async fn enqueue(
             create_thread: body.if_not_exists == Some(IfNotExists::Create),
         })
         .await?;
-    state.bus.publish(&created.observations);
-    if created.created && strategy == MultitaskStrategy::Interrupt {
-        // The store flagged the running run; if this process drives it, stop it now rather than
-        // at its next heartbeat.
-        let runs = state
-            .store
-            .list_runs(&created.run.tenant, &created.run.thread_id, 20, None)
-            .await?;
-        for r in runs.unwrap_or_default() {
-            if r.status == RunStatus::Running && r.run_id != created.run.run_id {
-                state.runs.cancel(r.run_id);
-            }
-        }
-    }
-    if created.created {
-        state.worker_wake.notify_one();
-    }
     Ok((created.run, created.created))
 }
 
@@ -313,11 +296,6 @@ pub async fn cancel_run(
 ) -> Result<(StatusCode, AppJson<Run>), ApiError> {
     let id = parse_thread_id(&thread_id)?;
     let run_id = parse_run_id(&run_id)?;
-    let cancelled = state.store.cancel_run(&tenant, &id, run_id).await?;
-    state.bus.publish(&cancelled.observations);
-    if cancelled.run.status == RunStatus::Running {
-        state.runs.cancel(run_id);
-    }
-    state.worker_wake.notify_one();
+    let cancelled = state.commands.cancel(&tenant, &id, run_id).await?;
     Ok((StatusCode::ACCEPTED, AppJson(cancelled.run)))
 }

@@ -231,11 +231,7 @@ pub async fn resume_suspension(
         status: SuspensionStatus::Resolved,
         decision,
     };
-    let done = match state
-        .store
-        .resolve_suspension(&tenant, id, resolution)
-        .await
-    {
+    let done = match state.commands.resume(&tenant, id, resolution).await {
         Ok(done) => done,
         Err(StoreError::Conflict(_)) => {
             let now = state.store.get_suspension(&tenant, id).await?;
@@ -245,8 +241,6 @@ pub async fn resume_suspension(
         }
         Err(e) => return Err(e.into()),
     };
-    state.bus.publish(&done.observations);
-    state.worker_wake.notify_one();
     if wants_event_stream(&headers) {
         let after = done
             .observations

@@ -266,8 +266,7 @@ pub async fn delete_thread(
     AppPath(thread_id): AppPath<String>,
 ) -> Result<StatusCode, ApiError> {
     let id = parse_thread_id(&thread_id)?;
-    if state.store.delete_thread(&tenant, &id).await? {
-        state.bus.thread_deleted(&tenant, &id);
+    if state.commands.delete_thread(&tenant, &id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::thread_not_found())

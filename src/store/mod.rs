@@ -201,6 +201,10 @@ pub enum Signal {
     /// A cancel was requested for a running run.
     #[serde(rename = "c")]
     Cancel { run: Uuid },
+    /// A suspension of a running run was decided: the replica that drives the run hands it the
+    /// decision at once, instead of at the run's next look at its suspensions.
+    #[serde(rename = "s")]
+    Decided { run: Uuid },
     /// A thread was deleted: its streams end (before any thread created again under its id can
     /// be announced, since notifications arrive in commit order).
     #[serde(rename = "d")]

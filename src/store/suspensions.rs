@@ -136,6 +136,10 @@ impl SqlStore {
         let obs = vec![rows::agent_resumed(&suspension, &decision, expired)];
         let observations = append_observations(&mut tx, tenant, &thread_id, obs).await?;
         tx.notify(&Signal::RunReady).await?;
+        if run_status == Some(RunStatus::Running) {
+            // The run is busy with other items on some replica: push the decision to it.
+            tx.notify(&Signal::Decided { run: run_id }).await?;
+        }
         tx.commit().await?;
         Ok(ResolvedSuspension {
             suspension,

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::durability::assert_gap_free;
 use crate::fake_llm::{FakeLlm, Reply, item_of, phase_of, plan};
-use crate::helpers::{Backend, SseReader, TestApp, spawn};
+use crate::helpers::{Backend, SseReader, TestApp, spawn, spawn_config, spawn_with, test_config};
 
 use crate::fake_llm::plan_item as item;
 
@@ -692,6 +692,135 @@ both_stores!(
     decided_mid_run,
     a_decision_is_used_while_other_items_still_work
 );
+
+/// A fallback look at the suspensions a day away: a decision that reaches a busy run in these
+/// tests was pushed to it.
+const NO_FALLBACK_MS: u64 = 86_400_000;
+
+/// Once a decision on `a`'s suspension is in while `u` is held at the model: `a`'s work goes on
+/// (its call was decided and it asks the model again) before `u` finishes, which it cannot do
+/// until the test releases it. Then everything completes, `a` before `u`.
+async fn a_goes_on_while_u_is_held(app: &TestApp, llm: &FakeLlm, t: &str, rid: &str) {
+    wait_until("a asks the model again after the decision", async || {
+        executes_of(llm, "a").len() >= 2
+    })
+    .await;
+    let st = state(app, t).await;
+    assert_eq!(
+        item_in(&st, "u")["status"],
+        "in_progress",
+        "u is held: {st}"
+    );
+    let obs = app.observations(t).await;
+    assert_eq!(of_type(&obs, "AGENT_RESUMED").len(), 1, "{obs:?}");
+    llm.release();
+    app.wait_run(t, rid, |r| r["status"] == "completed").await;
+    let obs = app.observations(t).await;
+    assert_gap_free(&obs);
+    assert!(
+        seq_of_status(&obs, "a", "completed") < seq_of_status(&obs, "u", "completed"),
+        "a completed while u was held"
+    );
+    assert!(
+        of_type(&obs, "RUN_SUSPENDED").is_empty(),
+        "the run never waited"
+    );
+}
+
+/// A decision taken while other items work reaches the run at once: it is pushed to the run
+/// (not found at the run's next look at its suspensions, which is a day away here), so the
+/// decided item goes on while the other item is still held at the model.
+async fn a_decision_reaches_a_busy_run_at_once(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn_with(backend, Some(&llm), |c| c.decision_poll_ms = NO_FALLBACK_MS).await;
+    let (t, rid, sid) = approval_pending_while_others_run(&app, &llm).await;
+    let (status, resumed) = resume(&app, &sid).await;
+    assert_eq!(status, 202, "{resumed}");
+    a_goes_on_while_u_is_held(&app, &llm, &t, &rid).await;
+    let obs = app.observations(&t).await;
+    assert_eq!(
+        of_type(&obs, "TOOL_EXECUTION").len(),
+        1,
+        "the approved call ran once"
+    );
+    app.stop().await;
+}
+both_stores!(decision_pushed, a_decision_reaches_a_busy_run_at_once);
+
+/// Two replicas on one Postgres: A drives the run, B (which runs no agents) takes the decision;
+/// the decision reaches the run on A at once, through the store's signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_taken_on_another_replica_reaches_the_busy_run_at_once() {
+    let llm = FakeLlm::start().await;
+    let url = crate::helpers::database_url(Backend::Postgres).await;
+    let mut on_a = test_config(&url, Some(&llm));
+    on_a.decision_poll_ms = NO_FALLBACK_MS;
+    let a = spawn_config(on_a).await;
+    let mut on_b = test_config(&url, Some(&llm));
+    on_b.worker_concurrency = 0;
+    let b = spawn_config(on_b).await;
+    let (t, rid, sid) = approval_pending_while_others_run(&a, &llm).await;
+    let (status, resumed) = resume(&b, &sid).await;
+    assert_eq!(status, 202, "{resumed}");
+    assert_eq!(resumed["status"], "running", "A still drives it: {resumed}");
+    a_goes_on_while_u_is_held(&a, &llm, &t, &rid).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// An expiry is a decision too: a suspension that expires while other items work reaches the
+/// busy run at once (the sweeper resolves it through the same command as a person), so the
+/// item goes on, told its call was rejected, while the other item is still held at the model.
+async fn an_expiry_reaches_a_busy_run_at_once(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn_with(backend, Some(&llm), |c| {
+        c.decision_poll_ms = NO_FALLBACK_MS;
+        c.suspension_sweep_ms = 50;
+    })
+    .await;
+    llm.push(
+        "plan",
+        plan(&[
+            ("a", "compute a", &["calculator"], &[]),
+            ("s", "slow work", &[], &[]),
+        ]),
+    );
+    llm.hold_if(|r| item_of(r).as_deref() == Some("s"));
+    let t = app
+        .thread(json!({"config": {"requireApproval": ["calculator"], "suspensionTtlSeconds": 1}}))
+        .await;
+    let rid = post_run(&app, &t, None).await;
+    wait_until(
+        "a asks the model again after its suspension expired",
+        async || executes_of(&llm, "a").len() >= 2,
+    )
+    .await;
+    let st = state(&app, &t).await;
+    assert_eq!(
+        item_in(&st, "s")["status"],
+        "in_progress",
+        "s is held: {st}"
+    );
+    let obs = app.observations(&t).await;
+    let resumed = of_type(&obs, "AGENT_RESUMED");
+    assert_eq!(resumed.len(), 1, "{obs:?}");
+    assert_eq!(resumed[0]["content"]["expired"], true, "{resumed:?}");
+    let execs = of_type(&obs, "TOOL_EXECUTION");
+    assert_eq!(execs.len(), 1, "{execs:?}");
+    assert_eq!(
+        execs[0]["content"]["status"], "rejected",
+        "the call never ran"
+    );
+    llm.release();
+    app.wait_run(&t, &rid, |r| r["status"] == "completed").await;
+    let obs = app.observations(&t).await;
+    assert!(
+        seq_of_status(&obs, "a", "completed") < seq_of_status(&obs, "s", "completed"),
+        "a completed while s was held"
+    );
+    app.stop().await;
+}
+both_stores!(expiry_pushed, an_expiry_reaches_a_busy_run_at_once);
 
 /// A result longer than `compactionThresholdChars` is summarized once (`COMPACTION` with the
 /// lengths in characters) and only the summary reaches the items that read it and the

@@ -1,7 +1,7 @@
-//! Observation fan-out. Every commit that writes observations publishes them here, on one broadcast
-//! channel per thread, so SSE streams and waiters in this process learn about them at once.
-//! Observations committed by another replica arrive as [`BusMsg::Wake`] (from Postgres
-//! LISTEN/NOTIFY, or from the poll that covers a lost notification).
+//! The in-process bus. Every commit that writes observations publishes them here, on one
+//! broadcast channel per thread, so SSE streams and waiters in this process learn about them at
+//! once. Observations committed by another replica arrive as [`BusMsg::Wake`] (from
+//! [`super::replicas`]: Postgres LISTEN/NOTIFY, or the poll that covers a lost notification).
 //!
 //! The bus is a fast path, never the source of truth: a subscriber that sees a gap in `seq` (it
 //! lagged, or was woken for an observation it has not seen) re-reads the observations table.

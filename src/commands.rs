@@ -1,0 +1,157 @@
+//! The one path of the commands that change a run from outside its worker: enqueue, cancel,
+//! resume (a person's decision, or the sweeper's expiry), and deleting a thread. Each is the same
+//! sequence, kept here once:
+//!
+//! 1. the store write, in one transaction (which also NOTIFYs other replicas, on Postgres);
+//! 2. publish the observations it committed on this process's [`EventBus`];
+//! 3. wake this process's worker when a run may have become claimable;
+//! 4. reach the run at once when this process drives it: stop it (cancel, interrupt) or hand it a
+//!    decision (through the [`RunRegistry`]).
+//!
+//! Other replicas learn the same through [`crate::events::replicas`], which delivers the store's
+//! signals to the same bus, wake-up and registry.
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::events::EventBus;
+use crate::model::{MultitaskStrategy, RunStatus, ThreadId};
+use crate::store::{
+    CancelledRun, CreatedRun, NewRun, Resolution, ResolvedSuspension, Store, StoreResult,
+};
+use crate::worker::RunRegistry;
+
+/// Issues run commands (see the module doc). Cheap to clone: every clone shares the store, the
+/// bus, the worker's wake-up and the registry of local runs.
+#[derive(Clone)]
+pub struct RunCommands {
+    store: Arc<dyn Store>,
+    bus: EventBus,
+    runs: RunRegistry,
+    /// Wakes this process's worker: a run may have become claimable.
+    wake: Arc<Notify>,
+}
+
+impl RunCommands {
+    /// Commands over `store`, publishing on `bus`, with a fresh worker wake-up and run registry
+    /// (the worker built from these commands uses both).
+    pub fn new(store: Arc<dyn Store>, bus: EventBus) -> Self {
+        Self {
+            store,
+            bus,
+            runs: RunRegistry::default(),
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The store the commands write to.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The bus the commands publish on.
+    pub fn bus(&self) -> &EventBus {
+        &self.bus
+    }
+
+    /// The runs this process drives.
+    pub fn runs(&self) -> &RunRegistry {
+        &self.runs
+    }
+
+    /// Wake the worker: a run may have become claimable (a wake-up while it works is kept for
+    /// its next sleep).
+    pub fn wake_worker(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Resolves at the next [`RunCommands::wake_worker`] (or at once for one made while nobody
+    /// waited): what the worker sleeps on.
+    pub async fn worker_woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Enqueue a run (idempotency key and multitask strategy applied by the store). An
+    /// `interrupt` also stops the thread's run this process drives at once, rather than at its
+    /// next heartbeat.
+    ///
+    /// # Errors
+    /// As [`Store::create_run`].
+    pub async fn enqueue(&self, new: NewRun) -> StoreResult<CreatedRun> {
+        let strategy = new.strategy;
+        let created = self.store.create_run(new).await?;
+        self.bus.publish(&created.observations);
+        if created.created {
+            if strategy == MultitaskStrategy::Interrupt {
+                let run = &created.run;
+                self.runs
+                    .cancel_thread(&run.tenant, &run.thread_id, run.run_id);
+            }
+            self.wake_worker();
+        }
+        Ok(created)
+    }
+
+    /// Cancel a queued, running or suspended run. A running run driven here stops at once;
+    /// one driven elsewhere is stopped by its replica (signal) or at its next heartbeat.
+    ///
+    /// # Errors
+    /// As [`Store::cancel_run`].
+    pub async fn cancel(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        run_id: Uuid,
+    ) -> StoreResult<CancelledRun> {
+        let cancelled = self.store.cancel_run(tenant, thread_id, run_id).await?;
+        self.bus.publish(&cancelled.observations);
+        if cancelled.run.status == RunStatus::Running {
+            self.runs.cancel(run_id);
+        }
+        // A cancelled queued or suspended run may free its thread for the next queued run.
+        self.wake_worker();
+        Ok(cancelled)
+    }
+
+    /// Resolve a pending suspension exactly once (a person's decision, or the sweeper's
+    /// expiry). A suspended run goes back to the queue and the worker is woken; a run still
+    /// busy with other items, when driven here, is handed the decision at once (on another
+    /// replica the store's signal does that).
+    ///
+    /// # Errors
+    /// As [`Store::resolve_suspension`].
+    pub async fn resume(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        resolution: Resolution,
+    ) -> StoreResult<ResolvedSuspension> {
+        let done = self
+            .store
+            .resolve_suspension(tenant, suspension_id, resolution)
+            .await?;
+        self.bus.publish(&done.observations);
+        match done.run.status {
+            RunStatus::Running => {
+                self.runs.decided(done.run.run_id);
+            }
+            _ => self.wake_worker(),
+        }
+        Ok(done)
+    }
+
+    /// Delete a thread with everything it owns; its streams here end (other replicas' end on
+    /// the store's signal, or at their next poll). False when it did not exist.
+    ///
+    /// # Errors
+    /// As [`Store::delete_thread`].
+    pub async fn delete_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<bool> {
+        let deleted = self.store.delete_thread(tenant, thread_id).await?;
+        if deleted {
+            self.bus.thread_deleted(tenant, thread_id);
+        }
+        Ok(deleted)
+    }
+}

@@ -1,0 +1,13 @@
+//! Events: what this process learns happened, and whom it tells.
+//!
+//! - [`bus`]: the in-process fan-out of committed observations to SSE streams and waiters;
+//! - [`replicas`]: wake-ups from other processes sharing the store (Postgres LISTEN, and a poll
+//!   of the watched threads' `last_seq` for a lost notification), handed to the bus, the worker
+//!   and the runs driven here.
+//!
+//! Both only wake: the tables are the truth, and whoever is woken re-reads them.
+
+pub mod bus;
+pub mod replicas;
+
+pub use bus::{BusMsg, EventBus};

@@ -8,10 +8,10 @@ use chrono::{DateTime, Utc};
 
 use super::leases::lease_secs;
 use super::rows::{self, Cols};
-use super::sql::{Conn, Dialect, Raw, q};
-use super::sql_store::SqlStore;
+use super::sql::{Arg, Conn, Dialect, Q, Raw, q};
+use super::sql_store::{Db, SqlStore};
 use super::threads::lock_thread;
-use super::{Applied, Batch, Fence, Op, Signal, StoreError, StoreResult};
+use super::{Applied, Batch, Fence, Op, RunUpdate, Signal, StoreError, StoreResult};
 use crate::model::{
     AgentStateRow, ItemId, Message, NewObservation, Observation, RunPhase, RunStatus, Suspension,
     ThreadId, TodoItem,
@@ -21,7 +21,7 @@ use crate::model::{
 /// thread): extend the lease (`$3` seconds) or clear it (`$10`), and apply the run's update. A
 /// run that would suspend while one of the suspensions `$11` was already decided is queued
 /// instead (see `RunUpdate::unless_decided`).
-const RUN_UPDATE: &str = "UPDATE runs SET \
+pub(crate) const RUN_UPDATE: &str = "UPDATE runs SET \
       lease_expires_at = CASE WHEN $10 THEN NULL ELSE {later 3} END, \
       lease_owner = CASE WHEN $10 THEN NULL ELSE lease_owner END, \
       status = CASE WHEN $4 = 'suspended' AND EXISTS (SELECT 1 FROM suspensions s \
@@ -61,7 +61,14 @@ pub(crate) async fn append_observations(
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
     let (last, now) = (row.int("last_seq")?, row.ts("now")?);
-    insert_observations(conn, tenant, thread_id, last - n + 1, now, new).await
+    insert_observations(conn, tenant, thread_id, last - n + 1, now, &new).await?;
+    Ok(rows::committed(
+        tenant,
+        thread_id,
+        last - n + 1,
+        rows::micros(now),
+        new,
+    ))
 }
 
 fn count(new: &[NewObservation]) -> StoreResult<i64> {
@@ -76,197 +83,232 @@ async fn insert_observations(
     thread_id: &ThreadId,
     first_seq: i64,
     created_at: DateTime<Utc>,
-    new: Vec<NewObservation>,
-) -> StoreResult<Vec<Observation>> {
+    new: &[NewObservation],
+) -> StoreResult<()> {
     if new.is_empty() {
-        return Ok(Vec::new());
+        return Ok(());
     }
     match conn.raw() {
         Raw::Pg(c) => {
-            super::postgres::insert_observations(c, tenant, thread_id, first_seq, created_at, &new)
-                .await?
+            super::postgres::insert_observations(c, tenant, thread_id, first_seq, created_at, new)
+                .await
         }
         Raw::Lite(c) => {
-            super::sqlite::insert_observations(c, tenant, thread_id, first_seq, created_at, &new)
-                .await?
+            super::sqlite::insert_observations(c, tenant, thread_id, first_seq, created_at, new)
+                .await
         }
     }
-    Ok(rows::committed(
-        tenant,
-        thread_id,
-        first_seq,
-        rows::micros(created_at),
-        new,
-    ))
 }
 
-async fn set_agent_state(
-    conn: &mut Conn,
-    tenant: &str,
-    thread_id: &ThreadId,
-    s: &AgentStateRow,
-) -> StoreResult<()> {
-    conn.exec(
-        q(
-            "INSERT INTO agent_state (tenant, thread_id, intent, title, plan, current_step_id, \
-             version) VALUES ($1, $2, $3, $4, $5, $6, 1) \
-           ON CONFLICT (tenant, thread_id) DO UPDATE SET intent = EXCLUDED.intent, \
-             title = EXCLUDED.title, plan = EXCLUDED.plan, \
-             current_step_id = EXCLUDED.current_step_id, version = agent_state.version + 1",
+/// A table the engine's ops write: its key (an upsert replaces every other column, but for
+/// `add` columns, which add the new value to the stored one) and how one row maps to columns.
+pub(crate) struct Table {
+    pub name: &'static str,
+    /// The conflict key after `(tenant, thread_id)`; empty for plain inserts.
+    pub key: &'static [&'static str],
+    pub add: &'static [&'static str],
+}
+
+pub(crate) const AGENT_STATE: Table = Table {
+    name: "agent_state",
+    key: &[],
+    add: &["version"],
+};
+pub(crate) const TODO_ITEMS: Table = Table {
+    name: "todo_items",
+    key: &["item_id"],
+    add: &[],
+};
+pub(crate) const MESSAGES: Table = Table {
+    name: "messages",
+    key: &[],
+    add: &[],
+};
+pub(crate) const SUSPENSIONS: Table = Table {
+    name: "suspensions",
+    key: &[],
+    add: &[],
+};
+
+/// One row's columns (after `tenant, thread_id`) and values.
+pub(crate) type RowCols = Vec<(&'static str, Arg)>;
+
+impl Table {
+    /// `ON CONFLICT …` for an upsert table (agent_state's key is the thread itself).
+    pub(crate) fn on_conflict(&self, cols: &[&'static str]) -> String {
+        if self.key.is_empty() && self.add.is_empty() {
+            return String::new();
+        }
+        let key: Vec<&str> = ["tenant", "thread_id"]
+            .into_iter()
+            .chain(self.key.iter().copied())
+            .collect();
+        let set: Vec<String> = cols
+            .iter()
+            .filter(|c| !self.key.contains(c))
+            .map(|c| {
+                if self.add.contains(c) {
+                    format!("{c} = {}.{c} + EXCLUDED.{c}", self.name)
+                } else {
+                    format!("{c} = EXCLUDED.{c}")
+                }
+            })
+            .collect();
+        format!(
+            " ON CONFLICT ({}) DO UPDATE SET {}",
+            key.join(", "),
+            set.join(", ")
         )
-        .bind(tenant)
-        .bind(thread_id.as_str())
-        .bind(&s.intent)
-        .bind(&s.title)
-        .bind(&s.plan)
-        .bind(&s.current_step_id),
-    )
-    .await?;
-    Ok(())
+    }
+
+    /// Write one row with its own statement.
+    async fn write(
+        &self,
+        conn: &mut Conn,
+        tenant: &str,
+        thread_id: &ThreadId,
+        row: RowCols,
+    ) -> StoreResult<()> {
+        let names: Vec<&'static str> = row.iter().map(|(c, _)| *c).collect();
+        let params: Vec<String> = (3..names.len() + 3).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "INSERT INTO {} (tenant, thread_id, {}) VALUES ($1, $2, {}){}",
+            self.name,
+            names.join(", "),
+            params.join(", "),
+            self.on_conflict(&names)
+        );
+        let stmt = row
+            .into_iter()
+            .fold(q(sql).bind(tenant).bind(thread_id.as_str()), |q, (_, a)| {
+                q.bind(a)
+            });
+        conn.exec(stmt).await?;
+        Ok(())
+    }
 }
 
-async fn upsert_item(
-    conn: &mut Conn,
-    tenant: &str,
-    thread_id: &ThreadId,
-    item: &TodoItem,
-) -> StoreResult<()> {
-    conn.exec(
-        q(
-            "INSERT INTO todo_items (tenant, thread_id, item_id, position, description, status, \
-             dependencies, step_type, required_tools, tool_validation_mode, validation_status, \
-             expected_outcome, tool_calls, actual_tool_calls, tool_results, thoughts, result, \
-             error, attempts, usage, conversation, run_id, created_at, updated_at, started_at, \
-             completed_at, kind, parent_item_id, role, tool_allowlist, compacted_output) \
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31) \
-           ON CONFLICT (tenant, thread_id, item_id) DO UPDATE SET position = EXCLUDED.position, \
-             description = EXCLUDED.description, status = EXCLUDED.status, \
-             dependencies = EXCLUDED.dependencies, step_type = EXCLUDED.step_type, \
-             required_tools = EXCLUDED.required_tools, \
-             tool_validation_mode = EXCLUDED.tool_validation_mode, \
-             validation_status = EXCLUDED.validation_status, \
-             expected_outcome = EXCLUDED.expected_outcome, tool_calls = EXCLUDED.tool_calls, \
-             actual_tool_calls = EXCLUDED.actual_tool_calls, \
-             tool_results = EXCLUDED.tool_results, thoughts = EXCLUDED.thoughts, \
-             result = EXCLUDED.result, error = EXCLUDED.error, attempts = EXCLUDED.attempts, \
-             usage = EXCLUDED.usage, conversation = EXCLUDED.conversation, \
-             run_id = EXCLUDED.run_id, created_at = EXCLUDED.created_at, \
-             updated_at = EXCLUDED.updated_at, started_at = EXCLUDED.started_at, \
-             completed_at = EXCLUDED.completed_at, kind = EXCLUDED.kind, \
-             parent_item_id = EXCLUDED.parent_item_id, role = EXCLUDED.role, \
-             tool_allowlist = EXCLUDED.tool_allowlist, \
-             compacted_output = EXCLUDED.compacted_output",
-        )
-        .bind(tenant)
-        .bind(thread_id.as_str())
-        .bind(item.id.as_str())
-        .bind(item.position)
-        .bind(&item.description)
-        .bind(item.status.as_str())
-        .bind(rows::to_json(&item.dependencies)?)
-        .bind(item.step_type.as_str())
-        .bind(rows::to_json(&item.required_tools)?)
-        .bind(item.tool_validation_mode.as_str())
-        .bind(item.validation_status.as_str())
-        .bind(&item.expected_outcome)
-        .bind(rows::to_json(&item.tool_calls)?)
-        .bind(rows::to_json(&item.actual_tool_calls)?)
-        .bind(rows::to_json(&item.tool_results)?)
-        .bind(rows::to_json(&item.thoughts)?)
-        .bind(&item.result)
-        .bind(rows::opt_json(item.error.as_ref())?)
-        .bind(i64::from(item.attempts))
-        .bind(rows::to_json(&item.usage)?)
-        .bind(rows::to_json(&item.conversation)?)
-        .bind(item.run_id)
-        .bind(item.created_at)
-        .bind(item.updated_at)
-        .bind(item.started_at)
-        .bind(item.completed_at)
-        .bind(item.kind.as_str())
-        .bind(item.parent_item_id.as_ref().map(ItemId::as_str))
-        .bind(&item.role)
-        .bind(rows::opt_json(item.tool_allowlist.as_ref())?)
-        .bind(&item.compacted_output),
-    )
-    .await?;
-    Ok(())
+pub(crate) fn state_cols(s: &AgentStateRow) -> RowCols {
+    vec![
+        ("intent", (&s.intent).into()),
+        ("title", (&s.title).into()),
+        ("plan", (&s.plan).into()),
+        ("current_step_id", (&s.current_step_id).into()),
+        // Every set bumps the version (counted from 0 by the row `create_thread` inserts).
+        ("version", 1i64.into()),
+    ]
 }
 
-async fn append_message(
-    conn: &mut Conn,
-    tenant: &str,
-    thread_id: &ThreadId,
-    m: &Message,
-) -> StoreResult<()> {
+pub(crate) fn item_cols(item: &TodoItem) -> StoreResult<RowCols> {
+    Ok(vec![
+        ("item_id", item.id.as_str().into()),
+        ("position", item.position.into()),
+        ("description", (&item.description).into()),
+        ("status", item.status.as_str().into()),
+        ("dependencies", rows::to_json(&item.dependencies)?.into()),
+        ("step_type", item.step_type.as_str().into()),
+        (
+            "required_tools",
+            rows::to_json(&item.required_tools)?.into(),
+        ),
+        (
+            "tool_validation_mode",
+            item.tool_validation_mode.as_str().into(),
+        ),
+        ("validation_status", item.validation_status.as_str().into()),
+        ("expected_outcome", (&item.expected_outcome).into()),
+        ("tool_calls", rows::to_json(&item.tool_calls)?.into()),
+        (
+            "actual_tool_calls",
+            rows::to_json(&item.actual_tool_calls)?.into(),
+        ),
+        ("tool_results", rows::to_json(&item.tool_results)?.into()),
+        ("thoughts", rows::to_json(&item.thoughts)?.into()),
+        ("result", (&item.result).into()),
+        ("error", rows::opt_json(item.error.as_ref())?.into()),
+        ("attempts", i64::from(item.attempts).into()),
+        ("usage", rows::to_json(&item.usage)?.into()),
+        ("conversation", rows::to_json(&item.conversation)?.into()),
+        ("run_id", item.run_id.into()),
+        ("created_at", item.created_at.into()),
+        ("updated_at", item.updated_at.into()),
+        ("started_at", item.started_at.into()),
+        ("completed_at", item.completed_at.into()),
+        ("kind", item.kind.as_str().into()),
+        (
+            "parent_item_id",
+            item.parent_item_id.as_ref().map(ItemId::as_str).into(),
+        ),
+        ("role", (&item.role).into()),
+        (
+            "tool_allowlist",
+            rows::opt_json(item.tool_allowlist.as_ref())?.into(),
+        ),
+        ("compacted_output", (&item.compacted_output).into()),
+    ])
+}
+
+pub(crate) fn message_cols(m: &Message) -> StoreResult<RowCols> {
     let tool_calls = if m.tool_calls.is_empty() {
         None
     } else {
         Some(rows::to_json(&m.tool_calls)?)
     };
-    conn.exec(
-        q(
-            "INSERT INTO messages (id, tenant, thread_id, run_id, role, content, item_id, \
-             tool_call_id, created_at, name, tool_calls) \
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(m.id)
-        .bind(tenant)
-        .bind(thread_id.as_str())
-        .bind(m.run_id)
-        .bind(m.role.as_str())
-        .bind(&m.content)
-        .bind(&m.item_id)
-        .bind(&m.tool_call_id)
-        .bind(m.created_at)
-        .bind(&m.name)
-        .bind(tool_calls),
-    )
-    .await?;
-    Ok(())
+    Ok(vec![
+        ("id", m.id.into()),
+        ("run_id", m.run_id.into()),
+        ("role", m.role.as_str().into()),
+        ("content", (&m.content).into()),
+        ("item_id", (&m.item_id).into()),
+        ("tool_call_id", (&m.tool_call_id).into()),
+        ("created_at", m.created_at.into()),
+        ("name", (&m.name).into()),
+        ("tool_calls", tool_calls.into()),
+    ])
 }
 
-async fn insert_suspension(
-    conn: &mut Conn,
-    tenant: &str,
-    thread_id: &ThreadId,
-    s: &Suspension,
-) -> StoreResult<()> {
-    conn.exec(
-        q(
-            "INSERT INTO suspensions (suspension_id, tenant, thread_id, run_id, item_id, kind, \
-             tool_call, allowed_decisions, question, input_schema, iteration_state, \
-             partial_tool_results, status, decision, created_at, resolved_at, expires_at) \
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
-        )
-        .bind(s.suspension_id)
-        .bind(tenant)
-        .bind(thread_id.as_str())
-        .bind(s.run_id)
-        .bind(s.item_id.as_str())
-        .bind(s.kind.as_str())
-        .bind(rows::to_json(&s.tool_call)?)
-        .bind(rows::to_json(&s.allowed_decisions)?)
-        .bind(&s.question)
-        .bind(s.input_schema.clone())
-        .bind(s.iteration_state.clone())
-        .bind(rows::to_json(&s.partial_tool_results)?)
-        .bind(s.status.as_str())
-        .bind(s.decision.as_ref().map(rows::to_json).transpose()?)
-        .bind(s.created_at)
-        .bind(s.resolved_at)
-        .bind(s.expires_at),
-    )
-    .await?;
-    Ok(())
+fn suspension_cols(s: &Suspension) -> StoreResult<RowCols> {
+    Ok(vec![
+        ("suspension_id", s.suspension_id.into()),
+        ("run_id", s.run_id.into()),
+        ("item_id", s.item_id.as_str().into()),
+        ("kind", s.kind.as_str().into()),
+        ("tool_call", rows::to_json(&s.tool_call)?.into()),
+        (
+            "allowed_decisions",
+            rows::to_json(&s.allowed_decisions)?.into(),
+        ),
+        ("question", (&s.question).into()),
+        ("input_schema", s.input_schema.clone().into()),
+        ("iteration_state", s.iteration_state.clone().into()),
+        (
+            "partial_tool_results",
+            rows::to_json(&s.partial_tool_results)?.into(),
+        ),
+        ("status", s.status.as_str().into()),
+        (
+            "decision",
+            s.decision.as_ref().map(rows::to_json).transpose()?.into(),
+        ),
+        ("created_at", s.created_at.into()),
+        ("resolved_at", s.resolved_at.into()),
+        ("expires_at", s.expires_at.into()),
+    ])
 }
 
 /// Run one op of a batch inside the apply transaction.
 async fn apply_op(conn: &mut Conn, tenant: &str, thread_id: &ThreadId, op: &Op) -> StoreResult<()> {
     match op {
-        Op::SetAgentState(s) => set_agent_state(conn, tenant, thread_id, s).await,
-        Op::UpsertItem(item) => upsert_item(conn, tenant, thread_id, item).await,
+        Op::SetAgentState(s) => {
+            AGENT_STATE
+                .write(conn, tenant, thread_id, state_cols(s))
+                .await
+        }
+        Op::UpsertItem(item) => {
+            TODO_ITEMS
+                .write(conn, tenant, thread_id, item_cols(item)?)
+                .await
+        }
         Op::DeleteItem(id) => {
             conn.exec(
                 q("DELETE FROM todo_items WHERE tenant = $1 AND thread_id = $2 AND item_id = $3")
@@ -277,11 +319,54 @@ async fn apply_op(conn: &mut Conn, tenant: &str, thread_id: &ThreadId, op: &Op) 
             .await?;
             Ok(())
         }
-        Op::AppendMessage(m) => append_message(conn, tenant, thread_id, m).await,
+        Op::AppendMessage(m) => {
+            MESSAGES
+                .write(conn, tenant, thread_id, message_cols(m)?)
+                .await
+        }
         // Applied by the fence statement, with the lease check.
         Op::UpdateRun(_) => Ok(()),
-        Op::InsertSuspension(s) => insert_suspension(conn, tenant, thread_id, s).await,
+        Op::InsertSuspension(s) => {
+            SUSPENSIONS
+                .write(conn, tenant, thread_id, suspension_cols(s)?)
+                .await
+        }
     }
+}
+
+/// Bind `$1`–`$14` of a fenced commit: the fence, the lease, the run's update ([`RUN_UPDATE`]),
+/// the thread and `n`, how many seqs to reserve.
+pub(crate) fn bind_fence(stmt: Q, fence: Fence, lease: Duration, c: &Commit<'_>) -> Q {
+    let u = c.update;
+    stmt.bind(fence.run_id)
+        .bind(fence.attempt)
+        .bind(lease_secs(lease))
+        .bind(u.status.map(RunStatus::as_str))
+        .bind(u.phase.map(RunPhase::as_str))
+        .bind(c.usage.clone())
+        .bind(c.error.clone())
+        .bind(u.final_response.clone())
+        .bind(u.ended)
+        .bind(c.clear_lease)
+        .bind(u.unless_decided.clone())
+        .bind(c.tenant)
+        .bind(c.thread_id.as_str())
+        .bind(c.n)
+}
+
+/// A batch, taken apart for committing.
+pub(crate) struct Commit<'a> {
+    pub tenant: &'a str,
+    pub thread_id: &'a ThreadId,
+    pub update: &'a RunUpdate,
+    pub usage: Option<serde_json::Value>,
+    pub error: Option<serde_json::Value>,
+    /// The run stops holding a lease (it ended or waits for a person).
+    pub clear_lease: bool,
+    /// How many observations, hence seqs.
+    pub n: i64,
+    pub ops: &'a [Op],
+    pub observations: &'a [NewObservation],
 }
 
 impl SqlStore {
@@ -297,24 +382,67 @@ impl SqlStore {
             ops,
             observations,
         } = batch;
-        let n = count(&observations)?;
         // The run's own update (a batch holds at most one: `Batch::op` merges them) rides on the
         // fence statement instead of costing a statement of its own.
-        let u = ops
+        let update = ops
             .iter()
             .find_map(|op| match op {
                 Op::UpdateRun(u) => Some(u.clone()),
                 _ => None,
             })
             .unwrap_or_default();
-        let clear_lease = u.status.is_some_and(rows::clears_lease);
+        let c = Commit {
+            tenant: &tenant,
+            thread_id: &thread_id,
+            usage: rows::opt_json(update.usage.as_ref())?,
+            error: rows::opt_json(update.error.as_ref())?,
+            clear_lease: update.status.is_some_and(rows::clears_lease),
+            update: &update,
+            n: count(&observations)?,
+            ops: &ops,
+            observations: &observations,
+        };
+        let (cancel_requested, last_seq, now) = match &self.db {
+            Db::Pg(pool) => match super::postgres::one_statement(fence, lease, &c)? {
+                // The common case on Postgres: one round trip, no BEGIN or COMMIT.
+                Some(stmt) => {
+                    let mut conn = Conn::Pg(pool.acquire().await?);
+                    let row = conn.opt(stmt).await?.ok_or(StoreError::LeaseLost)?;
+                    let last_seq = row.opt_int("last_seq")?.unwrap_or(0);
+                    (row.boolean("cancel_requested")?, last_seq, row.ts("now")?)
+                }
+                None => self.commit_in_transaction(fence, lease, &c).await?,
+            },
+            Db::Lite { .. } => self.commit_in_transaction(fence, lease, &c).await?,
+        };
+        Ok(Applied {
+            observations: rows::committed(
+                &tenant,
+                &thread_id,
+                last_seq - c.n + 1,
+                rows::micros(now),
+                observations,
+            ),
+            cancel_requested,
+        })
+    }
+
+    /// Commit statement by statement in one transaction; the run's `cancel_requested`, the last
+    /// seq reserved and the commit's time.
+    async fn commit_in_transaction(
+        &self,
+        fence: Fence,
+        lease: Duration,
+        c: &Commit<'_>,
+    ) -> StoreResult<(bool, i64, DateTime<Utc>)> {
+        let (tenant, thread_id, n) = (c.tenant, c.thread_id, c.n);
         let mut tx = self.write().await?;
-        if !u.unless_decided.is_empty() {
+        if !c.update.unless_decided.is_empty() {
             // A suspend that must see every decision committed before it: take the thread lock
             // first (a resolver holds it while it decides), so the statement below starts with a
             // snapshot taken after any such decision. (Inside one statement that waited for the
             // lock, the EXISTS would still read the snapshot from before the wait.)
-            lock_thread(&mut tx, &tenant, &thread_id).await?;
+            lock_thread(&mut tx, tenant, thread_id).await?;
         }
         let fenced = q(match tx.dialect() {
             // One round trip: reserve the seqs on the thread row (thread first: lock order), then
@@ -330,23 +458,12 @@ impl SqlStore {
             Dialect::Sqlite => {
                 format!("{RUN_UPDATE} RETURNING cancel_requested, $14 AS last_seq, {{now}} AS now")
             }
-        })
-        .bind(fence.run_id)
-        .bind(fence.attempt)
-        .bind(lease_secs(lease))
-        .bind(u.status.map(RunStatus::as_str))
-        .bind(u.phase.map(RunPhase::as_str))
-        .bind(rows::opt_json(u.usage.as_ref())?)
-        .bind(rows::opt_json(u.error.as_ref())?)
-        .bind(u.final_response.clone())
-        .bind(u.ended)
-        .bind(clear_lease)
-        .bind(u.unless_decided.clone())
-        .bind(tenant.as_str())
-        .bind(thread_id.as_str())
-        .bind(n);
+        });
         // No row: the lease is gone; dropping `tx` rolls back (the counter too).
-        let row = tx.opt(fenced).await?.ok_or(StoreError::LeaseLost)?;
+        let row = tx
+            .opt(bind_fence(fenced, fence, lease, c))
+            .await?
+            .ok_or(StoreError::LeaseLost)?;
         let cancel_requested = row.boolean("cancel_requested")?;
         let mut now = row.ts("now")?;
         let mut last_seq = row.int("last_seq")?;
@@ -354,33 +471,30 @@ impl SqlStore {
             let reserved = tx
                 .one(
                     q(RESERVE_SEQS)
-                        .bind(tenant.as_str())
+                        .bind(tenant)
                         .bind(thread_id.as_str())
                         .bind(n),
                 )
                 .await?;
             (last_seq, now) = (reserved.int("last_seq")?, reserved.ts("now")?);
         }
-        for op in &ops {
-            apply_op(&mut tx, &tenant, &thread_id, op).await?;
+        for op in c.ops {
+            apply_op(&mut tx, tenant, thread_id, op).await?;
         }
-        if clear_lease {
+        if c.clear_lease {
             // The thread is free (or the run waits for a person): a queued run may start.
             tx.notify(&Signal::RunReady).await?;
         }
-        let observations = insert_observations(
+        insert_observations(
             &mut tx,
-            &tenant,
-            &thread_id,
+            tenant,
+            thread_id,
             last_seq - n + 1,
             now,
-            observations,
+            c.observations,
         )
         .await?;
         tx.commit().await?;
-        Ok(Applied {
-            observations,
-            cancel_requested,
-        })
+        Ok((cancel_requested, last_seq, now))
     }
 }

@@ -24,12 +24,18 @@ use futures::stream::BoxStream;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
+use serde_json::Value;
+
+use super::apply::{
+    AGENT_STATE, Commit, MESSAGES, RUN_UPDATE, RowCols, TODO_ITEMS, Table, bind_fence, item_cols,
+    message_cols, state_cols,
+};
 use super::leases::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
 use super::rows::{self, Cols};
-use super::sql::{Conn, Row, q, signal_payload};
+use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
 use super::sql_store::{Db, SqlStore};
-use super::{Claim, Signal, StoreError, StoreResult};
-use crate::model::{NewObservation, ThreadId};
+use super::{Claim, Fence, Op, Signal, StoreError, StoreResult};
+use crate::model::{NewObservation, ThreadId, TodoItem};
 
 /// The embedded Postgres migrations (`migrations/postgres`).
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -235,4 +241,168 @@ pub(crate) async fn thread_seqs(
             ))
         })
         .collect()
+}
+
+/// The whole batch as one statement, so a commit costs one round trip and no `BEGIN`/`COMMIT`
+/// (the statement is its own transaction: a failure anywhere in it changes nothing). `None` when
+/// the batch needs the statement-by-statement transaction: a suspend that must see decisions
+/// taken meanwhile (it locks the thread first, see `RunUpdate::unless_decided`), a new
+/// suspension, or an item both deleted and upserted (one statement cannot touch a row twice).
+///
+/// The order of locks is the transaction's: `l` locks the thread row before `f` (the fence and
+/// the run's update) locks the run's; every other part reads `f`, so a lost lease (`f` empty)
+/// writes nothing, the seq counter included, and returns no row.
+pub(crate) fn one_statement(
+    fence: Fence,
+    lease: Duration,
+    c: &Commit<'_>,
+) -> StoreResult<Option<Q>> {
+    if !c.update.unless_decided.is_empty() {
+        return Ok(None);
+    }
+    let mut items: Vec<(&str, &TodoItem)> = Vec::new();
+    let mut deleted: Vec<String> = Vec::new();
+    let mut messages = Vec::new();
+    let mut state: Option<(&crate::model::AgentStateRow, i64)> = None;
+    for op in c.ops {
+        match op {
+            Op::UpsertItem(item) => {
+                // Later upserts of an item replace earlier ones (each writes the whole row).
+                items.retain(|(id, _)| *id != item.id.as_str());
+                items.push((item.id.as_str(), item));
+            }
+            Op::DeleteItem(id) => deleted.push(id.as_str().to_owned()),
+            Op::AppendMessage(m) => messages.push(message_cols(m)?),
+            Op::SetAgentState(s) => state = Some((s, state.map_or(1, |(_, k)| k + 1))),
+            Op::UpdateRun(_) => {}
+            Op::InsertSuspension(_) => return Ok(None),
+        }
+    }
+    if items.iter().any(|(id, _)| deleted.iter().any(|d| d == id)) {
+        return Ok(None);
+    }
+    let mut sql = format!(
+        "WITH l AS (SELECT 1 FROM threads WHERE tenant = $12 AND thread_id = $13 FOR UPDATE), \
+         f AS ({RUN_UPDATE} AND EXISTS (SELECT 1 FROM l) RETURNING cancel_requested), \
+         t AS (UPDATE threads SET last_seq = last_seq + $14, \
+                 updated_at = CASE WHEN $14 > 0 THEN now() ELSE updated_at END \
+               WHERE tenant = $12 AND thread_id = $13 AND EXISTS (SELECT 1 FROM f) \
+               RETURNING last_seq)"
+    );
+    let mut extra: Vec<Arg> = Vec::new();
+    let param = |extra: &mut Vec<Arg>, a: Arg| {
+        extra.push(a);
+        format!("${}", 14 + extra.len())
+    };
+    let rows_of = |sql: &mut String, extra: &mut Vec<Arg>, table: &Table, rows: Vec<RowCols>| {
+        let Some(first) = rows.first() else { return };
+        let cols: Vec<&'static str> = first.iter().map(|(c, _)| *c).collect();
+        let json: Vec<Value> = rows
+            .into_iter()
+            .map(|r| {
+                Value::Object(
+                    r.into_iter()
+                        .map(|(c, a)| (c.to_owned(), a.to_json()))
+                        .collect(),
+                )
+            })
+            .collect();
+        let p = param(extra, Arg::Json(Some(Value::Array(json))));
+        let picked: Vec<String> = cols.iter().map(|c| format!("x.{c}")).collect();
+        sql.push_str(&format!(
+            ", w_{name} AS (INSERT INTO {name} (tenant, thread_id, {cols}) \
+               SELECT $12, $13, {picked} FROM jsonb_populate_recordset(NULL::{name}, {p}) x \
+               WHERE EXISTS (SELECT 1 FROM f){conflict})",
+            name = table.name,
+            cols = cols.join(", "),
+            picked = picked.join(", "),
+            conflict = table.on_conflict(&cols),
+        ));
+    };
+    if let Some((s, sets)) = state {
+        let mut cols = state_cols(s);
+        cols.retain(|(c, _)| *c != "version");
+        cols.push(("version", sets.into()));
+        rows_of(&mut sql, &mut extra, &AGENT_STATE, vec![cols]);
+    }
+    let items = items
+        .into_iter()
+        .map(|(_, item)| item_cols(item))
+        .collect::<StoreResult<Vec<_>>>()?;
+    rows_of(&mut sql, &mut extra, &TODO_ITEMS, items);
+    rows_of(&mut sql, &mut extra, &MESSAGES, messages);
+    if !deleted.is_empty() {
+        let p = param(&mut extra, Arg::Texts(deleted));
+        sql.push_str(&format!(
+            ", w_deleted AS (DELETE FROM todo_items WHERE tenant = $12 AND thread_id = $13 \
+               AND item_id = ANY({p}) AND EXISTS (SELECT 1 FROM f))"
+        ));
+    }
+    let mut notify_observations = "NULL";
+    if !c.observations.is_empty() {
+        let obs = c.observations;
+        let ids = param(&mut extra, Arg::Uuids(obs.iter().map(|o| o.id).collect()));
+        let run_ids = param(
+            &mut extra,
+            Arg::Uuids(obs.iter().filter_map(|o| o.run_id).collect()),
+        );
+        if obs.iter().any(|o| o.run_id.is_none()) {
+            // Every observation the engine commits belongs to the fenced run; anything else
+            // takes the general path, which binds NULLs.
+            return Ok(None);
+        }
+        let parents = param(
+            &mut extra,
+            Arg::Texts(
+                obs.iter()
+                    .map(|o| o.parent_id.clone().unwrap_or_default())
+                    .collect(),
+            ),
+        );
+        let has_parent = param(
+            &mut extra,
+            Arg::Texts(
+                obs.iter()
+                    .map(|o| if o.parent_id.is_some() { "y" } else { "" }.to_owned())
+                    .collect(),
+            ),
+        );
+        let types = param(
+            &mut extra,
+            Arg::Texts(obs.iter().map(|o| o.kind.as_str().to_owned()).collect()),
+        );
+        let titles = param(
+            &mut extra,
+            Arg::Texts(obs.iter().map(|o| o.title.clone()).collect()),
+        );
+        let contents = param(
+            &mut extra,
+            Arg::Json(Some(Value::Array(
+                obs.iter().map(|o| o.content.clone()).collect(),
+            ))),
+        );
+        sql.push_str(&format!(
+            ", w_observations AS (INSERT INTO observations \
+               (tenant, thread_id, seq, id, run_id, parent_id, type, title, content, created_at) \
+               SELECT $12, $13, (SELECT last_seq FROM t) - $14 + u.ord, u.id, u.run_id, \
+                 CASE WHEN u.has_parent = 'y' THEN u.parent_id END, u.type, u.title, \
+                 {contents}::jsonb -> (u.ord::int - 1), now() \
+               FROM UNNEST({ids}::uuid[], {run_ids}::uuid[], {parents}::text[], \
+                 {has_parent}::text[], {types}::text[], {titles}::text[]) WITH ORDINALITY \
+                 AS u(id, run_id, parent_id, has_parent, type, title, ord) \
+               WHERE EXISTS (SELECT 1 FROM f))"
+        ));
+        notify_observations = "pg_notify('pes', json_build_object('k', 'o', 'tenant', $12::text, \
+            'thread', $13::text, 'seq', (SELECT last_seq FROM t))::text)";
+    }
+    let ready = signal_payload(&Signal::RunReady);
+    let ready = param(&mut extra, ready.into());
+    sql.push_str(&format!(
+        " SELECT f.cancel_requested, (SELECT last_seq FROM t) AS last_seq, now() AS now, \
+           CASE WHEN $10 THEN pg_notify('pes', {ready}) END AS ready, \
+           {notify_observations} AS observed \
+         FROM f"
+    ));
+    let stmt = bind_fence(q(sql), fence, lease, c);
+    Ok(Some(extra.into_iter().fold(stmt, Q::bind)))
 }

@@ -129,6 +129,24 @@ impl From<Vec<String>> for Arg {
     }
 }
 
+impl Arg {
+    /// The value as JSON, the way Postgres' `jsonb_populate_recordset` reads it into a column of
+    /// the matching type (timestamps as ISO text, ids as text, documents as they are).
+    pub(crate) fn to_json(&self) -> Value {
+        match self {
+            Arg::Text(v) => v.clone().map_or(Value::Null, Value::from),
+            Arg::Int(v) => v.map_or(Value::Null, Value::from),
+            Arg::Float(v) => Value::from(*v),
+            Arg::Bool(v) => Value::from(*v),
+            Arg::Uuid(v) => v.map_or(Value::Null, |v| Value::from(id_text(v))),
+            Arg::Json(v) => v.clone().unwrap_or(Value::Null),
+            Arg::Ts(v) => v.map_or(Value::Null, |v| Value::from(rows::ts_text(v))),
+            Arg::Uuids(v) => Value::from(v.iter().map(|v| id_text(*v)).collect::<Vec<_>>()),
+            Arg::Texts(v) => Value::from(v.clone()),
+        }
+    }
+}
+
 /// A statement: SQL template plus its arguments, in `$N` order.
 #[derive(Debug, Clone)]
 pub(crate) struct Q {
@@ -266,6 +284,16 @@ impl Cols for Row {
 }
 
 impl Row {
+    /// A nullable integer column.
+    pub(crate) fn opt_int(&self, col: &str) -> StoreResult<Option<i64>> {
+        use sqlx::Row as _;
+        match self {
+            Row::Pg(r) => r.try_get(col),
+            Row::Lite(r) => r.try_get(col),
+        }
+        .map_err(|e| StoreError::Decode(format!("column {col}: {e}")))
+    }
+
     /// A nullable float column (only computed columns are floats).
     pub(crate) fn opt_float(&self, col: &str) -> StoreResult<Option<f64>> {
         use sqlx::Row as _;

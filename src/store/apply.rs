@@ -88,10 +88,13 @@ async fn insert_observations(
     if new.is_empty() {
         return Ok(());
     }
+    let origin = conn.origin().to_owned();
     match conn.raw() {
         Raw::Pg(c) => {
-            super::postgres::insert_observations(c, tenant, thread_id, first_seq, created_at, new)
-                .await
+            super::postgres::insert_observations(
+                c, &origin, tenant, thread_id, first_seq, created_at, new,
+            )
+            .await
         }
         Raw::Lite(c) => {
             super::sqlite::insert_observations(c, tenant, thread_id, first_seq, created_at, new)
@@ -403,10 +406,10 @@ impl SqlStore {
             observations: &observations,
         };
         let (cancel_requested, last_seq, now) = match &self.db {
-            Db::Pg(pool) => match super::postgres::one_statement(fence, lease, &c)? {
+            Db::Pg(_) => match super::postgres::one_statement(&self.origin, fence, lease, &c)? {
                 // The common case on Postgres: one round trip, no BEGIN or COMMIT.
                 Some(stmt) => {
-                    let mut conn = Conn::Pg(pool.acquire().await?);
+                    let mut conn = self.write_one().await?;
                     let row = conn.opt(stmt).await?.ok_or(StoreError::LeaseLost)?;
                     let last_seq = row.opt_int("last_seq")?.unwrap_or(0);
                     (row.boolean("cancel_requested")?, last_seq, row.ts("now")?)

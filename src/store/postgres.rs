@@ -16,6 +16,7 @@
 //! - **One clock.** Every timestamp the store makes, and every lease comparison, uses the
 //!   database's `now()`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -53,6 +54,18 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // Every statement is prepared once per connection and its parameters are
+                    // keys and values, never selectivity-changing ranges: a generic plan fits,
+                    // and planning each execution again (the default for the first five, and
+                    // whenever a custom plan looks cheaper) was a fifth of a commit's cost.
+                    sqlx::query("SET plan_cache_mode = force_generic_plan")
+                        .execute(conn)
+                        .await?;
+                    Ok(())
+                })
+            })
             .connect(url)
             .await?;
         Ok(Self::from_pool(pool))
@@ -60,7 +73,7 @@ impl PgStore {
 
     /// Wrap an existing pool.
     pub fn from_pool(pool: PgPool) -> SqlStore {
-        SqlStore { db: Db::Pg(pool) }
+        SqlStore::new(Db::Pg(pool))
     }
 }
 
@@ -76,6 +89,7 @@ pub(crate) async fn migrate(pool: &PgPool) -> StoreResult<()> {
 /// before the rows are visible.
 pub(crate) async fn insert_observations(
     conn: &mut PgConnection,
+    origin: &str,
     tenant: &str,
     thread_id: &ThreadId,
     first_seq: i64,
@@ -99,11 +113,14 @@ pub(crate) async fn insert_observations(
         titles.push(o.title.as_str());
         contents.push(&o.content);
     }
-    let signal = signal_payload(&Signal::Observations {
-        tenant: tenant.to_owned(),
-        thread: thread_id.to_string(),
-        seq: first_seq + n as i64 - 1,
-    });
+    let signal = signal_payload(
+        &Signal::Observations {
+            tenant: tenant.to_owned(),
+            thread: thread_id.to_string(),
+            seq: first_seq + n as i64 - 1,
+        },
+        origin,
+    );
     sqlx::query(
         "WITH ins AS (INSERT INTO observations \
            (tenant, thread_id, seq, id, run_id, parent_id, type, title, content, created_at) \
@@ -153,13 +170,12 @@ fn claim_sql() -> String {
 }
 
 pub(crate) async fn claim_runs(
-    pool: &PgPool,
+    mut conn: Conn,
     owner: &str,
     lease: Duration,
     max: usize,
 ) -> StoreResult<Claim> {
     let max = i64::try_from(max).unwrap_or(i64::MAX);
-    let mut conn = Conn::Pg(pool.acquire().await?);
     let found = conn
         .all(q(claim_sql()).bind(owner).bind(lease_secs(lease)).bind(max))
         .await;
@@ -191,17 +207,30 @@ pub(crate) async fn claim_runs(
 /// Wake-ups from the other replicas: one LISTEN connection. `into_stream` reconnects after a
 /// lost connection (notifications sent meanwhile are lost: the callers' polls cover that);
 /// errors in between are skipped.
-pub(crate) async fn signals(pool: &PgPool) -> StoreResult<BoxStream<'static, Signal>> {
+pub(crate) async fn signals(
+    pool: &PgPool,
+    origin: Arc<str>,
+) -> StoreResult<BoxStream<'static, Signal>> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen("pes").await?;
     Ok(listener
         .into_stream()
-        .filter_map(|n| async move {
-            match n {
-                Ok(n) => serde_json::from_str::<Signal>(n.payload()).ok(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "LISTEN connection error; reconnecting");
-                    None
+        .filter_map(move |n| {
+            let origin = origin.clone();
+            async move {
+                match n {
+                    Ok(n) => {
+                        let v: Value = serde_json::from_str(n.payload()).ok()?;
+                        // Our own signals: this process acted on them already.
+                        if v.get("from").and_then(Value::as_str) == Some(&origin) {
+                            return None;
+                        }
+                        serde_json::from_value::<Signal>(v).ok()
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "LISTEN connection error; reconnecting");
+                        None
+                    }
                 }
             }
         })
@@ -210,7 +239,7 @@ pub(crate) async fn signals(pool: &PgPool) -> StoreResult<BoxStream<'static, Sig
 
 /// The current `last_seq` of each of these threads (the poll that covers a lost signal).
 pub(crate) async fn thread_seqs(
-    pool: &PgPool,
+    mut conn: Conn,
     threads: &[(String, ThreadId)],
 ) -> StoreResult<Vec<(String, ThreadId, i64)>> {
     if threads.is_empty() {
@@ -221,7 +250,6 @@ pub(crate) async fn thread_seqs(
         .iter()
         .map(|(_, id)| id.as_str().to_owned())
         .collect();
-    let mut conn = Conn::Pg(pool.acquire().await?);
     let found: Vec<Row> = conn
         .all(
             q("SELECT t.tenant, t.thread_id, t.last_seq FROM threads t \
@@ -253,6 +281,7 @@ pub(crate) async fn thread_seqs(
 /// the run's update) locks the run's; every other part reads `f`, so a lost lease (`f` empty)
 /// writes nothing, the seq counter included, and returns no row.
 pub(crate) fn one_statement(
+    origin: &str,
     fence: Fence,
     lease: Duration,
     c: &Commit<'_>,
@@ -338,7 +367,7 @@ pub(crate) fn one_statement(
                AND item_id = ANY({p}) AND EXISTS (SELECT 1 FROM f))"
         ));
     }
-    let mut notify_observations = "NULL";
+    let mut notify_observations = String::from("NULL");
     if !c.observations.is_empty() {
         let obs = c.observations;
         let ids = param(&mut extra, Arg::Uuids(obs.iter().map(|o| o.id).collect()));
@@ -392,10 +421,13 @@ pub(crate) fn one_statement(
                  AS u(id, run_id, parent_id, has_parent, type, title, ord) \
                WHERE EXISTS (SELECT 1 FROM f))"
         ));
-        notify_observations = "pg_notify('pes', json_build_object('k', 'o', 'tenant', $12::text, \
-            'thread', $13::text, 'seq', (SELECT last_seq FROM t))::text)";
+        let from = param(&mut extra, origin.into());
+        notify_observations = format!(
+            "pg_notify('pes', json_build_object('k', 'o', 'tenant', $12::text, \
+             'thread', $13::text, 'seq', (SELECT last_seq FROM t), 'from', {from}::text)::text)"
+        );
     }
-    let ready = signal_payload(&Signal::RunReady);
+    let ready = signal_payload(&Signal::RunReady, origin);
     let ready = param(&mut extra, ready.into());
     sql.push_str(&format!(
         " SELECT f.cancel_requested, (SELECT last_seq FROM t) AS last_seq, now() AS now, \

@@ -194,7 +194,9 @@ impl SqlStore {
         thread_id: &ThreadId,
         run_id: Uuid,
     ) -> StoreResult<Option<Run>> {
-        let mut conn = self.snapshot().await?;
+        // Two plain reads (a run read just as its suspension resolves may show no suspension
+        // for that instant; `/wait` and the SSE stream read it again on the next event).
+        let mut conn = self.read().await?;
         let Some(row) = conn
             .opt(
                 q("SELECT * FROM runs WHERE tenant = $1 AND thread_id = $2 AND run_id = $3")

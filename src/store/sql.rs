@@ -15,6 +15,7 @@
 //! bounds over sqlx's database traits, one compiled copy of the logic.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -306,8 +307,14 @@ impl Row {
 }
 
 /// A connection of either backend: a pooled one (each statement commits on its own) or a
-/// transaction (dropping it rolls back).
-pub(crate) enum Conn {
+/// transaction (dropping it rolls back), with the store's `origin` that its signals carry.
+pub(crate) struct Conn {
+    link: Link,
+    origin: Arc<str>,
+}
+
+/// The connection itself.
+pub(crate) enum Link {
     Pg(PoolConnection<Postgres>),
     PgTx(Transaction<'static, Postgres>),
     Lite(PoolConnection<Sqlite>),
@@ -321,20 +328,32 @@ pub(crate) enum Raw<'a> {
 }
 
 impl Conn {
-    pub(crate) fn dialect(&self) -> Dialect {
-        match self {
-            Conn::Pg(_) | Conn::PgTx(_) => Dialect::Postgres,
-            Conn::Lite(_) | Conn::LiteTx(_) => Dialect::Sqlite,
+    pub(crate) fn new(link: Link, origin: &Arc<str>) -> Self {
+        Conn {
+            link,
+            origin: origin.clone(),
         }
+    }
+
+    pub(crate) fn dialect(&self) -> Dialect {
+        match self.link {
+            Link::Pg(_) | Link::PgTx(_) => Dialect::Postgres,
+            Link::Lite(_) | Link::LiteTx(_) => Dialect::Sqlite,
+        }
+    }
+
+    /// The store's id on the signals it sends (see [`signal_payload`]).
+    pub(crate) fn origin(&self) -> &str {
+        &self.origin
     }
 
     /// The raw connection.
     pub(crate) fn raw(&mut self) -> Raw<'_> {
-        match self {
-            Conn::Pg(c) => Raw::Pg(&mut *c),
-            Conn::PgTx(t) => Raw::Pg(&mut *t),
-            Conn::Lite(c) => Raw::Lite(&mut *c),
-            Conn::LiteTx(t) => Raw::Lite(&mut *t),
+        match &mut self.link {
+            Link::Pg(c) => Raw::Pg(&mut *c),
+            Link::PgTx(t) => Raw::Pg(&mut *t),
+            Link::Lite(c) => Raw::Lite(&mut *c),
+            Link::LiteTx(t) => Raw::Lite(&mut *t),
         }
     }
 
@@ -401,9 +420,10 @@ impl Conn {
     /// Tell other replicas, at commit, that something happened (Postgres `NOTIFY`; SQLite has
     /// one process, whose own code wakes itself).
     pub(crate) async fn notify(&mut self, s: &Signal) -> StoreResult<()> {
+        let payload = signal_payload(s, &self.origin);
         if let Raw::Pg(c) = self.raw() {
             sqlx::query("SELECT pg_notify('pes', $1)")
-                .bind(signal_payload(s))
+                .bind(payload)
                 .execute(c)
                 .await?;
         }
@@ -412,16 +432,22 @@ impl Conn {
 
     /// Commit a transaction (a pooled connection has nothing to commit).
     pub(crate) async fn commit(self) -> StoreResult<()> {
-        match self {
-            Conn::PgTx(t) => t.commit().await?,
-            Conn::LiteTx(t) => t.commit().await?,
-            Conn::Pg(_) | Conn::Lite(_) => {}
+        match self.link {
+            Link::PgTx(t) => t.commit().await?,
+            Link::LiteTx(t) => t.commit().await?,
+            Link::Pg(_) | Link::Lite(_) => {}
         }
         Ok(())
     }
 }
 
-/// The `NOTIFY` payload of a signal.
-pub(crate) fn signal_payload(s: &Signal) -> String {
-    serde_json::to_string(s).unwrap_or_default()
+/// The `NOTIFY` payload of a signal: the signal's JSON plus `from`, the sending store's origin,
+/// so a process skips its own signals (it already acted on them locally, and reacting again
+/// would only re-read what it just wrote).
+pub(crate) fn signal_payload(s: &Signal, origin: &str) -> String {
+    let mut v = serde_json::to_value(s).unwrap_or_default();
+    if let Value::Object(m) = &mut v {
+        m.insert("from".into(), Value::from(origin));
+    }
+    v.to_string()
 }

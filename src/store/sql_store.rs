@@ -3,6 +3,7 @@
 //! what truly differs per backend (connecting, the claim query, the seq counter's round trip,
 //! inserting a list of observations, LISTEN/NOTIFY) is in `postgres.rs` and `sqlite.rs`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,7 +12,7 @@ use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
 use uuid::Uuid;
 
-use super::sql::{Conn, Dialect};
+use super::sql::{Conn, Dialect, Link};
 use super::{
     AgentSnapshot, Applied, Batch, CancelledRun, Claim, CreatedRun, Fence, NewRun,
     ObservationQuery, PageCursor, Resolution, ResolvedSuspension, Signal, Store, StoreResult,
@@ -36,9 +37,22 @@ pub(crate) enum Db {
 #[derive(Debug, Clone)]
 pub struct SqlStore {
     pub(crate) db: Db,
+    /// This store's id on the signals it sends (a random UUID per store).
+    pub(crate) origin: Arc<str>,
 }
 
 impl SqlStore {
+    pub(crate) fn new(db: Db) -> Self {
+        SqlStore {
+            db,
+            origin: crate::model::new_id().to_string().into(),
+        }
+    }
+
+    fn conn(&self, link: Link) -> Conn {
+        Conn::new(link, &self.origin)
+    }
+
     pub(crate) fn dialect(&self) -> Dialect {
         match self.db {
             Db::Pg(_) => Dialect::Postgres,
@@ -57,19 +71,19 @@ impl SqlStore {
     /// A pooled connection for reads (each statement on its own).
     pub(crate) async fn read(&self) -> StoreResult<Conn> {
         Ok(match &self.db {
-            Db::Pg(p) => Conn::Pg(p.acquire().await?),
-            Db::Lite { reader, .. } => Conn::Lite(reader.acquire().await?),
+            Db::Pg(p) => self.conn(Link::Pg(p.acquire().await?)),
+            Db::Lite { reader, .. } => self.conn(Link::Lite(reader.acquire().await?)),
         })
     }
 
     /// A read-only transaction: one snapshot for several reads.
     pub(crate) async fn snapshot(&self) -> StoreResult<Conn> {
         Ok(match &self.db {
-            Db::Pg(p) => Conn::PgTx(
+            Db::Pg(p) => self.conn(Link::PgTx(
                 p.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     .await?,
-            ),
-            Db::Lite { reader, .. } => Conn::LiteTx(reader.begin().await?),
+            )),
+            Db::Lite { reader, .. } => self.conn(Link::LiteTx(reader.begin().await?)),
         })
     }
 
@@ -78,16 +92,18 @@ impl SqlStore {
     /// (`busy_timeout`) before anything was read, so read-then-write cannot deadlock.
     pub(crate) async fn write(&self) -> StoreResult<Conn> {
         Ok(match &self.db {
-            Db::Pg(p) => Conn::PgTx(p.begin().await?),
-            Db::Lite { writer, .. } => Conn::LiteTx(writer.begin_with("BEGIN IMMEDIATE").await?),
+            Db::Pg(p) => self.conn(Link::PgTx(p.begin().await?)),
+            Db::Lite { writer, .. } => {
+                self.conn(Link::LiteTx(writer.begin_with("BEGIN IMMEDIATE").await?))
+            }
         })
     }
 
     /// A connection for one self-contained write statement.
     pub(crate) async fn write_one(&self) -> StoreResult<Conn> {
         Ok(match &self.db {
-            Db::Pg(p) => Conn::Pg(p.acquire().await?),
-            Db::Lite { writer, .. } => Conn::Lite(writer.acquire().await?),
+            Db::Pg(p) => self.conn(Link::Pg(p.acquire().await?)),
+            Db::Lite { writer, .. } => self.conn(Link::Lite(writer.acquire().await?)),
         })
     }
 }
@@ -214,7 +230,9 @@ impl Store for SqlStore {
 
     async fn claim_runs(&self, owner: &str, lease: Duration, max: usize) -> StoreResult<Claim> {
         match &self.db {
-            Db::Pg(p) => super::postgres::claim_runs(p, owner, lease, max).await,
+            Db::Pg(_) => {
+                super::postgres::claim_runs(self.write_one().await?, owner, lease, max).await
+            }
             Db::Lite { .. } => {
                 let conn = self.write().await?;
                 super::sqlite::claim_runs(conn, owner, lease, max).await
@@ -275,7 +293,9 @@ impl Store for SqlStore {
 
     async fn signals(&self) -> StoreResult<Option<futures::stream::BoxStream<'static, Signal>>> {
         match &self.db {
-            Db::Pg(p) => super::postgres::signals(p).await.map(Some),
+            Db::Pg(p) => super::postgres::signals(p, self.origin.clone())
+                .await
+                .map(Some),
             Db::Lite { .. } => Ok(None),
         }
     }
@@ -285,7 +305,7 @@ impl Store for SqlStore {
         threads: &[(String, ThreadId)],
     ) -> StoreResult<Vec<(String, ThreadId, i64)>> {
         match &self.db {
-            Db::Pg(p) => super::postgres::thread_seqs(p, threads).await,
+            Db::Pg(_) => super::postgres::thread_seqs(self.read().await?, threads).await,
             Db::Lite { .. } => Ok(Vec::new()),
         }
     }

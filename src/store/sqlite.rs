@@ -70,12 +70,10 @@ impl SqliteStore {
                 .max_lifetime(None)
                 .connect_with(options)
                 .await?;
-            return Ok(SqlStore {
-                db: Db::Lite {
-                    writer: pool.clone(),
-                    reader: pool,
-                },
-            });
+            return Ok(SqlStore::new(Db::Lite {
+                writer: pool.clone(),
+                reader: pool,
+            }));
         }
         if let Some(dir) = options.get_filename().parent()
             && !dir.as_os_str().is_empty()
@@ -94,9 +92,7 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options)
             .await?;
-        Ok(SqlStore {
-            db: Db::Lite { writer, reader },
-        })
+        Ok(SqlStore::new(Db::Lite { writer, reader }))
     }
 }
 

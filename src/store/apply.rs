@@ -270,7 +270,7 @@ pub(crate) fn message_cols(m: &Message) -> StoreResult<RowCols> {
     ])
 }
 
-fn suspension_cols(s: &Suspension) -> StoreResult<RowCols> {
+pub(crate) fn suspension_cols(s: &Suspension) -> StoreResult<RowCols> {
     Ok(vec![
         ("suspension_id", s.suspension_id.into()),
         ("run_id", s.run_id.into()),
@@ -416,7 +416,17 @@ impl SqlStore {
                 }
                 None => self.commit_in_transaction(fence, lease, &c).await?,
             },
-            Db::Lite { .. } => self.commit_in_transaction(fence, lease, &c).await?,
+            Db::Lite { .. } => {
+                // One call to the connection's thread between BEGIN and COMMIT.
+                let now = rows::micros(Utc::now());
+                let stmt = super::sqlite::one_call(fence, lease, &c, now)?;
+                let mut tx = self.write().await?;
+                let row = tx.all(stmt).await?.pop().ok_or(StoreError::LeaseLost)?;
+                let (cancel_requested, last_seq) =
+                    (row.boolean("cancel_requested")?, row.int("last_seq")?);
+                tx.commit().await?;
+                (cancel_requested, last_seq, now)
+            }
         };
         Ok(Applied {
             observations: rows::committed(

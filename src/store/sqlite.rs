@@ -22,11 +22,15 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
+use super::apply::{
+    AGENT_STATE, Commit, MESSAGES, RUN_UPDATE, RowCols, SUSPENSIONS, TODO_ITEMS, Table, bind_fence,
+    item_cols, message_cols, state_cols, suspension_cols,
+};
 use super::leases::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
 use super::rows::{self, Cols};
-use super::sql::{Conn, id_text, q};
+use super::sql::{Arg, Conn, Q, id_text, q};
 use super::sql_store::{Db, SqlStore};
-use super::{Claim, StoreError, StoreResult};
+use super::{Claim, Fence, Op, StoreError, StoreResult};
 use crate::model::{NewObservation, ThreadId};
 
 /// The embedded SQLite migrations (`migrations/sqlite`).
@@ -202,4 +206,96 @@ pub(crate) async fn claim_runs(
     }
     tx.commit().await?;
     Ok(Claim { runs, next_expiry })
+}
+
+/// The whole batch as one call to SQLite's connection thread: its statements, separated by `;`,
+/// sharing one list of `$N` parameters (a call is one round trip to that thread, where every
+/// statement of its own cost two thread switches). The caller runs it inside `BEGIN IMMEDIATE`
+/// and commits.
+///
+/// Writers are serialized, so the fence can gate every write: each statement writes only while
+/// the run is still `running` under this attempt, and the run's own update comes last and
+/// returns the row that says the lease held (no row: nothing was written). Observations are
+/// stamped `created_at` (SQLite's `'now'` would differ between statements).
+pub(crate) fn one_call(
+    fence: Fence,
+    lease: Duration,
+    c: &Commit<'_>,
+    created_at: DateTime<Utc>,
+) -> StoreResult<Q> {
+    const HELD: &str = "EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND attempt = $2 \
+        AND status = 'running' AND tenant = $12 AND thread_id = $13)";
+    let mut sql = String::new();
+    let mut extra: Vec<Arg> = Vec::new();
+    let param = |extra: &mut Vec<Arg>, a: Arg| {
+        extra.push(a);
+        format!("${}", 14 + extra.len())
+    };
+    if c.n > 0 {
+        sql.push_str(&format!(
+            "UPDATE threads SET last_seq = last_seq + $14, updated_at = {{now}} \
+             WHERE tenant = $12 AND thread_id = $13 AND {HELD};"
+        ));
+    }
+    let write = |sql: &mut String, extra: &mut Vec<Arg>, table: &Table, row: RowCols| {
+        let names: Vec<&'static str> = row.iter().map(|(c, _)| *c).collect();
+        let values: Vec<String> = row.into_iter().map(|(_, a)| param(extra, a)).collect();
+        sql.push_str(&format!(
+            "INSERT INTO {name} (tenant, thread_id, {cols}) SELECT $12, $13, {values} \
+             WHERE {HELD}{conflict};",
+            name = table.name,
+            cols = names.join(", "),
+            values = values.join(", "),
+            conflict = table.on_conflict(&names),
+        ));
+    };
+    for op in c.ops {
+        match op {
+            Op::SetAgentState(s) => write(&mut sql, &mut extra, &AGENT_STATE, state_cols(s)),
+            Op::UpsertItem(item) => write(&mut sql, &mut extra, &TODO_ITEMS, item_cols(item)?),
+            Op::AppendMessage(m) => write(&mut sql, &mut extra, &MESSAGES, message_cols(m)?),
+            Op::InsertSuspension(s) => {
+                write(&mut sql, &mut extra, &SUSPENSIONS, suspension_cols(s)?);
+            }
+            Op::DeleteItem(id) => {
+                let p = param(&mut extra, id.as_str().into());
+                sql.push_str(&format!(
+                    "DELETE FROM todo_items WHERE tenant = $12 AND thread_id = $13 \
+                     AND item_id = {p} AND {HELD};"
+                ));
+            }
+            // The last statement.
+            Op::UpdateRun(_) => {}
+        }
+    }
+    if c.n > 0 {
+        let at = param(&mut extra, created_at.into());
+        for (k, o) in (1..).zip(c.observations) {
+            let values = [
+                format!(
+                    "(SELECT last_seq FROM threads WHERE tenant = $12 AND thread_id = $13) \
+                         - $14 + {k}"
+                ),
+                param(&mut extra, o.id.into()),
+                param(&mut extra, o.run_id.into()),
+                param(&mut extra, o.parent_id.as_deref().into()),
+                param(&mut extra, o.kind.as_str().into()),
+                param(&mut extra, o.title.as_str().into()),
+                param(&mut extra, o.content.clone().into()),
+            ];
+            sql.push_str(&format!(
+                "INSERT INTO observations \
+                   (tenant, thread_id, seq, id, run_id, parent_id, type, title, content, \
+                    created_at) \
+                 SELECT $12, $13, {}, {at} WHERE {HELD};",
+                values.join(", ")
+            ));
+        }
+    }
+    sql.push_str(&format!(
+        "{RUN_UPDATE} RETURNING cancel_requested, \
+           (SELECT last_seq FROM threads WHERE tenant = $12 AND thread_id = $13) AS last_seq"
+    ));
+    let stmt = bind_fence(q(sql), fence, lease, c);
+    Ok(extra.into_iter().fold(stmt, Q::bind))
 }

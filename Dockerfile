@@ -1,15 +1,21 @@
 # syntax=docker/dockerfile:1
-# Build: the release binary, with dependencies cached in their own layer.
+# Build: the release binary. BuildKit cache mounts keep the cargo registry and the target dir from
+# one build to the next, so a change to the sources recompiles pes-server alone.
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
+# The workspace: the root package (pes-server) and the manifests of its other members, which
+# cargo reads but pes-server does not build (the tests' fake model, the benchmark).
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src/bin && echo 'fn main() {}' > src/main.rs && echo '' > src/lib.rs \
-    && echo 'fn main() {}' > src/bin/pes-bench.rs \
-    && cargo build --release --locked --bin pes-server \
-    && rm -rf src
+COPY crates/fake-openai/Cargo.toml crates/fake-openai/
+COPY crates/pes-bench/Cargo.toml crates/pes-bench/
 COPY src src
 COPY migrations migrations
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin pes-server
+# The target dir is a cache mount, not part of the image: the binary is copied out of it.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked -p pes-server --bin pes-server \
+    && install -D target/release/pes-server /out/pes-server
 
 # Run: a small image, a non-root user, data on a volume.
 FROM debian:bookworm-slim
@@ -17,7 +23,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /var/lib/pes --create-home pes
-COPY --from=build /src/target/release/pes-server /usr/local/bin/pes-server
+COPY --from=build /out/pes-server /usr/local/bin/pes-server
 USER pes
 WORKDIR /var/lib/pes
 ENV PES_BIND=0.0.0.0:8080 \

@@ -1,0 +1,264 @@
+//! `pes-bench`: load the real `pes-server` binary over HTTP and print what it costs.
+//!
+//! The bench starts `pes-server` (the release binary next to its own executable: build both with
+//! `cargo build --release -p pes-server -p pes-bench`) as a child process on a free loopback port,
+//! pointed at the workspace's fake OpenAI-compatible model (`fake-openai`, the one the tests
+//! script) that the bench serves in-process, on a fresh store: a new Postgres database
+//! `pes_bench_<uuid>` (dropped at the end) or a new SQLite file in a temporary folder.
+//!
+//! The workload is the peers' one (`fake_openai::Workload::Calculator3`): every query gets a
+//! 3-item plan, every item makes one `calculator` call and then answers, then the run
+//! synthesizes; that is 8 model calls and 3 tool executions per run, every step durable.
+//!
+//! - `--mode runs`: create N threads, then post one query on each through
+//!   `POST /v1/threads/{id}/runs/wait` with C requests in flight. Prints runs/s, items/s, run
+//!   latency percentiles (request sent to completed run received), transactions per run
+//!   (Postgres `pg_stat_database.xact_commit` and the service's `pes_commits_total`), service CPU
+//!   per item (`/proc/<pid>/stat` utime+stime), the service's peak RSS (`VmHWM`), and how busy the
+//!   machine, the service, Postgres and the bench itself were while it ran.
+//! - `--mode sse`: open S subscribers on the `events` streams of a set of threads, measure the
+//!   service's RSS before and after (KiB per idle subscriber), then post runs on those threads at
+//!   a pace that makes about R observations per second for `--duration` seconds. Every
+//!   subscriber parses its frames and records commit-to-delivery latency: receive time minus the
+//!   observation's `createdAt` (stamped inside the committing transaction; the bench and the
+//!   service share the clock).
+//! - `--mode inflight`: N runs in flight at once against a slow model. The service drives up to
+//!   N runs (`PES_WORKER_CONCURRENCY`); the model holds every call while the bench posts one run
+//!   on each of N threads (`POST /v1/threads/{id}/runs`) and until all N wait on it, then answers
+//!   each call after `--model-latency-ms`. The bench polls `/metrics` once a second until every
+//!   run has ended, then reads each run once. Prints the service's RSS with all N runs waiting,
+//!   its peak RSS (`VmHWM`), the most model calls in flight at once, and whether every run
+//!   completed.
+//!
+//! Every phase has a deadline (`--phase-timeout`); the bench fails with a clear message when one
+//! passes, and always stops the service and removes the store it made.
+
+mod inflight;
+mod runs;
+mod server;
+mod sse;
+mod store;
+mod system;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use clap::{Parser, ValueEnum};
+use fake_openai::FakeLlm;
+use serde_json::json;
+
+use crate::server::Server;
+use crate::store::Database;
+use crate::system::Machine;
+
+/// Load the real pes-server over loopback HTTP and print throughput, latency and cost figures.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "pes-bench", version, about)]
+pub(crate) struct Args {
+    /// Store behind the service.
+    #[arg(long, value_enum, default_value = "postgres")]
+    pub(crate) store: StoreKind,
+    /// Admin URL of a Postgres server; the bench creates (and drops) a fresh database there.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub(crate) database_url: String,
+    /// `PES_DATABASE_MAX_CONNECTIONS` of the service.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) database_max_connections: u32,
+    /// What to measure.
+    #[arg(long, value_enum, default_value = "runs")]
+    pub(crate) mode: Mode,
+    /// Runs and inflight modes: runs (one per fresh thread).
+    #[arg(long, default_value_t = 500)]
+    pub(crate) runs: usize,
+    /// Runs mode: requests in flight (inflight mode: posts in flight, at least 16).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) concurrency: usize,
+    /// SSE mode: subscribers.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) subscribers: usize,
+    /// SSE mode: threads the subscribers are spread over (each run adds 3 items to its
+    /// thread's plan, so few threads mean long plans and large PLAN_UPDATE observations).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) sse_threads: usize,
+    /// SSE mode: observations per second to generate (about).
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) rate: u32,
+    /// SSE mode: seconds to generate observations.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) duration: u64,
+    /// Deadline of every phase, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) phase_timeout: u64,
+    /// Also print one JSON line with the results.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// How long the fake model takes to answer each request, in milliseconds (0: at once). With
+    /// a latency, the effect of parallel items on run latency shows: the plan's 3 items are
+    /// independent. Inflight mode: 2 s is the target's model.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) model_latency_ms: u64,
+    /// `PES_MAX_PARALLEL_ITEMS` of the service (1 runs the items one at a time).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) max_parallel_items: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StoreKind {
+    Postgres,
+    Sqlite,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Throughput, latency and cost of runs posted with `/runs/wait`.
+    Runs,
+    /// Idle subscriber cost and delivery latency of the SSE streams.
+    Sse,
+    /// Runs, then SSE.
+    Both,
+    /// `--runs` runs in flight at once against a slow model: memory and completion.
+    Inflight,
+}
+
+impl Args {
+    fn validate(&self) -> Result<()> {
+        ensure!(
+            self.mode != Mode::Inflight || self.model_latency_ms > 0,
+            "--mode inflight needs a slow model: give --model-latency-ms (e.g. 2000)"
+        );
+        ensure!(self.runs > 0, "--runs must be at least 1");
+        ensure!(self.concurrency > 0, "--concurrency must be at least 1");
+        ensure!(self.subscribers > 0, "--subscribers must be at least 1");
+        ensure!(self.sse_threads > 0, "--sse-threads must be at least 1");
+        ensure!(self.rate > 0, "--rate must be at least 1");
+        ensure!(self.duration > 0, "--duration must be at least 1");
+        ensure!(self.phase_timeout > 0, "--phase-timeout must be at least 1");
+        ensure!(
+            self.database_max_connections > 0,
+            "--database-max-connections must be at least 1"
+        );
+        Ok(())
+    }
+
+    pub(crate) fn phase_deadline(&self) -> Duration {
+        Duration::from_secs(self.phase_timeout)
+    }
+
+    fn wants_runs(&self) -> bool {
+        matches!(self.mode, Mode::Runs | Mode::Both)
+    }
+
+    fn wants_sse(&self) -> bool {
+        matches!(self.mode, Mode::Sse | Mode::Both)
+    }
+
+    /// The service's settings for this mode: it drives at least 64 runs at once (inflight
+    /// mode: every run), and in inflight mode a model call may wait for as long as posting
+    /// takes (the model holds every call until all runs wait on it).
+    pub(crate) fn service_settings(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            (
+                "PES_MAX_PARALLEL_ITEMS",
+                self.max_parallel_items.to_string(),
+            ),
+            (
+                "PES_DATABASE_MAX_CONNECTIONS",
+                self.database_max_connections.to_string(),
+            ),
+        ];
+        if self.mode == Mode::Inflight {
+            let hold = self.phase_timeout * 2 + self.model_latency_ms / 1000 + 60;
+            env.push(("PES_WORKER_CONCURRENCY", self.runs.max(64).to_string()));
+            env.push(("PES_LLM_TIMEOUT_SECONDS", hold.to_string()));
+        } else {
+            env.push((
+                "PES_WORKER_CONCURRENCY",
+                self.concurrency.max(64).to_string(),
+            ));
+        }
+        env
+    }
+
+    /// Sockets the bench may hold at once: subscribers, or the model calls of the runs in
+    /// flight (every run's plan call is held at once).
+    fn open_files_needed(&self) -> usize {
+        match self.mode {
+            Mode::Runs => 0,
+            Mode::Sse | Mode::Both => self.subscribers,
+            Mode::Inflight => self.runs,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pes-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    args.validate()?;
+    system::raise_open_files();
+    system::check_open_files(args.open_files_needed())?;
+    let server_bin = server::server_binary()?;
+    let fake = FakeLlm::bench(Duration::from_millis(args.model_latency_ms))
+        .await
+        .context("starting the fake model")?;
+    let db = Database::create(&args).await?;
+    let outcome = bench_on(&args, &db, &fake, &server_bin).await;
+    if let Err(e) = db.remove().await {
+        eprintln!("pes-bench: could not remove the bench store: {e:#}");
+    }
+    outcome
+}
+
+async fn bench_on(args: &Args, db: &Database, fake: &FakeLlm, bin: &Path) -> Result<()> {
+    let server = Server::spawn(bin, args, db.url(), &fake.url).await?;
+    let machine = Machine::read();
+    let outcome = measure(args, db, &server, &machine, fake).await;
+    server.stop().await;
+    outcome
+}
+
+async fn measure(
+    args: &Args,
+    db: &Database,
+    server: &Server,
+    machine: &Machine,
+    fake: &FakeLlm,
+) -> Result<()> {
+    let mut report = json!({
+        "store": db.kind_name(),
+        "machine": {"cores": machine.cores, "cpu": machine.model},
+    });
+    if args.mode == Mode::Inflight {
+        let r = inflight::inflight_mode(args, server, fake, machine).await?;
+        r.print(args, db, machine);
+        report["inflight"] = r.to_json(args);
+    }
+    if args.wants_runs() {
+        let r = runs::runs_mode(args, db, server, fake, machine).await?;
+        r.print(args, db, machine);
+        report["runs"] = r.to_json(args);
+    }
+    if args.wants_sse() {
+        let s = sse::sse_mode(args, server, machine).await?;
+        s.print(args, db, machine);
+        report["sse"] = s.to_json(args);
+    }
+    if args.json {
+        println!("{report}");
+    }
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! Runs mode: throughput, latency and cost of runs posted with `/runs/wait`, C at a time.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use fake_openai::FakeLlm;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::server::{Server, phase, truncate};
+use crate::store::{Database, PG_STATS_SETTLE};
+use crate::system::{CpuSample, CpuUsage, Machine};
+use crate::{Args, StoreKind};
+
+/// What runs mode measured.
+pub(crate) struct RunsReport {
+    n: usize,
+    failures: Vec<String>,
+    wall: Duration,
+    latencies: Vec<Duration>,
+    xact_per_run: Option<f64>,
+    idle_xact_per_sec: Option<f64>,
+    commits_per_run: f64,
+    cpu: CpuUsage,
+    peak_rss_kib: u64,
+    llm_calls_per_run: f64,
+}
+
+pub(crate) async fn runs_mode(
+    args: &Args,
+    db: &Database,
+    server: &Server,
+    fake: &FakeLlm,
+    machine: &Machine,
+) -> Result<RunsReport> {
+    let limit = args.phase_deadline();
+    let threads = phase(
+        "creating threads",
+        limit,
+        server.create_threads(args.runs, args.concurrency.max(16)),
+    )
+    .await?;
+    let idle_xact_per_sec = idle_xact_rate(db).await?;
+    let xact_before = db.xact_commit().await?;
+    let commits_before = server.metric("pes_commits_total").await?;
+    let calls_before = fake.calls();
+    let cpu_before = CpuSample::take(server)?;
+    let started = Instant::now();
+    let results = phase(
+        "the runs load",
+        limit,
+        load_runs(server, &threads, args.concurrency, limit),
+    )
+    .await?;
+    let wall = started.elapsed();
+    let cpu = CpuSample::take(server)?.usage_since(&cpu_before, machine);
+    let commits = server.metric("pes_commits_total").await? - commits_before;
+    let llm_calls = fake.calls() - calls_before;
+    let xact_after = settled_xact(db).await?;
+    let n = args.runs;
+    let (latencies, failures) = split_results(results);
+    Ok(RunsReport {
+        n,
+        failures,
+        wall,
+        latencies,
+        xact_per_run: xact_before
+            .zip(xact_after)
+            .map(|(b, a)| (a - b) as f64 / n as f64),
+        idle_xact_per_sec,
+        commits_per_run: commits as f64 / n as f64,
+        cpu,
+        peak_rss_kib: server.peak_rss_kib()?,
+        llm_calls_per_run: llm_calls as f64 / n as f64,
+    })
+}
+
+/// Transactions per second of the idle service (its poll and sweep loops), measured between two
+/// settled readings; also leaves the counter settled for the baseline.
+async fn idle_xact_rate(db: &Database) -> Result<Option<f64>> {
+    if db.kind() != StoreKind::Postgres {
+        return Ok(None);
+    }
+    let a = settled_xact(db).await?;
+    let t = Instant::now();
+    let b = settled_xact(db).await?;
+    Ok(a.zip(b)
+        .map(|(a, b)| (b - a) as f64 / t.elapsed().as_secs_f64()))
+}
+
+async fn settled_xact(db: &Database) -> Result<Option<i64>> {
+    if db.kind() == StoreKind::Postgres {
+        tokio::time::sleep(PG_STATS_SETTLE).await;
+    }
+    db.xact_commit().await
+}
+
+/// Post one query per thread with `concurrency` in flight; each result is the run's latency or
+/// why it did not complete.
+async fn load_runs(
+    server: &Server,
+    threads: &[String],
+    concurrency: usize,
+    timeout: Duration,
+) -> Result<Vec<Result<Duration, String>>> {
+    Ok(futures::stream::iter(threads)
+        .map(|t| run_and_wait(server, t, timeout))
+        .buffer_unordered(concurrency)
+        .collect()
+        .await)
+}
+
+async fn run_and_wait(
+    server: &Server,
+    thread: &str,
+    timeout: Duration,
+) -> Result<Duration, String> {
+    let path = format!("/v1/threads/{thread}/runs/wait");
+    let sent = Instant::now();
+    let run = server
+        .post_json(&path, &json!({"query": "bench"}), timeout)
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+    let took = sent.elapsed();
+    match run["status"].as_str() {
+        Some("completed") => Ok(took),
+        other => Err(format!(
+            "run on {thread} ended {}: {}",
+            other.unwrap_or("without a status"),
+            truncate(&run["error"].to_string(), 300)
+        )),
+    }
+}
+
+fn split_results(results: Vec<Result<Duration, String>>) -> (Vec<Duration>, Vec<String>) {
+    let mut ok = Vec::with_capacity(results.len());
+    let mut failed = Vec::new();
+    for r in results {
+        match r {
+            Ok(d) => ok.push(d),
+            Err(e) => failed.push(e),
+        }
+    }
+    ok.sort_unstable();
+    (ok, failed)
+}
+
+/// The `p` quantile (0–1) of sorted values, nearest rank.
+pub(crate) fn quantile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+pub(crate) fn ms(d: Option<Duration>) -> f64 {
+    d.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
+}
+
+impl RunsReport {
+    fn runs_per_sec(&self) -> f64 {
+        self.n as f64 / self.wall.as_secs_f64()
+    }
+
+    fn cpu_ms_per_item(&self) -> f64 {
+        self.cpu.service_secs * 1000.0 / (3 * self.n) as f64
+    }
+
+    pub(crate) fn print(&self, args: &Args, db: &Database, m: &Machine) {
+        let what = format!("runs={}  concurrency={}", self.n, args.concurrency);
+        println!("{}", m.header(db, &what));
+        println!("runs/s            {:.1}", self.runs_per_sec());
+        println!("items/s           {:.1}", 3.0 * self.runs_per_sec());
+        println!(
+            "latency p50/p95/p99   {:.1} / {:.1} / {:.1} ms",
+            ms(quantile(&self.latencies, 0.50)),
+            ms(quantile(&self.latencies, 0.95)),
+            ms(quantile(&self.latencies, 0.99))
+        );
+        match self.xact_per_run {
+            Some(x) => println!(
+                "transactions/run  {x:.1} (pg xact_commit, incl. read-only; idle service {:.1} tx/s)   run-state commits/run {:.1}",
+                self.idle_xact_per_sec.unwrap_or(f64::NAN),
+                self.commits_per_run
+            ),
+            None => println!(
+                "transactions/run  {:.1} (pes_commits_total: run-state commits only)",
+                self.commits_per_run
+            ),
+        }
+        println!("service CPU/item  {:.2} ms", self.cpu_ms_per_item());
+        println!("model calls/run   {:.1}", self.llm_calls_per_run);
+        println!(
+            "peak RSS          {:.1} MB",
+            self.peak_rss_kib as f64 / 1024.0
+        );
+        println!("{}", self.cpu.line(m, db.kind()));
+        self.print_failures();
+    }
+
+    fn print_failures(&self) {
+        if self.failures.is_empty() {
+            println!("failures          0");
+            return;
+        }
+        println!(
+            "failures          {} (first: {})",
+            self.failures.len(),
+            self.failures[0]
+        );
+    }
+
+    pub(crate) fn to_json(&self, args: &Args) -> Value {
+        json!({
+            "runs": self.n,
+            "concurrency": args.concurrency,
+            "failures": self.failures.len(),
+            "wallSeconds": self.wall.as_secs_f64(),
+            "runsPerSec": self.runs_per_sec(),
+            "itemsPerSec": 3.0 * self.runs_per_sec(),
+            "latencyMs": {
+                "p50": ms(quantile(&self.latencies, 0.50)),
+                "p95": ms(quantile(&self.latencies, 0.95)),
+                "p99": ms(quantile(&self.latencies, 0.99)),
+            },
+            "pgXactPerRun": self.xact_per_run,
+            "idlePgXactPerSec": self.idle_xact_per_sec,
+            "runStateCommitsPerRun": self.commits_per_run,
+            "serviceCpuMsPerItem": self.cpu_ms_per_item(),
+            "peakRssMb": self.peak_rss_kib as f64 / 1024.0,
+            "llmCallsPerRun": self.llm_calls_per_run,
+            "cpu": self.cpu.to_json(),
+        })
+    }
+}

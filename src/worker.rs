@@ -28,6 +28,10 @@ use crate::store::{Batch, Fence, Resolution, Store, StoreError};
 struct LocalRun {
     tenant: String,
     thread_id: ThreadId,
+    /// The run's lease (its attempt), which the worker's heartbeat renews.
+    attempt: i64,
+    /// Fired by the heartbeat when the lease was lost: the run stops at once.
+    lost: CancellationToken,
     /// Stops the run at its next safe point (cancel, interrupt).
     cancel: CancellationToken,
     /// Poked when one of the run's suspensions is decided while it runs, so the decision is
@@ -45,17 +49,49 @@ pub struct RunRegistry {
 
 impl RunRegistry {
     /// Register a run driven here; the answer is the notification its journal awaits decisions
-    /// on.
-    fn insert(&self, run: &Run, cancel: CancellationToken) -> Arc<Notify> {
+    /// on, and the token the heartbeat fires should the lease be lost.
+    fn insert(&self, run: &Run, cancel: CancellationToken) -> (Arc<Notify>, CancellationToken) {
         let decided = Arc::new(Notify::new());
+        let lost = CancellationToken::new();
         let local = LocalRun {
             tenant: run.tenant.clone(),
             thread_id: run.thread_id.clone(),
+            attempt: run.attempt,
+            lost: lost.clone(),
             cancel,
             decided: decided.clone(),
         };
         self.lock().insert(run.run_id, local);
-        decided
+        (decided, lost)
+    }
+
+    /// The leases of the runs driven here.
+    fn fences(&self) -> Vec<Fence> {
+        self.lock()
+            .iter()
+            .map(|(id, r)| Fence {
+                run_id: *id,
+                attempt: r.attempt,
+            })
+            .collect()
+    }
+
+    /// Apply a heartbeat's answer: `alive` are the runs whose fence held (with whether a cancel
+    /// was requested); every other run of `asked` lost its lease.
+    fn renewed(&self, asked: &[Fence], alive: &[(Uuid, bool)]) {
+        let alive: HashMap<Uuid, bool> = alive.iter().copied().collect();
+        let runs = self.lock();
+        for fence in asked {
+            let Some(run) = runs.get(&fence.run_id) else {
+                continue;
+            };
+            match alive.get(&fence.run_id) {
+                Some(true) => run.cancel.cancel(),
+                Some(false) => {}
+                None if run.attempt == fence.attempt => run.lost.cancel(),
+                None => {}
+            }
+        }
     }
 
     fn remove(&self, run_id: Uuid) {
@@ -286,6 +322,29 @@ impl Worker {
         }
         let slots = Arc::new(Semaphore::new(self.settings.concurrency));
         let tracker = TaskTracker::new();
+        let beats_stop = CancellationToken::new();
+        let beats = self.heartbeats(beats_stop.clone());
+        tokio::pin!(beats);
+        let claiming = self.claim_and_drive(stop_claiming, &slots, &tracker);
+        tokio::select! {
+            () = claiming => {}
+            () = &mut beats => {}
+        }
+        // Runs in flight keep their leases until they end.
+        tracker.close();
+        tokio::select! {
+            () = tracker.wait() => {}
+            () = &mut beats => {}
+        }
+        beats_stop.cancel();
+    }
+
+    async fn claim_and_drive(
+        &self,
+        stop_claiming: CancellationToken,
+        slots: &Arc<Semaphore>,
+        tracker: &TaskTracker,
+    ) {
         loop {
             let first = tokio::select! {
                 _ = stop_claiming.cancelled() => break,
@@ -293,7 +352,7 @@ impl Worker {
             };
             let claimed = tokio::select! {
                 _ = stop_claiming.cancelled() => break,
-                c = self.fill_free_slots(first, &slots, &tracker) => c,
+                c = self.fill_free_slots(first, slots, tracker) => c,
             };
             let nap = match claimed {
                 // Every slot got a run: there may be more, claim again when one frees up.
@@ -314,8 +373,6 @@ impl Worker {
                 _ = tokio::time::sleep(nap) => {}
             }
         }
-        tracker.close();
-        tracker.wait().await;
     }
 
     /// Claim a run for `first` and every other free slot in one round trip, and start driving
@@ -392,7 +449,7 @@ impl Worker {
                 return Outcome::Stopped(run_id);
             }
         };
-        let decided = self
+        let (decided, lost) = self
             .commands
             .runs()
             .insert(&input.run, signals.cancel.clone());
@@ -406,10 +463,9 @@ impl Worker {
             decided,
             metrics: self.metrics.clone(),
         };
-        let heartbeat = self.heartbeat(fence, signals.clone());
         let result = tokio::select! {
             r = self.engine.drive(input, &journal, &signals) => r,
-            _ = heartbeat => Err(EngineError::LeaseLost),
+            _ = lost.cancelled() => Err(EngineError::LeaseLost),
         };
         self.commands.runs().remove(run_id);
         match result {
@@ -439,20 +495,31 @@ impl Worker {
         }
     }
 
-    /// Renew the lease every third of its length; resolves only when the lease is lost.
-    async fn heartbeat(&self, fence: Fence, signals: Signals) {
-        let period = self.settings.heartbeat;
+    /// Renew the leases of every run this worker drives, in one statement, every `heartbeat`
+    /// (a third of the lease) until `stop` fires. A run whose lease was lost stops at once; a
+    /// run someone asked to cancel is cancelled. A failed heartbeat is retried next period (the
+    /// commits of busy runs extend their leases too).
+    async fn heartbeats(&self, stop: CancellationToken) {
+        let runs = self.commands.runs().clone();
         loop {
-            tokio::time::sleep(period).await;
-            match self.store.heartbeat(fence, self.settings.lease).await {
-                Ok(true) => signals.cancel.cancel(),
-                Ok(false) => {}
-                Err(StoreError::LeaseLost) => return,
-                Err(e) => warn!(error = %e, "heartbeat failed; retrying"),
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(self.settings.heartbeat) => {}
+            }
+            let fences = runs.fences();
+            if fences.is_empty() {
+                continue;
+            }
+            match self
+                .store
+                .heartbeat_many(&fences, self.settings.lease)
+                .await
+            {
+                Ok(alive) => runs.renewed(&fences, &alive),
+                Err(e) => warn!(error = %e, runs = fences.len(), "heartbeat failed; retrying"),
             }
         }
     }
-
     async fn load(&self, run: Run) -> Result<Option<RunInput>, StoreError> {
         let Some(thread) = self.store.get_thread(&run.tenant, &run.thread_id).await? else {
             return Ok(None);

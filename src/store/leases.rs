@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use super::rows::Cols;
-use super::sql::{Arg, q};
+use uuid::Uuid;
+
+use super::sql::{Arg, id_text, q};
 use super::sql_store::SqlStore;
 use super::{Fence, Signal, StoreError, StoreResult};
 
@@ -51,6 +53,36 @@ impl SqlStore {
             .await?
             .ok_or(StoreError::LeaseLost)?
             .boolean("cancel_requested")
+    }
+
+    pub(crate) async fn extend_leases(
+        &self,
+        fences: &[Fence],
+        lease: Duration,
+    ) -> StoreResult<Vec<(Uuid, bool)>> {
+        if fences.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = fences.iter().map(|f| f.run_id).collect();
+        // The run id narrows by primary key; `run:attempt` checks each fence.
+        let keys: Vec<String> = fences
+            .iter()
+            .map(|f| format!("{}:{}", id_text(f.run_id), f.attempt))
+            .collect();
+        self.write_one()
+            .await?
+            .all(
+                q("UPDATE runs SET lease_expires_at = {later 3} \
+                   WHERE {in run_id 1} AND {in concat(run_id,':',attempt) 2} \
+                     AND status = 'running' RETURNING run_id, cancel_requested")
+                .bind(ids)
+                .bind(keys)
+                .bind(lease_secs(lease)),
+            )
+            .await?
+            .iter()
+            .map(|r| Ok((r.uuid("run_id")?, r.boolean("cancel_requested")?)))
+            .collect()
     }
 
     pub(crate) async fn release(&self, fence: Fence) -> StoreResult<()> {

@@ -339,6 +339,16 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError::LeaseLost`] when the fence no longer matches a running run.
     async fn heartbeat(&self, fence: Fence, lease: Duration) -> StoreResult<bool>;
 
+    /// Extend the leases of many runs in one statement (a worker's heartbeat for every run it
+    /// drives, so ten thousand runs waiting on a model cost one statement per period, not ten
+    /// thousand): the runs whose fence still holds, each with whether a cancel was requested. A
+    /// run missing from the answer lost its lease.
+    async fn heartbeat_many(
+        &self,
+        fences: &[Fence],
+        lease: Duration,
+    ) -> StoreResult<Vec<(Uuid, bool)>>;
+
     /// Give a run back to the queue (graceful shutdown): `queued`, lease cleared.
     ///
     /// # Errors

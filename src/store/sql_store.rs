@@ -244,6 +244,14 @@ impl Store for SqlStore {
         self.extend_lease(fence, lease).await
     }
 
+    async fn heartbeat_many(
+        &self,
+        fences: &[Fence],
+        lease: Duration,
+    ) -> StoreResult<Vec<(Uuid, bool)>> {
+        self.extend_leases(fences, lease).await
+    }
+
     async fn release_run(&self, fence: Fence) -> StoreResult<()> {
         self.release(fence).await
     }

@@ -122,6 +122,55 @@ both_stores!(
     every_abandoned_run_is_reclaimed_within_a_lease
 );
 
+/// Three runs wait on the model for three leases: the worker's one heartbeat for all its runs
+/// keeps every lease, so no run is taken back or repeated (each completes on attempt 1, and the
+/// service counts no lost lease).
+async fn runs_waiting_longer_than_their_lease_keep_it(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    llm.hold();
+    let mut config =
+        crate::helpers::test_config(&crate::helpers::database_url(backend).await, Some(&llm));
+    config.lease_seconds = 1;
+    config.llm_timeout_seconds = 30;
+    let app = crate::helpers::spawn_config(config).await;
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let (s, run) = app
+            .post(
+                &format!("/v1/threads/w{i}/runs"),
+                json!({"query": format!("wait {i}"), "ifNotExists": "create"}),
+            )
+            .await;
+        assert_eq!(s, 202, "{run}");
+        runs.push((format!("w{i}"), run["runId"].as_str().unwrap().to_owned()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while llm.requests().len() < 3 {
+        assert!(Instant::now() < deadline, "the runs never called the model");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Three leases pass while every run waits on its (held) plan call.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    llm.release();
+    for (thread, run_id) in &runs {
+        let done = app
+            .wait_run(thread, run_id, |r| r["status"] == "completed")
+            .await;
+        assert_eq!(done["attempt"], 1, "the lease was kept: {done}");
+    }
+    let (_, metrics) = app.get("/metrics").await;
+    let text = metrics
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| metrics.to_string());
+    assert!(
+        text.contains("pes_leases_lost_total 0"),
+        "no lease was lost: {text}"
+    );
+    app.stop().await;
+}
+both_stores!(heartbeats, runs_waiting_longer_than_their_lease_keep_it);
+
 // ----- the claim, store by store -----------------------------------------------------------------
 
 type S = Arc<dyn Store>;

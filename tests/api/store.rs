@@ -809,6 +809,44 @@ async fn an_expired_lease_is_reclaimed_with_the_next_attempt(store: S) {
     assert!(store.claim_run("w3", LEASE).await.unwrap().is_none());
 }
 
+async fn one_heartbeat_renews_many_leases_and_reports_lost_ones(store: S) {
+    let (one, f1) = running(&store, A, "one").await;
+    let (two, f2) = running(&store, A, "two").await;
+    let (three, f3) = running(&store, A, "three").await;
+    store.cancel_run(A, &tid("two"), two.run_id).await.unwrap();
+    // Three's lease moves on: a release and a claim under a newer attempt.
+    store.release_run(f3).await.unwrap();
+    let again = claim(&store).await;
+    assert_eq!((again.run_id, again.attempt), (three.run_id, 2));
+    let stranger = Fence {
+        run_id: Uuid::now_v7(),
+        attempt: 1,
+    };
+    let before = store
+        .get_run(A, &tid("one"), one.run_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut alive = store
+        .heartbeat_many(&[f1, f2, f3, stranger], LEASE * 2)
+        .await
+        .unwrap();
+    alive.sort();
+    let mut want = vec![(one.run_id, false), (two.run_id, true)];
+    want.sort();
+    assert_eq!(alive, want, "the stale and unknown fences are not renewed");
+    assert!(store.heartbeat_many(&[], LEASE).await.unwrap().is_empty());
+    // The stale fence extended nothing: the newer attempt's lease is its own.
+    assert!(!store.heartbeat(fence(&again), LEASE).await.unwrap());
+    let after = store
+        .get_run(A, &tid("one"), one.run_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.status, RunStatus::Running);
+    assert_eq!(after.attempt, before.attempt);
+}
+
 async fn a_released_run_goes_back_to_the_queue(store: S) {
     let (run, f) = running(&store, A, "t").await;
     store.release_run(f).await.unwrap();
@@ -2235,6 +2273,7 @@ macro_rules! conformance {
 
 conformance!(
     thread_round_trips_through_create_get_update_delete,
+    one_heartbeat_renews_many_leases_and_reports_lost_ones,
     duplicate_thread_id_is_rejected,
     threads_of_one_tenant_are_invisible_to_another,
     threads_list_newest_first_with_a_cursor,

@@ -8,14 +8,15 @@ use chrono::{DateTime, Utc};
 
 use super::leases::lease_secs;
 use super::rows::{self, Cols};
-use super::sql::{Arg, Conn, Dialect, Q, Raw, q};
+use super::sql::{Conn, Dialect, Q, Raw, q};
 use super::sql_store::{Db, SqlStore};
+use super::tables::{
+    AGENT_STATE, MESSAGES, SUSPENSIONS, TODO_ITEMS, item_cols, message_cols, state_cols,
+    suspension_cols,
+};
 use super::threads::lock_thread;
 use super::{Applied, Batch, Fence, Op, RunUpdate, Signal, StoreError, StoreResult};
-use crate::model::{
-    AgentStateRow, ItemId, Message, NewObservation, Observation, RunPhase, RunStatus, Suspension,
-    ThreadId, TodoItem,
-};
+use crate::model::{NewObservation, Observation, RunPhase, RunStatus, ThreadId};
 
 /// The run's part of a commit, under the fence (`$1` run, `$2` attempt, `$12`/`$13` its
 /// thread): extend the lease (`$3` seconds) or clear it (`$10`), and apply the run's update. A
@@ -101,202 +102,6 @@ async fn insert_observations(
                 .await
         }
     }
-}
-
-/// A table the engine's ops write: its key (an upsert replaces every other column, but for
-/// `add` columns, which add the new value to the stored one) and how one row maps to columns.
-pub(crate) struct Table {
-    pub name: &'static str,
-    /// The conflict key after `(tenant, thread_id)`; empty for plain inserts.
-    pub key: &'static [&'static str],
-    pub add: &'static [&'static str],
-}
-
-pub(crate) const AGENT_STATE: Table = Table {
-    name: "agent_state",
-    key: &[],
-    add: &["version"],
-};
-pub(crate) const TODO_ITEMS: Table = Table {
-    name: "todo_items",
-    key: &["item_id"],
-    add: &[],
-};
-pub(crate) const MESSAGES: Table = Table {
-    name: "messages",
-    key: &[],
-    add: &[],
-};
-pub(crate) const SUSPENSIONS: Table = Table {
-    name: "suspensions",
-    key: &[],
-    add: &[],
-};
-
-/// One row's columns (after `tenant, thread_id`) and values.
-pub(crate) type RowCols = Vec<(&'static str, Arg)>;
-
-impl Table {
-    /// `ON CONFLICT …` for an upsert table (agent_state's key is the thread itself).
-    pub(crate) fn on_conflict(&self, cols: &[&'static str]) -> String {
-        if self.key.is_empty() && self.add.is_empty() {
-            return String::new();
-        }
-        let key: Vec<&str> = ["tenant", "thread_id"]
-            .into_iter()
-            .chain(self.key.iter().copied())
-            .collect();
-        let set: Vec<String> = cols
-            .iter()
-            .filter(|c| !self.key.contains(c))
-            .map(|c| {
-                if self.add.contains(c) {
-                    format!("{c} = {}.{c} + EXCLUDED.{c}", self.name)
-                } else {
-                    format!("{c} = EXCLUDED.{c}")
-                }
-            })
-            .collect();
-        format!(
-            " ON CONFLICT ({}) DO UPDATE SET {}",
-            key.join(", "),
-            set.join(", ")
-        )
-    }
-
-    /// Write one row with its own statement.
-    async fn write(
-        &self,
-        conn: &mut Conn,
-        tenant: &str,
-        thread_id: &ThreadId,
-        row: RowCols,
-    ) -> StoreResult<()> {
-        let names: Vec<&'static str> = row.iter().map(|(c, _)| *c).collect();
-        let params: Vec<String> = (3..names.len() + 3).map(|i| format!("${i}")).collect();
-        let sql = format!(
-            "INSERT INTO {} (tenant, thread_id, {}) VALUES ($1, $2, {}){}",
-            self.name,
-            names.join(", "),
-            params.join(", "),
-            self.on_conflict(&names)
-        );
-        let stmt = row
-            .into_iter()
-            .fold(q(sql).bind(tenant).bind(thread_id.as_str()), |q, (_, a)| {
-                q.bind(a)
-            });
-        conn.exec(stmt).await?;
-        Ok(())
-    }
-}
-
-pub(crate) fn state_cols(s: &AgentStateRow) -> RowCols {
-    vec![
-        ("intent", (&s.intent).into()),
-        ("title", (&s.title).into()),
-        ("plan", (&s.plan).into()),
-        ("current_step_id", (&s.current_step_id).into()),
-        // Every set bumps the version (counted from 0 by the row `create_thread` inserts).
-        ("version", 1i64.into()),
-    ]
-}
-
-pub(crate) fn item_cols(item: &TodoItem) -> StoreResult<RowCols> {
-    Ok(vec![
-        ("item_id", item.id.as_str().into()),
-        ("position", item.position.into()),
-        ("description", (&item.description).into()),
-        ("status", item.status.as_str().into()),
-        ("dependencies", rows::to_json(&item.dependencies)?.into()),
-        ("step_type", item.step_type.as_str().into()),
-        (
-            "required_tools",
-            rows::to_json(&item.required_tools)?.into(),
-        ),
-        (
-            "tool_validation_mode",
-            item.tool_validation_mode.as_str().into(),
-        ),
-        ("validation_status", item.validation_status.as_str().into()),
-        ("expected_outcome", (&item.expected_outcome).into()),
-        ("tool_calls", rows::to_json(&item.tool_calls)?.into()),
-        (
-            "actual_tool_calls",
-            rows::to_json(&item.actual_tool_calls)?.into(),
-        ),
-        ("tool_results", rows::to_json(&item.tool_results)?.into()),
-        ("thoughts", rows::to_json(&item.thoughts)?.into()),
-        ("result", (&item.result).into()),
-        ("error", rows::opt_json(item.error.as_ref())?.into()),
-        ("attempts", i64::from(item.attempts).into()),
-        ("usage", rows::to_json(&item.usage)?.into()),
-        ("conversation", rows::to_json(&item.conversation)?.into()),
-        ("run_id", item.run_id.into()),
-        ("created_at", item.created_at.into()),
-        ("updated_at", item.updated_at.into()),
-        ("started_at", item.started_at.into()),
-        ("completed_at", item.completed_at.into()),
-        ("kind", item.kind.as_str().into()),
-        (
-            "parent_item_id",
-            item.parent_item_id.as_ref().map(ItemId::as_str).into(),
-        ),
-        ("role", (&item.role).into()),
-        (
-            "tool_allowlist",
-            rows::opt_json(item.tool_allowlist.as_ref())?.into(),
-        ),
-        ("compacted_output", (&item.compacted_output).into()),
-    ])
-}
-
-pub(crate) fn message_cols(m: &Message) -> StoreResult<RowCols> {
-    let tool_calls = if m.tool_calls.is_empty() {
-        None
-    } else {
-        Some(rows::to_json(&m.tool_calls)?)
-    };
-    Ok(vec![
-        ("id", m.id.into()),
-        ("run_id", m.run_id.into()),
-        ("role", m.role.as_str().into()),
-        ("content", (&m.content).into()),
-        ("item_id", (&m.item_id).into()),
-        ("tool_call_id", (&m.tool_call_id).into()),
-        ("created_at", m.created_at.into()),
-        ("name", (&m.name).into()),
-        ("tool_calls", tool_calls.into()),
-    ])
-}
-
-pub(crate) fn suspension_cols(s: &Suspension) -> StoreResult<RowCols> {
-    Ok(vec![
-        ("suspension_id", s.suspension_id.into()),
-        ("run_id", s.run_id.into()),
-        ("item_id", s.item_id.as_str().into()),
-        ("kind", s.kind.as_str().into()),
-        ("tool_call", rows::to_json(&s.tool_call)?.into()),
-        (
-            "allowed_decisions",
-            rows::to_json(&s.allowed_decisions)?.into(),
-        ),
-        ("question", (&s.question).into()),
-        ("input_schema", s.input_schema.clone().into()),
-        ("iteration_state", s.iteration_state.clone().into()),
-        (
-            "partial_tool_results",
-            rows::to_json(&s.partial_tool_results)?.into(),
-        ),
-        ("status", s.status.as_str().into()),
-        (
-            "decision",
-            s.decision.as_ref().map(rows::to_json).transpose()?.into(),
-        ),
-        ("created_at", s.created_at.into()),
-        ("resolved_at", s.resolved_at.into()),
-        ("expires_at", s.expires_at.into()),
-    ])
 }
 
 /// Run one op of a batch inside the apply transaction.
@@ -405,27 +210,18 @@ impl SqlStore {
             ops: &ops,
             observations: &observations,
         };
-        let (cancel_requested, last_seq, now) = match &self.db {
-            Db::Pg(_) => match super::postgres::one_statement(&self.origin, fence, lease, &c)? {
-                // The common case on Postgres: one round trip, no BEGIN or COMMIT.
-                Some(stmt) => {
-                    let mut conn = self.write_one().await?;
-                    let row = conn.opt(stmt).await?.ok_or(StoreError::LeaseLost)?;
-                    let last_seq = row.opt_int("last_seq")?.unwrap_or(0);
-                    (row.boolean("cancel_requested")?, last_seq, row.ts("now")?)
+        // A commit that found no free connection wrote nothing: it waits its turn again rather
+        // than stop the run (ten thousand runs whose model answers at once queue for a pool of a
+        // few connections), for as long as its lease could still hold.
+        let started = std::time::Instant::now();
+        let (cancel_requested, last_seq, now) = loop {
+            match self.commit_once(fence, lease, &c).await {
+                Err(StoreError::Database(sqlx::Error::PoolTimedOut))
+                    if started.elapsed() < lease =>
+                {
+                    tracing::debug!("no free database connection for a commit; waiting again");
                 }
-                None => self.commit_in_transaction(fence, lease, &c).await?,
-            },
-            Db::Lite { .. } => {
-                // One call to the connection's thread between BEGIN and COMMIT.
-                let now = rows::micros(Utc::now());
-                let stmt = super::sqlite::one_call(fence, lease, &c, now)?;
-                let mut tx = self.write().await?;
-                let row = tx.all(stmt).await?.pop().ok_or(StoreError::LeaseLost)?;
-                let (cancel_requested, last_seq) =
-                    (row.boolean("cancel_requested")?, row.int("last_seq")?);
-                tx.commit().await?;
-                (cancel_requested, last_seq, now)
+                done => break done?,
             }
         };
         Ok(Applied {
@@ -437,6 +233,39 @@ impl SqlStore {
                 observations,
             ),
             cancel_requested,
+        })
+    }
+
+    /// One attempt at a commit: the common one-statement (Postgres) or one-call (SQLite) way,
+    /// else statement by statement.
+    async fn commit_once(
+        &self,
+        fence: Fence,
+        lease: Duration,
+        c: &Commit<'_>,
+    ) -> StoreResult<(bool, i64, DateTime<Utc>)> {
+        Ok(match &self.db {
+            Db::Pg(_) => match super::postgres::one_statement(&self.origin, fence, lease, c)? {
+                // The common case on Postgres: one round trip, no BEGIN or COMMIT.
+                Some(stmt) => {
+                    let mut conn = self.write_one().await?;
+                    let row = conn.opt(stmt).await?.ok_or(StoreError::LeaseLost)?;
+                    let last_seq = row.opt_int("last_seq")?.unwrap_or(0);
+                    (row.boolean("cancel_requested")?, last_seq, row.ts("now")?)
+                }
+                None => self.commit_in_transaction(fence, lease, c).await?,
+            },
+            Db::Lite { .. } => {
+                // One call to the connection's thread between BEGIN and COMMIT.
+                let now = rows::micros(Utc::now());
+                let stmt = super::sqlite::one_call(fence, lease, c, now)?;
+                let mut tx = self.write().await?;
+                let row = tx.all(stmt).await?.pop().ok_or(StoreError::LeaseLost)?;
+                let (cancel_requested, last_seq) =
+                    (row.boolean("cancel_requested")?, row.int("last_seq")?);
+                tx.commit().await?;
+                (cancel_requested, last_seq, now)
+            }
         })
     }
 

@@ -37,6 +37,7 @@ mod sql;
 mod sql_store;
 pub mod sqlite;
 mod suspensions;
+mod tables;
 mod threads;
 
 pub use sql_store::SqlStore;

@@ -27,14 +27,14 @@ use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use serde_json::Value;
 
-use super::apply::{
-    AGENT_STATE, Commit, MESSAGES, RUN_UPDATE, RowCols, TODO_ITEMS, Table, bind_fence, item_cols,
-    message_cols, state_cols,
-};
+use super::apply::{Commit, RUN_UPDATE, bind_fence};
 use super::leases::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
 use super::rows::{self, Cols};
 use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
 use super::sql_store::{Db, SqlStore};
+use super::tables::{
+    AGENT_STATE, MESSAGES, RowCols, TODO_ITEMS, Table, item_cols, message_cols, state_cols,
+};
 use super::{Claim, Fence, Op, Signal, StoreError, StoreResult};
 use crate::model::{NewObservation, ThreadId, TodoItem};
 

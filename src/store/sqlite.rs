@@ -22,14 +22,15 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
-use super::apply::{
-    AGENT_STATE, Commit, MESSAGES, RUN_UPDATE, RowCols, SUSPENSIONS, TODO_ITEMS, Table, bind_fence,
-    item_cols, message_cols, state_cols, suspension_cols,
-};
+use super::apply::{Commit, RUN_UPDATE, bind_fence};
 use super::leases::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
 use super::rows::{self, Cols};
 use super::sql::{Arg, Conn, Q, id_text, q};
 use super::sql_store::{Db, SqlStore};
+use super::tables::{
+    AGENT_STATE, MESSAGES, RowCols, SUSPENSIONS, TODO_ITEMS, Table, item_cols, message_cols,
+    state_cols, suspension_cols,
+};
 use super::{Claim, Fence, Op, StoreError, StoreResult};
 use crate::model::{NewObservation, ThreadId};
 
@@ -41,6 +42,9 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 const LEASES: &str = "SELECT COALESCE(MAX(lease_expires_at < {now}), 0) AS any_expired, \
     MIN(CASE WHEN lease_expires_at >= {now} THEN lease_expires_at END) AS next_expiry, \
     {now} AS now FROM runs WHERE status = 'running'";
+
+/// Prepared statements the writer connection keeps (sqlx's default is 100).
+const WRITER_STATEMENTS: usize = 2048;
 
 /// Opens the store on an SQLite file (or in memory).
 #[derive(Debug, Clone, Copy)]
@@ -87,10 +91,12 @@ impl SqliteStore {
         let options = options
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal);
+        // A commit is one call whose SQL depends on the batch's ops (one statement each): keep
+        // many prepared, so the one writer does not prepare them again and again.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone())
+            .connect_with(options.clone().statement_cache_capacity(WRITER_STATEMENTS))
             .await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)

@@ -18,10 +18,10 @@ use uuid::Uuid;
 
 use crate::events::EventBus;
 use crate::model::{MultitaskStrategy, RunStatus, ThreadId};
+use crate::registry::RunRegistry;
 use crate::store::{
     CancelledRun, CreatedRun, NewRun, Resolution, ResolvedSuspension, Store, StoreResult,
 };
-use crate::worker::RunRegistry;
 
 /// Issues run commands (see the module doc). Cheap to clone: every clone shares the store, the
 /// bus, the worker's wake-up and the registry of local runs.

@@ -7,6 +7,7 @@
 //! - [`agent`]: the PES engine, pure logic over traits;
 //! - [`commands`]: enqueue, cancel, resume: store write, publish, wake, reach the local run;
 //! - [`worker`]: claims runs under a lease and drives the engine;
+//! - [`registry`]: the runs this process drives, so commands reach them at once;
 //! - [`events`]: in-process fan-out of committed observations, and wake-ups from other replicas;
 //! - [`store`]: all SQL, behind the [`store::Store`] trait (Postgres and SQLite);
 //! - [`llm`]: model providers (`openai`, `offline`);
@@ -23,6 +24,7 @@ pub mod http;
 pub mod llm;
 pub mod memory;
 pub mod model;
+pub mod registry;
 pub mod store;
 pub mod telemetry;
 pub mod tools;

@@ -6,9 +6,8 @@
 //! Every write is fenced by the run's lease `attempt`. A worker that loses its lease stops touching
 //! the run at once; one that is shut down releases the run so another worker takes it over.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,136 +20,8 @@ use uuid::Uuid;
 use crate::agent::{Engine, EngineError, Journal, RunEnd, RunInput, Signals};
 use crate::commands::RunCommands;
 use crate::events::EventBus;
-use crate::model::{ResumeDecision, Run, SuspensionStatus, ThreadId};
+use crate::model::{ResumeDecision, Run, SuspensionStatus};
 use crate::store::{Batch, Fence, Resolution, Store, StoreError};
-
-/// One run this process drives: how a command reaches it from outside the engine.
-struct LocalRun {
-    tenant: String,
-    thread_id: ThreadId,
-    /// The run's lease (its attempt), which the worker's heartbeat renews.
-    attempt: i64,
-    /// Fired by the heartbeat when the lease was lost: the run stops at once.
-    lost: CancellationToken,
-    /// Stops the run at its next safe point (cancel, interrupt).
-    cancel: CancellationToken,
-    /// Poked when one of the run's suspensions is decided while it runs, so the decision is
-    /// taken in at once (see [`Journal::decision_arrived`]).
-    decided: Arc<Notify>,
-}
-
-/// The runs this process drives right now, so a command (a cancel, an interrupt, a decision)
-/// reaches the run at once instead of at its next heartbeat or look at the store. Filled by the
-/// worker; reached through [`crate::commands::RunCommands`] and the replica listener.
-#[derive(Clone, Default)]
-pub struct RunRegistry {
-    inner: Arc<Mutex<HashMap<Uuid, LocalRun>>>,
-}
-
-impl RunRegistry {
-    /// Register a run driven here; the answer is the notification its journal awaits decisions
-    /// on, and the token the heartbeat fires should the lease be lost.
-    fn insert(&self, run: &Run, cancel: CancellationToken) -> (Arc<Notify>, CancellationToken) {
-        let decided = Arc::new(Notify::new());
-        let lost = CancellationToken::new();
-        let local = LocalRun {
-            tenant: run.tenant.clone(),
-            thread_id: run.thread_id.clone(),
-            attempt: run.attempt,
-            lost: lost.clone(),
-            cancel,
-            decided: decided.clone(),
-        };
-        self.lock().insert(run.run_id, local);
-        (decided, lost)
-    }
-
-    /// The leases of the runs driven here.
-    fn fences(&self) -> Vec<Fence> {
-        self.lock()
-            .iter()
-            .map(|(id, r)| Fence {
-                run_id: *id,
-                attempt: r.attempt,
-            })
-            .collect()
-    }
-
-    /// Apply a heartbeat's answer: `alive` are the runs whose fence held (with whether a cancel
-    /// was requested); every other run of `asked` lost its lease.
-    fn renewed(&self, asked: &[Fence], alive: &[(Uuid, bool)]) {
-        let alive: HashMap<Uuid, bool> = alive.iter().copied().collect();
-        let runs = self.lock();
-        for fence in asked {
-            let Some(run) = runs.get(&fence.run_id) else {
-                continue;
-            };
-            match alive.get(&fence.run_id) {
-                Some(true) => run.cancel.cancel(),
-                Some(false) => {}
-                None if run.attempt == fence.attempt => run.lost.cancel(),
-                None => {}
-            }
-        }
-    }
-
-    fn remove(&self, run_id: Uuid) {
-        self.lock().remove(&run_id);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, LocalRun>> {
-        self.inner.lock().expect("registry lock")
-    }
-
-    /// Cancel a run driven here; false when this process does not drive it.
-    pub fn cancel(&self, run_id: Uuid) -> bool {
-        match self.lock().get(&run_id) {
-            Some(r) => {
-                r.cancel.cancel();
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Cancel the runs of a thread driven here, but `except` (an `interrupt` displaced them in
-    /// favour of `except`); how many there were.
-    pub fn cancel_thread(&self, tenant: &str, thread_id: &ThreadId, except: Uuid) -> usize {
-        let map = self.lock();
-        let mut n = 0;
-        for (id, r) in map.iter() {
-            if *id != except && r.tenant == tenant && &r.thread_id == thread_id {
-                r.cancel.cancel();
-                n += 1;
-            }
-        }
-        n
-    }
-
-    /// One of a run's suspensions was decided while it runs: tell the run, if this process
-    /// drives it (false otherwise). A run not waiting for it yet finds it when it next waits.
-    pub fn decided(&self, run_id: Uuid) -> bool {
-        match self.lock().get(&run_id) {
-            Some(r) => {
-                // `notify_one` keeps a permit when nobody waits right now, so a decision that
-                // arrives between two waits is not missed.
-                r.decided.notify_one();
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Runs driven by this process right now.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// No run is driven here.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
 
 /// Conversation messages loaded as the planner's context (the engine keeps its own limit).
 const HISTORY_MESSAGES: u32 = 40;

@@ -6,34 +6,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::leases::lease_secs;
+use super::db::{Db, SqlStore};
+use super::fragments::{Commit, RUN_UPDATE, bind_fence};
 use super::rows::{self, Cols};
-use super::sql::{Conn, Dialect, Q, Raw, q};
-use super::sql_store::{Db, SqlStore};
+use super::sql::{Conn, Dialect, Raw, q};
 use super::tables::{
     AGENT_STATE, MESSAGES, SUSPENSIONS, TODO_ITEMS, item_cols, message_cols, state_cols,
     suspension_cols,
 };
 use super::threads::lock_thread;
-use super::{Applied, Batch, Fence, Op, RunUpdate, Signal, StoreError, StoreResult};
-use crate::model::{NewObservation, Observation, RunPhase, RunStatus, ThreadId};
-
-/// The run's part of a commit, under the fence (`$1` run, `$2` attempt, `$12`/`$13` its
-/// thread): extend the lease (`$3` seconds) or clear it (`$10`), and apply the run's update. A
-/// run that would suspend while one of the suspensions `$11` was already decided is queued
-/// instead (see `RunUpdate::unless_decided`).
-pub(crate) const RUN_UPDATE: &str = "UPDATE runs SET \
-      lease_expires_at = CASE WHEN $10 THEN NULL ELSE {later 3} END, \
-      lease_owner = CASE WHEN $10 THEN NULL ELSE lease_owner END, \
-      status = CASE WHEN $4 = 'suspended' AND EXISTS (SELECT 1 FROM suspensions s \
-                 WHERE {in s.suspension_id 11} AND s.status <> 'pending') \
-               THEN 'queued' ELSE COALESCE($4, status) END, \
-      phase = COALESCE($5, phase), \
-      usage = COALESCE($6, usage), error = COALESCE($7, error), \
-      final_response = COALESCE($8, final_response), \
-      ended_at = CASE WHEN $9 THEN {now} ELSE ended_at END \
-    WHERE run_id = $1 AND attempt = $2 AND status = 'running' \
-      AND tenant = $12 AND thread_id = $13";
+use super::{Applied, Batch, Fence, Op, Signal, StoreError, StoreResult};
+use crate::model::{NewObservation, Observation, ThreadId};
 
 /// Reserve `$3` seqs on the thread row (the row lock serializes appenders of one thread; a
 /// rollback takes the counter back with it).
@@ -140,41 +123,6 @@ async fn apply_op(conn: &mut Conn, tenant: &str, thread_id: &ThreadId, op: &Op) 
                 .await
         }
     }
-}
-
-/// Bind `$1`–`$14` of a fenced commit: the fence, the lease, the run's update ([`RUN_UPDATE`]),
-/// the thread and `n`, how many seqs to reserve.
-pub(crate) fn bind_fence(stmt: Q, fence: Fence, lease: Duration, c: &Commit<'_>) -> Q {
-    let u = c.update;
-    stmt.bind(fence.run_id)
-        .bind(fence.attempt)
-        .bind(lease_secs(lease))
-        .bind(u.status.map(RunStatus::as_str))
-        .bind(u.phase.map(RunPhase::as_str))
-        .bind(c.usage.clone())
-        .bind(c.error.clone())
-        .bind(u.final_response.clone())
-        .bind(u.ended)
-        .bind(c.clear_lease)
-        .bind(u.unless_decided.clone())
-        .bind(c.tenant)
-        .bind(c.thread_id.as_str())
-        .bind(c.n)
-}
-
-/// A batch, taken apart for committing.
-pub(crate) struct Commit<'a> {
-    pub tenant: &'a str,
-    pub thread_id: &'a ThreadId,
-    pub update: &'a RunUpdate,
-    pub usage: Option<serde_json::Value>,
-    pub error: Option<serde_json::Value>,
-    /// The run stops holding a lease (it ended or waits for a person).
-    pub clear_lease: bool,
-    /// How many observations, hence seqs.
-    pub n: i64,
-    pub ops: &'a [Op],
-    pub observations: &'a [NewObservation],
 }
 
 impl SqlStore {

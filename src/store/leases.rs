@@ -7,36 +7,10 @@ use std::time::Duration;
 use super::rows::Cols;
 use uuid::Uuid;
 
-use super::sql::{Arg, id_text, q};
-use super::sql_store::SqlStore;
+use super::db::SqlStore;
+use super::fragments::lease_secs;
+use super::sql::{id_text, q};
 use super::{Fence, Signal, StoreError, StoreResult};
-
-/// Running runs whose lease expired (`$3` is how many), earliest expiry first.
-pub(crate) const EXPIRED_CANDIDATES: &str = "SELECT run_id FROM runs \
-    WHERE status = 'running' AND lease_expires_at < {now} ORDER BY lease_expires_at LIMIT $3";
-
-/// The oldest queued run of each thread with no running or suspended run (so never two of one
-/// thread), oldest first; `$3` is how many, less `taken` (SQL: the slots already filled).
-pub(crate) fn queued_candidates(taken: &str) -> String {
-    format!(
-        "SELECT r.run_id FROM runs r \
-         WHERE r.status = 'queued' AND NOT EXISTS ( \
-           SELECT 1 FROM runs o WHERE o.tenant = r.tenant AND o.thread_id = r.thread_id \
-             AND (o.status IN ('running', 'suspended') \
-                  OR (o.status = 'queued' \
-                      AND (o.created_at, o.run_id) < (r.created_at, r.run_id)))) \
-         ORDER BY r.created_at, r.run_id LIMIT $3 - {taken}"
-    )
-}
-
-/// Claim the runs a candidate query picked: `$1` the owner, `$2` the lease in seconds.
-pub(crate) const CLAIM: &str = "UPDATE runs SET status = 'running', attempt = attempt + 1, \
-    lease_owner = $1, lease_expires_at = {later 2}, started_at = COALESCE(started_at, {now})";
-
-/// The lease in seconds, as a bind value.
-pub(crate) fn lease_secs(lease: Duration) -> Arg {
-    Arg::Float(lease.as_secs_f64())
-}
 
 impl SqlStore {
     pub(crate) async fn extend_lease(&self, fence: Fence, lease: Duration) -> StoreResult<bool> {

@@ -29,6 +29,8 @@ use crate::model::{
 };
 
 mod apply;
+mod db;
+mod fragments;
 mod leases;
 pub mod postgres;
 mod rows;

@@ -27,11 +27,11 @@ use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use serde_json::Value;
 
-use super::apply::{Commit, RUN_UPDATE, bind_fence};
-use super::leases::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
+use super::db::{Db, SqlStore};
+use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
+use super::fragments::{Commit, RUN_UPDATE, bind_fence};
 use super::rows::{self, Cols};
 use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
-use super::sql_store::{Db, SqlStore};
 use super::tables::{
     AGENT_STATE, MESSAGES, RowCols, TODO_ITEMS, Table, item_cols, message_cols, state_cols,
 };

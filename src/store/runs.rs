@@ -4,9 +4,9 @@
 use uuid::Uuid;
 
 use super::apply::append_observations;
+use super::db::SqlStore;
 use super::rows::{self, Cols};
 use super::sql::{Conn, q};
-use super::sql_store::SqlStore;
 use super::threads::{lock_thread, map_rows};
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
 use crate::model::{MultitaskStrategy, Run, RunStatus, ThreadId, Usage, new_id};

@@ -3,110 +3,21 @@
 //! what truly differs per backend (connecting, the claim query, the seq counter's round trip,
 //! inserting a list of observations, LISTEN/NOTIFY) is in `postgres.rs` and `sqlite.rs`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
-use sqlx::postgres::PgPool;
-use sqlx::sqlite::SqlitePool;
 use uuid::Uuid;
 
-use super::sql::{Conn, Dialect, Link};
+use super::db::Db;
+pub use super::db::SqlStore;
+use super::sql::Dialect;
 use super::{
     AgentSnapshot, Applied, Batch, CancelledRun, Claim, CreatedRun, Fence, NewRun,
     ObservationQuery, PageCursor, Resolution, ResolvedSuspension, Signal, Store, StoreResult,
     ThreadPatch,
 };
 use crate::model::{AgentConfig, Message, Observation, Run, Suspension, Thread, ThreadId};
-
-/// The pools of one backend.
-#[derive(Debug, Clone)]
-pub(crate) enum Db {
-    Pg(PgPool),
-    Lite {
-        /// Exactly one connection: the only writer of this process.
-        writer: SqlitePool,
-        /// Readers (the writer pool itself for an in-memory database, which is per connection).
-        reader: SqlitePool,
-    },
-}
-
-/// The store over Postgres or SQLite (open one with [`super::postgres::PgStore::connect`] or
-/// [`super::sqlite::SqliteStore::connect`]).
-#[derive(Debug, Clone)]
-pub struct SqlStore {
-    pub(crate) db: Db,
-    /// This store's id on the signals it sends (a random UUID per store).
-    pub(crate) origin: Arc<str>,
-}
-
-impl SqlStore {
-    pub(crate) fn new(db: Db) -> Self {
-        SqlStore {
-            db,
-            origin: crate::model::new_id().to_string().into(),
-        }
-    }
-
-    fn conn(&self, link: Link) -> Conn {
-        Conn::new(link, &self.origin)
-    }
-
-    pub(crate) fn dialect(&self) -> Dialect {
-        match self.db {
-            Db::Pg(_) => Dialect::Postgres,
-            Db::Lite { .. } => Dialect::Sqlite,
-        }
-    }
-
-    /// The Postgres pool, when the store is on Postgres (e.g. for a `LISTEN` connection).
-    pub fn pg_pool(&self) -> Option<&PgPool> {
-        match &self.db {
-            Db::Pg(p) => Some(p),
-            Db::Lite { .. } => None,
-        }
-    }
-
-    /// A pooled connection for reads (each statement on its own).
-    pub(crate) async fn read(&self) -> StoreResult<Conn> {
-        Ok(match &self.db {
-            Db::Pg(p) => self.conn(Link::Pg(p.acquire().await?)),
-            Db::Lite { reader, .. } => self.conn(Link::Lite(reader.acquire().await?)),
-        })
-    }
-
-    /// A read-only transaction: one snapshot for several reads.
-    pub(crate) async fn snapshot(&self) -> StoreResult<Conn> {
-        Ok(match &self.db {
-            Db::Pg(p) => self.conn(Link::PgTx(
-                p.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                    .await?,
-            )),
-            Db::Lite { reader, .. } => self.conn(Link::LiteTx(reader.begin().await?)),
-        })
-    }
-
-    /// A write transaction. On SQLite it is `BEGIN IMMEDIATE` on the one writer connection:
-    /// writers of this process queue on the pool, and a writer in another process is waited for
-    /// (`busy_timeout`) before anything was read, so read-then-write cannot deadlock.
-    pub(crate) async fn write(&self) -> StoreResult<Conn> {
-        Ok(match &self.db {
-            Db::Pg(p) => self.conn(Link::PgTx(p.begin().await?)),
-            Db::Lite { writer, .. } => {
-                self.conn(Link::LiteTx(writer.begin_with("BEGIN IMMEDIATE").await?))
-            }
-        })
-    }
-
-    /// A connection for one self-contained write statement.
-    pub(crate) async fn write_one(&self) -> StoreResult<Conn> {
-        Ok(match &self.db {
-            Db::Pg(p) => self.conn(Link::Pg(p.acquire().await?)),
-            Db::Lite { writer, .. } => self.conn(Link::Lite(writer.acquire().await?)),
-        })
-    }
-}
 
 #[async_trait]
 impl Store for SqlStore {

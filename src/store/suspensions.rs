@@ -4,9 +4,9 @@
 use uuid::Uuid;
 
 use super::apply::append_observations;
+use super::db::SqlStore;
 use super::rows::{self, Cols};
 use super::sql::q;
-use super::sql_store::SqlStore;
 use super::threads::{lock_thread, map_rows};
 use super::{Resolution, ResolvedSuspension, Signal, StoreError, StoreResult};
 use crate::model::{RunStatus, Suspension, ThreadId};

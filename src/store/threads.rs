@@ -4,9 +4,9 @@
 use serde_json::Value;
 use sqlx::migrate::Migrator;
 
+use super::db::SqlStore;
 use super::rows::{self, Cols};
 use super::sql::{Arg, Conn, Q, Row, q};
-use super::sql_store::SqlStore;
 use super::{
     AgentSnapshot, ObservationQuery, PageCursor, Signal, StoreError, StoreResult, ThreadPatch,
 };

@@ -90,7 +90,7 @@ pub(crate) async fn inflight_mode(
 
     fake.hold();
     let held = hold_every_run(args, server, fake, &threads).await;
-    let cpu_before = CpuSample::take(server);
+    let cpu_before = CpuSample::take(server.pid);
     fake.release();
     let held = held?;
     let cpu_before = cpu_before?;
@@ -103,7 +103,7 @@ pub(crate) async fn inflight_mode(
         Err(_) => false,
     };
     let drain_wall = released.elapsed();
-    let cpu = CpuSample::take(server)?.usage_since(&cpu_before, machine);
+    let cpu = CpuSample::take(server.pid)?.usage_since(&cpu_before, machine);
     let peak_rss_kib = server.peak_rss_kib()?;
     let model_calls = fake.calls() - calls_before;
     let leases_lost = server.metric("pes_leases_lost_total").await? - leases_before;

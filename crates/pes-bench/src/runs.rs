@@ -44,7 +44,7 @@ pub(crate) async fn runs_mode(
     let xact_before = db.xact_commit().await?;
     let commits_before = server.metric("pes_commits_total").await?;
     let calls_before = fake.calls();
-    let cpu_before = CpuSample::take(server)?;
+    let cpu_before = CpuSample::take(server.pid)?;
     let started = Instant::now();
     let results = phase(
         "the runs load",
@@ -53,7 +53,7 @@ pub(crate) async fn runs_mode(
     )
     .await?;
     let wall = started.elapsed();
-    let cpu = CpuSample::take(server)?.usage_since(&cpu_before, machine);
+    let cpu = CpuSample::take(server.pid)?.usage_since(&cpu_before, machine);
     let commits = server.metric("pes_commits_total").await? - commits_before;
     let llm_calls = fake.calls() - calls_before;
     let xact_after = settled_xact(db).await?;

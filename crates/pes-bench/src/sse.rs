@@ -86,7 +86,7 @@ pub(crate) async fn sse_mode(args: &Args, server: &Server, machine: &Machine) ->
 
     let completed_before = ended_runs(server).await?;
     let failed_before = server.metric("pes_runs_failed_total").await?;
-    let cpu_before = CpuSample::take(server)?;
+    let cpu_before = CpuSample::take(server.pid)?;
     let started = Instant::now();
     let runs_per_sec = f64::from(args.rate) / first.max(1) as f64;
     let runs_posted = phase(
@@ -111,7 +111,7 @@ pub(crate) async fn sse_mode(args: &Args, server: &Server, machine: &Machine) ->
     let expected = expected_seqs(&finals, args.subscribers);
     // Deliveries may trail the commits; give them a bounded moment.
     let _ = tokio::time::timeout(Duration::from_secs(30), wait_delivered(&board, &expected)).await;
-    let cpu = CpuSample::take(server)?.usage_since(&cpu_before, machine);
+    let cpu = CpuSample::take(server.pid)?.usage_since(&cpu_before, machine);
     let _ = stop_tx.send(true);
     let results = collect_readers(readers).await;
     let runs_failed = server.metric("pes_runs_failed_total").await? - failed_before;

@@ -7,7 +7,6 @@ use anyhow::{Context, Result, anyhow, ensure};
 use serde_json::{Value, json};
 
 use crate::StoreKind;
-use crate::server::Server;
 use crate::store::Database;
 
 /// Raise this process's soft open-file limit to its hard limit: every held model call and every
@@ -180,11 +179,12 @@ pub(crate) struct CpuSample {
 }
 
 impl CpuSample {
-    pub(crate) fn take(server: &Server) -> Result<CpuSample> {
+    /// The CPU ticks so far of the service (`pid`), the bench, Postgres and the machine.
+    pub(crate) fn take(pid: u32) -> Result<CpuSample> {
         let (machine_busy, machine_total) = machine_ticks();
         Ok(CpuSample {
             at: Instant::now(),
-            service: proc_cpu_ticks(&server.pid.to_string())?,
+            service: proc_cpu_ticks(&pid.to_string())?,
             bench: proc_cpu_ticks("self").unwrap_or(0),
             postgres: postgres_cpu_ticks(),
             machine_busy,

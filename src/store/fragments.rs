@@ -1,0 +1,90 @@
+//! SQL the shared logic and both dialects build on: the run's fenced update, how a batch's
+//! fence is bound, and the claim's candidate rules. Kept below both, so `apply`/`leases` and
+//! `postgres`/`sqlite` depend on it and not on each other.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::sql::{Arg, Q};
+use super::{Fence, Op, RunUpdate};
+use crate::model::{NewObservation, RunPhase, RunStatus, ThreadId};
+
+/// The run's part of a commit, under the fence (`$1` run, `$2` attempt, `$12`/`$13` its
+/// thread): extend the lease (`$3` seconds) or clear it (`$10`), and apply the run's update. A
+/// run that would suspend while one of the suspensions `$11` was already decided is queued
+/// instead (see `RunUpdate::unless_decided`).
+pub(crate) const RUN_UPDATE: &str = "UPDATE runs SET \
+      lease_expires_at = CASE WHEN $10 THEN NULL ELSE {later 3} END, \
+      lease_owner = CASE WHEN $10 THEN NULL ELSE lease_owner END, \
+      status = CASE WHEN $4 = 'suspended' AND EXISTS (SELECT 1 FROM suspensions s \
+                 WHERE {in s.suspension_id 11} AND s.status <> 'pending') \
+               THEN 'queued' ELSE COALESCE($4, status) END, \
+      phase = COALESCE($5, phase), \
+      usage = COALESCE($6, usage), error = COALESCE($7, error), \
+      final_response = COALESCE($8, final_response), \
+      ended_at = CASE WHEN $9 THEN {now} ELSE ended_at END \
+    WHERE run_id = $1 AND attempt = $2 AND status = 'running' \
+      AND tenant = $12 AND thread_id = $13";
+
+/// Running runs whose lease expired (`$3` is how many), earliest expiry first.
+pub(crate) const EXPIRED_CANDIDATES: &str = "SELECT run_id FROM runs \
+    WHERE status = 'running' AND lease_expires_at < {now} ORDER BY lease_expires_at LIMIT $3";
+
+/// The oldest queued run of each thread with no running or suspended run (so never two of one
+/// thread), oldest first; `$3` is how many, less `taken` (SQL: the slots already filled).
+pub(crate) fn queued_candidates(taken: &str) -> String {
+    format!(
+        "SELECT r.run_id FROM runs r \
+         WHERE r.status = 'queued' AND NOT EXISTS ( \
+           SELECT 1 FROM runs o WHERE o.tenant = r.tenant AND o.thread_id = r.thread_id \
+             AND (o.status IN ('running', 'suspended') \
+                  OR (o.status = 'queued' \
+                      AND (o.created_at, o.run_id) < (r.created_at, r.run_id)))) \
+         ORDER BY r.created_at, r.run_id LIMIT $3 - {taken}"
+    )
+}
+
+/// Claim the runs a candidate query picked: `$1` the owner, `$2` the lease in seconds.
+pub(crate) const CLAIM: &str = "UPDATE runs SET status = 'running', attempt = attempt + 1, \
+    lease_owner = $1, lease_expires_at = {later 2}, started_at = COALESCE(started_at, {now})";
+
+/// The lease in seconds, as a bind value.
+pub(crate) fn lease_secs(lease: Duration) -> Arg {
+    Arg::Float(lease.as_secs_f64())
+}
+
+/// Bind `$1`–`$14` of a fenced commit: the fence, the lease, the run's update ([`RUN_UPDATE`]),
+/// the thread and `n`, how many seqs to reserve.
+pub(crate) fn bind_fence(stmt: Q, fence: Fence, lease: Duration, c: &Commit<'_>) -> Q {
+    let u = c.update;
+    stmt.bind(fence.run_id)
+        .bind(fence.attempt)
+        .bind(lease_secs(lease))
+        .bind(u.status.map(RunStatus::as_str))
+        .bind(u.phase.map(RunPhase::as_str))
+        .bind(c.usage.clone())
+        .bind(c.error.clone())
+        .bind(u.final_response.clone())
+        .bind(u.ended)
+        .bind(c.clear_lease)
+        .bind(u.unless_decided.clone())
+        .bind(c.tenant)
+        .bind(c.thread_id.as_str())
+        .bind(c.n)
+}
+
+/// A batch, taken apart for committing.
+pub(crate) struct Commit<'a> {
+    pub tenant: &'a str,
+    pub thread_id: &'a ThreadId,
+    pub update: &'a RunUpdate,
+    pub usage: Option<Value>,
+    pub error: Option<Value>,
+    /// The run stops holding a lease (it ended or waits for a person).
+    pub clear_lease: bool,
+    /// How many observations, hence seqs.
+    pub n: i64,
+    pub ops: &'a [Op],
+    pub observations: &'a [NewObservation],
+}

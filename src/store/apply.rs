@@ -204,14 +204,11 @@ impl SqlStore {
                 None => self.commit_in_transaction(fence, lease, c).await?,
             },
             Db::Lite { .. } => {
-                // One call to the connection's thread between BEGIN and COMMIT.
+                // One call to the connection's thread, between a BEGIN and a COMMIT it may share with
+                // other runs' batches (`group.rs`).
                 let now = rows::micros(Utc::now());
                 let stmt = super::sqlite::one_call(fence, lease, c, now)?;
-                let mut tx = self.write().await?;
-                let row = tx.all(stmt).await?.pop().ok_or(StoreError::LeaseLost)?;
-                let (cancel_requested, last_seq) =
-                    (row.boolean("cancel_requested")?, row.int("last_seq")?);
-                tx.commit().await?;
+                let (cancel_requested, last_seq) = self.commit_in_group(stmt).await?;
                 (cancel_requested, last_seq, now)
             }
         })

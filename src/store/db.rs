@@ -8,6 +8,7 @@ use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
 
 use super::StoreResult;
+use super::group::GroupCommit;
 use super::sql::{Conn, Dialect, Link};
 
 /// The pools of one backend.
@@ -29,6 +30,8 @@ pub struct SqlStore {
     pub(crate) db: Db,
     /// This store's id on the signals it sends (a random UUID per store).
     pub(crate) origin: Arc<str>,
+    /// SQLite: batches waiting for the one writer, committed together.
+    pub(crate) group: Arc<GroupCommit>,
 }
 
 impl SqlStore {
@@ -36,6 +39,7 @@ impl SqlStore {
         SqlStore {
             db,
             origin: crate::model::new_id().to_string().into(),
+            group: Arc::default(),
         }
     }
 

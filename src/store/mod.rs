@@ -31,6 +31,7 @@ use crate::model::{
 mod apply;
 mod db;
 mod fragments;
+mod group;
 mod leases;
 pub mod postgres;
 mod rows;

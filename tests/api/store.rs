@@ -1046,6 +1046,75 @@ async fn apply_assigns_gap_free_seqs_per_thread(store: S) {
     assert_eq!(next.start_seq, 5);
 }
 
+/// Runs on many threads commit at once (on SQLite their batches share transactions); one of them
+/// commits under a lease it lost: only that one fails, and writes nothing, while every other
+/// batch commits whole with gap-free seqs on its own thread.
+async fn concurrent_commits_of_many_runs_fail_only_the_stale_one(store: S) {
+    const RUNS: usize = 8;
+    let mut fences = Vec::new();
+    for r in 0..RUNS {
+        let (run, f) = running(&store, A, &format!("g{r}")).await;
+        fences.push((run, f));
+    }
+    // Run 0's lease moves on (released and claimed again): its old fence is stale.
+    store.release_run(fences[0].1).await.unwrap();
+    let again = claim(&store).await;
+    assert_eq!(again.run_id, fences[0].0.run_id);
+    let mut tasks = Vec::new();
+    for (r, (run, f)) in fences.into_iter().enumerate() {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut results = Vec::new();
+            for i in 0..4 {
+                let mut b = batch(A, &format!("g{r}"));
+                b.op(Op::UpsertItem(Box::new(item(
+                    &format!("i{i}"),
+                    i,
+                    run.run_id,
+                ))));
+                b.observe(obs(run.run_id, ObservationType::Thoughts, None));
+                b.observe(obs(run.run_id, ObservationType::Thoughts, None));
+                results.push(
+                    store
+                        .apply(f, LEASE, b)
+                        .await
+                        .map(|a| seqs(&a.observations)),
+                );
+            }
+            (r, results)
+        }));
+    }
+    for t in tasks {
+        let (r, results) = t.await.unwrap();
+        let thread = format!("g{r}");
+        if r == 0 {
+            assert!(
+                results
+                    .iter()
+                    .all(|x| matches!(x, Err(StoreError::LeaseLost))),
+                "the stale fence never commits: {results:?}"
+            );
+            assert!(observations(&store, A, &thread).await.is_empty());
+            let snap = store
+                .agent_snapshot(A, &tid(&thread))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(snap.items.is_empty(), "nothing of a stale batch is written");
+        } else {
+            let got: Vec<i64> = results.into_iter().flat_map(|x| x.unwrap()).collect();
+            assert_eq!(got, (1..=8).collect::<Vec<_>>(), "thread {thread}");
+            assert_eq!(observations(&store, A, &thread).await.len(), 8);
+            let snap = store
+                .agent_snapshot(A, &tid(&thread))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(snap.items.len(), 4);
+        }
+    }
+}
+
 async fn concurrent_applies_never_leave_gaps_or_duplicates(store: S) {
     let (run, f) = running(&store, A, "t").await;
     const WRITERS: usize = 8;
@@ -2274,6 +2343,7 @@ macro_rules! conformance {
 conformance!(
     thread_round_trips_through_create_get_update_delete,
     one_heartbeat_renews_many_leases_and_reports_lost_ones,
+    concurrent_commits_of_many_runs_fail_only_the_stale_one,
     duplicate_thread_id_is_rejected,
     threads_of_one_tenant_are_invisible_to_another,
     threads_list_newest_first_with_a_cursor,

@@ -82,6 +82,7 @@ pub fn build_providers(config: &Config) -> anyhow::Result<(Providers, String)> {
                 .unwrap_or_else(|| "gpt-4o-mini".into()),
             timeout: Duration::from_secs(config.llm_timeout_seconds.max(1)),
             max_retries: config.llm_max_retries,
+            max_in_flight: config.llm_max_in_flight as usize,
             ..OpenAiConfig::default()
         };
         providers.insert("openai".into(), Arc::new(OpenAiProvider::new(cfg)?));
@@ -154,7 +155,7 @@ impl App {
         if api_keys.is_empty() {
             warn!("PES_API_KEYS is not set: the API accepts requests without authentication");
         }
-        warn_if_fd_limit_is_low(config.max_connections);
+        warn_if_fd_limit_is_low(config.max_connections, u64::from(config.llm_max_in_flight));
         let listener = TcpListener::bind(config.bind)
             .await
             .with_context(|| format!("binding {}", config.bind))?;
@@ -273,19 +274,21 @@ impl App {
 /// the model client, logs).
 const FD_RESERVE: u64 = 256;
 
-/// `PES_MAX_CONNECTIONS` only protects the process if it can actually open that many sockets:
-/// say so at start when the open-file limit is below it (Linux; elsewhere nothing is checked).
-fn warn_if_fd_limit_is_low(max_connections: u64) {
+/// `PES_MAX_CONNECTIONS` and `PES_LLM_MAX_IN_FLIGHT` only protect the process if it can actually
+/// open that many sockets: say so at start when the open-file limit is below them (Linux;
+/// elsewhere nothing is checked).
+fn warn_if_fd_limit_is_low(max_connections: u64, max_model_calls: u64) {
     let Some(limit) = open_file_limit() else {
         return;
     };
-    if limit < max_connections + FD_RESERVE {
+    if limit < max_connections + max_model_calls + FD_RESERVE {
         warn!(
             open_file_limit = limit,
             max_connections,
-            "the open-file limit (ulimit -n) is below PES_MAX_CONNECTIONS + {FD_RESERVE}: a flood \
-             of connections can exhaust file descriptors before the cap evicts idle ones; raise \
-             the limit or lower PES_MAX_CONNECTIONS"
+            max_model_calls,
+            "the open-file limit (ulimit -n) is below PES_MAX_CONNECTIONS + PES_LLM_MAX_IN_FLIGHT \
+             + {FD_RESERVE}: a flood of connections or of model calls can exhaust file \
+             descriptors; raise the limit or lower those settings"
         );
     }
 }

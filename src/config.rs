@@ -90,6 +90,12 @@ pub struct Config {
     #[arg(long, env = "PES_LLM_MAX_RETRIES", default_value_t = 3)]
     pub llm_max_retries: u32,
 
+    /// Model calls in flight at once in this process, at most (more wait their turn); each holds
+    /// a socket.
+    #[arg(long, env = "PES_LLM_MAX_IN_FLIGHT", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub llm_max_in_flight: u32,
+
     /// Comma-separated `key` or `key:tenant`; unset means no authentication (warned at start).
     #[arg(long, env = "PES_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,

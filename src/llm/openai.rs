@@ -7,6 +7,7 @@
 //! other 4xx is a permanent [`LlmError::Rejected`]; a provider that refuses `response_format` is
 //! asked once more with the schema in the system prompt instead.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -43,6 +44,10 @@ pub struct OpenAiConfig {
     pub initial_backoff: Duration,
     /// Cap of the computed backoff.
     pub max_backoff: Duration,
+    /// Model calls this process has in flight at once, at most; more wait their turn. Each call
+    /// holds a socket, and parallel items multiply calls per run: without a cap, thousands of
+    /// runs answered at once exhaust file descriptors and fail their calls instead of queueing.
+    pub max_in_flight: usize,
 }
 
 impl Default for OpenAiConfig {
@@ -55,6 +60,7 @@ impl Default for OpenAiConfig {
             max_retries: 3,
             initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(10),
+            max_in_flight: 4096,
         }
     }
 }
@@ -79,6 +85,8 @@ pub struct OpenAiProvider {
     cfg: OpenAiConfig,
     endpoint: String,
     client: reqwest::Client,
+    /// Permits for calls in flight (`OpenAiConfig::max_in_flight`).
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl OpenAiProvider {
@@ -102,6 +110,7 @@ impl OpenAiProvider {
             .build()?;
         Ok(Self {
             endpoint: format!("{base}/chat/completions"),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(cfg.max_in_flight.max(1))),
             cfg,
             client,
         })
@@ -357,6 +366,12 @@ impl LlmProvider for OpenAiProvider {
             if let Some(key) = &self.cfg.api_key {
                 req = req.bearer_auth(key);
             }
+            // Wait for a turn: a call past the cap queues here, it does not fail.
+            let permit = self
+                .in_flight
+                .acquire()
+                .await
+                .map_err(|_| LlmError::Unavailable("the model client was shut down".into()))?;
             // Either a reply (status, Retry-After, body) or a transient transport failure.
             let outcome = match req.send().await {
                 Ok(resp) => {
@@ -371,6 +386,8 @@ impl LlmProvider for OpenAiProvider {
                 Err(e) if e.is_connect() => Err(format!("could not connect: {e}")),
                 Err(e) => Err(format!("request failed: {e}")),
             };
+            // The turn ends with the reply read; a backoff waits without one.
+            drop(permit);
             let (problem, wait) = match outcome {
                 Ok((status, wait, text)) => {
                     replies += 1;
@@ -537,6 +554,7 @@ mod tests {
             max_retries,
             initial_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(5),
+            max_in_flight: 8,
         })
         .unwrap()
     }

@@ -304,3 +304,41 @@ crate::conformance!(
     one_claim_takes_expired_then_queued_runs_up_to_max,
     concurrent_multi_claims_never_run_two_runs_of_one_thread,
 );
+
+/// With `PES_LLM_MAX_IN_FLIGHT=2`, four runs that all want the model at once send it two calls
+/// at a time: the others wait their turn (they do not fail), and every run completes.
+async fn model_calls_in_flight_are_capped(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    llm.hold();
+    let mut config =
+        crate::helpers::test_config(&crate::helpers::database_url(backend).await, Some(&llm));
+    config.llm_max_in_flight = 2;
+    let app = crate::helpers::spawn_config(config).await;
+    let mut runs = Vec::new();
+    for i in 0..4 {
+        let (s, run) = app
+            .post(
+                &format!("/v1/threads/c{i}/runs"),
+                json!({"query": format!("capped {i}"), "ifNotExists": "create"}),
+            )
+            .await;
+        assert_eq!(s, 202, "{run}");
+        runs.push((format!("c{i}"), run["runId"].as_str().unwrap().to_owned()));
+    }
+    llm.wait_in_flight(2).await;
+    for (thread, run_id) in &runs {
+        app.wait_run(thread, run_id, |r| r["status"] == "running")
+            .await;
+    }
+    // Every run is running and wants its plan; uncapped, all four calls would arrive now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(llm.in_flight(), 2, "two calls at a time");
+    llm.release();
+    for (thread, run_id) in &runs {
+        app.wait_run(thread, run_id, |r| r["status"] == "completed")
+            .await;
+    }
+    assert_eq!(llm.peak_in_flight(), 2, "never more than two at once");
+    app.stop().await;
+}
+both_stores!(capped, model_calls_in_flight_are_capped);

@@ -176,6 +176,8 @@ impl Args {
             let hold = self.phase_timeout * 2 + self.model_latency_ms / 1000 + 60;
             env.push(("PES_WORKER_CONCURRENCY", self.runs.max(64).to_string()));
             env.push(("PES_LLM_TIMEOUT_SECONDS", hold.to_string()));
+            // Every run waits on the model at once: one call each.
+            env.push(("PES_LLM_MAX_IN_FLIGHT", self.runs.max(1).to_string()));
         } else {
             env.push((
                 "PES_WORKER_CONCURRENCY",

@@ -1,6 +1,9 @@
 //! Committing the engine's change sets: the fence, the run's update, the ops, and the
-//! observations with their gap-free seqs, in one transaction. Written once for both dialects;
-//! only the seq counter's round trip and the list insert of observations differ.
+//! observations with their gap-free seqs, all or nothing. The batch is taken apart once
+//! (`fragments::Commit`) and its rows mapped once (`tables.rs`); each dialect then commits it
+//! its fastest way: one statement on Postgres (`postgres::one_statement`, else the transaction
+//! below), one call in a shared transaction on SQLite (`sqlite::one_call`, `group.rs`). Also here:
+//! appending observations inside another write (a cancel, a resolution).
 
 use std::time::Duration;
 
@@ -9,7 +12,7 @@ use chrono::{DateTime, Utc};
 use super::db::{Db, SqlStore};
 use super::fragments::{Commit, RUN_UPDATE, bind_fence};
 use super::rows::{self, Cols};
-use super::sql::{Conn, Dialect, Raw, q};
+use super::sql::{Conn, Raw, q};
 use super::tables::{
     AGENT_STATE, MESSAGES, SUSPENSIONS, TODO_ITEMS, item_cols, message_cols, state_cols,
     suspension_cols,
@@ -214,8 +217,9 @@ impl SqlStore {
         })
     }
 
-    /// Commit statement by statement in one transaction; the run's `cancel_requested`, the last
-    /// seq reserved and the commit's time.
+    /// Postgres, for the batches one statement cannot carry (see `postgres::one_statement`):
+    /// statement by statement in one transaction; the run's `cancel_requested`, the last seq
+    /// reserved and the commit's time. (SQLite commits every batch as one call, `group.rs`.)
     async fn commit_in_transaction(
         &self,
         fence: Fence,
@@ -231,40 +235,23 @@ impl SqlStore {
             // lock, the EXISTS would still read the snapshot from before the wait.)
             lock_thread(&mut tx, tenant, thread_id).await?;
         }
-        let fenced = q(match tx.dialect() {
-            // One round trip: reserve the seqs on the thread row (thread first: lock order), then
-            // check the fence and update the run.
-            Dialect::Postgres => format!(
-                "WITH t AS (UPDATE threads SET last_seq = last_seq + $14, \
-                   updated_at = CASE WHEN $14 > 0 THEN now() ELSE updated_at END \
-                 WHERE tenant = $12 AND thread_id = $13 RETURNING last_seq) \
-                 {RUN_UPDATE} AND EXISTS (SELECT 1 FROM t) \
-                 RETURNING cancel_requested, (SELECT last_seq FROM t) AS last_seq, now() AS now"
-            ),
-            // Writers are serialized: the seqs are reserved by a statement of their own.
-            Dialect::Sqlite => {
-                format!("{RUN_UPDATE} RETURNING cancel_requested, $14 AS last_seq, {{now}} AS now")
-            }
-        });
+        // One round trip: reserve the seqs on the thread row (thread first: lock order), then
+        // check the fence and update the run.
+        let fenced = q(format!(
+            "WITH t AS (UPDATE threads SET last_seq = last_seq + $14, \
+               updated_at = CASE WHEN $14 > 0 THEN now() ELSE updated_at END \
+             WHERE tenant = $12 AND thread_id = $13 RETURNING last_seq) \
+             {RUN_UPDATE} AND EXISTS (SELECT 1 FROM t) \
+             RETURNING cancel_requested, (SELECT last_seq FROM t) AS last_seq, now() AS now"
+        ));
         // No row: the lease is gone; dropping `tx` rolls back (the counter too).
         let row = tx
             .opt(bind_fence(fenced, fence, lease, c))
             .await?
             .ok_or(StoreError::LeaseLost)?;
         let cancel_requested = row.boolean("cancel_requested")?;
-        let mut now = row.ts("now")?;
-        let mut last_seq = row.int("last_seq")?;
-        if tx.dialect() == Dialect::Sqlite && n > 0 {
-            let reserved = tx
-                .one(
-                    q(RESERVE_SEQS)
-                        .bind(tenant)
-                        .bind(thread_id.as_str())
-                        .bind(n),
-                )
-                .await?;
-            (last_seq, now) = (reserved.int("last_seq")?, reserved.ts("now")?);
-        }
+        let now = row.ts("now")?;
+        let last_seq = row.int("last_seq")?;
         for op in c.ops {
             apply_op(&mut tx, tenant, thread_id, op).await?;
         }

@@ -211,7 +211,7 @@ impl SqlStore {
                 // other runs' batches (`group.rs`).
                 let now = rows::micros(Utc::now());
                 let stmt = super::sqlite::one_call(fence, lease, c, now)?;
-                let (cancel_requested, last_seq) = self.commit_in_group(stmt).await?;
+                let (cancel_requested, last_seq) = self.group.commit(stmt, || self.write()).await?;
                 (cancel_requested, last_seq, now)
             }
         })

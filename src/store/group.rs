@@ -15,13 +15,13 @@
 //! their runs stop; whether or not the group committed, a re-claimed run continues from what is
 //! stored, as after a crash.
 
+use std::future::Future;
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 
-use super::db::SqlStore;
 use super::rows::Cols;
-use super::sql::Q;
+use super::sql::{Conn, Q};
 use super::{StoreError, StoreResult};
 
 /// What a committed batch reports: the run's `cancel_requested` and the last seq reserved.
@@ -51,10 +51,15 @@ impl GroupCommit {
     }
 }
 
-impl SqlStore {
-    /// Commit one batch's call (`sqlite::one_call`), with whatever else is waiting.
-    pub(crate) async fn commit_in_group(&self, stmt: Q) -> StoreResult<Committed> {
-        let group = &self.group;
+impl GroupCommit {
+    /// Commit one batch's call (`sqlite::one_call`), with whatever else is waiting; `begin`
+    /// starts a write transaction on the writer.
+    pub(crate) async fn commit<F, Fut>(&self, stmt: Q, begin: F) -> StoreResult<Committed>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = StoreResult<Conn>>,
+    {
+        let group = self;
         let (reply, mut answer) = oneshot::channel();
         group
             .queue
@@ -73,7 +78,7 @@ impl SqlStore {
                 turn = group.turn.lock() => {
                     let batch = group.take();
                     if !batch.is_empty() {
-                        self.commit_group(batch).await;
+                        self.commit_group(batch, &begin).await;
                     }
                     drop(turn);
                 }
@@ -81,8 +86,12 @@ impl SqlStore {
         }
     }
 
-    async fn commit_group(&self, batch: Vec<Pending>) {
-        match self.try_group(&batch).await {
+    async fn commit_group<F, Fut>(&self, batch: Vec<Pending>, begin: &F)
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = StoreResult<Conn>>,
+    {
+        match try_group(&batch, begin).await {
             Ok(answers) => {
                 for (p, a) in batch.into_iter().zip(answers) {
                     let _ = p.reply.send(a);
@@ -91,7 +100,7 @@ impl SqlStore {
             // One failed: nothing of the group was kept; each batch alone now.
             Err(_) if batch.len() > 1 => {
                 for p in batch {
-                    let alone = match self.try_group(std::slice::from_ref(&p)).await {
+                    let alone = match try_group(std::slice::from_ref(&p), begin).await {
                         Ok(mut answers) => answers.pop().unwrap_or(Err(StoreError::LeaseLost)),
                         Err(e) => Err(e),
                     };
@@ -106,20 +115,24 @@ impl SqlStore {
             }
         }
     }
+}
 
-    /// The group in one transaction: each batch's answer, or the error that rolled it back.
-    async fn try_group(&self, batch: &[Pending]) -> StoreResult<Vec<StoreResult<Committed>>> {
-        let mut tx = self.write().await?;
-        let mut answers = Vec::with_capacity(batch.len());
-        for p in batch {
-            let answer = match tx.all(p.stmt.clone()).await?.pop() {
-                Some(row) => Ok((row.boolean("cancel_requested")?, row.int("last_seq")?)),
-                // The fence no longer holds: this batch wrote nothing.
-                None => Err(StoreError::LeaseLost),
-            };
-            answers.push(answer);
-        }
-        tx.commit().await?;
-        Ok(answers)
+/// The group in one transaction: each batch's answer, or the error that rolled it back.
+async fn try_group<F, Fut>(batch: &[Pending], begin: &F) -> StoreResult<Vec<StoreResult<Committed>>>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = StoreResult<Conn>>,
+{
+    let mut tx = begin().await?;
+    let mut answers = Vec::with_capacity(batch.len());
+    for p in batch {
+        let answer = match tx.all(p.stmt.clone()).await?.pop() {
+            Some(row) => Ok((row.boolean("cancel_requested")?, row.int("last_seq")?)),
+            // The fence no longer holds: this batch wrote nothing.
+            None => Err(StoreError::LeaseLost),
+        };
+        answers.push(answer);
     }
+    tx.commit().await?;
+    Ok(answers)
 }

@@ -49,9 +49,7 @@ impl GroupCommit {
     fn take(&self) -> Vec<Pending> {
         std::mem::take(&mut *self.queue.lock().expect("group commit queue"))
     }
-}
 
-impl GroupCommit {
     /// Commit one batch's call (`sqlite::one_call`), with whatever else is waiting; `begin`
     /// starts a write transaction on the writer.
     pub(crate) async fn commit<F, Fut>(&self, stmt: Q, begin: F) -> StoreResult<Committed>

@@ -133,22 +133,8 @@ async fn runs_waiting_longer_than_their_lease_keep_it(backend: Backend) {
     config.lease_seconds = 1;
     config.llm_timeout_seconds = 30;
     let app = crate::helpers::spawn_config(config).await;
-    let mut runs = Vec::new();
-    for i in 0..3 {
-        let (s, run) = app
-            .post(
-                &format!("/v1/threads/w{i}/runs"),
-                json!({"query": format!("wait {i}"), "ifNotExists": "create"}),
-            )
-            .await;
-        assert_eq!(s, 202, "{run}");
-        runs.push((format!("w{i}"), run["runId"].as_str().unwrap().to_owned()));
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while llm.requests().len() < 3 {
-        assert!(Instant::now() < deadline, "the runs never called the model");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let runs = post_runs(&app, "w", 3).await;
+    llm.wait_in_flight(3).await;
     // Three leases pass while every run waits on its (held) plan call.
     tokio::time::sleep(Duration::from_secs(3)).await;
     llm.release();
@@ -314,17 +300,7 @@ async fn model_calls_in_flight_are_capped(backend: Backend) {
         crate::helpers::test_config(&crate::helpers::database_url(backend).await, Some(&llm));
     config.llm_max_in_flight = 2;
     let app = crate::helpers::spawn_config(config).await;
-    let mut runs = Vec::new();
-    for i in 0..4 {
-        let (s, run) = app
-            .post(
-                &format!("/v1/threads/c{i}/runs"),
-                json!({"query": format!("capped {i}"), "ifNotExists": "create"}),
-            )
-            .await;
-        assert_eq!(s, 202, "{run}");
-        runs.push((format!("c{i}"), run["runId"].as_str().unwrap().to_owned()));
-    }
+    let runs = post_runs(&app, "c", 4).await;
     llm.wait_in_flight(2).await;
     for (thread, run_id) in &runs {
         app.wait_run(thread, run_id, |r| r["status"] == "running")
@@ -342,3 +318,20 @@ async fn model_calls_in_flight_are_capped(backend: Backend) {
     app.stop().await;
 }
 both_stores!(capped, model_calls_in_flight_are_capped);
+
+/// Post one run on each of `n` new threads `{prefix}0`, `{prefix}1`, …: their (thread, run id).
+async fn post_runs(app: &crate::helpers::TestApp, prefix: &str, n: usize) -> Vec<(String, String)> {
+    let mut runs = Vec::new();
+    for i in 0..n {
+        let thread = format!("{prefix}{i}");
+        let (s, run) = app
+            .post(
+                &format!("/v1/threads/{thread}/runs"),
+                json!({"query": format!("{thread} query"), "ifNotExists": "create"}),
+            )
+            .await;
+        assert_eq!(s, 202, "{run}");
+        runs.push((thread, run["runId"].as_str().unwrap().to_owned()));
+    }
+    runs
+}

@@ -24,6 +24,7 @@ pub mod http;
 pub mod llm;
 pub mod memory;
 pub mod model;
+pub mod net;
 pub mod registry;
 pub mod store;
 pub mod telemetry;

@@ -34,7 +34,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if addr.ip().is_unspecified() {
                 addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
             }
-            let resp = reqwest::Client::new()
+            let resp = pes_server::net::client_builder()
+                .build()?
                 .get(format!("http://{addr}/healthz"))
                 .timeout(std::time::Duration::from_secs(3))
                 .send()

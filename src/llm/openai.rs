@@ -103,10 +103,9 @@ impl OpenAiProvider {
         if cfg.default_model.trim().is_empty() {
             return Err(OpenAiConfigError::EmptyModel);
         }
-        let client = reqwest::Client::builder()
+        let client = crate::net::client_builder()
             .timeout(cfg.timeout)
             .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
-            .user_agent(concat!("pes-server/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self {
             endpoint: format!("{base}/chat/completions"),

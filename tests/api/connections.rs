@@ -289,7 +289,9 @@ async fn healthz_answers_while_silent_sockets_fill_the_connection_cap() {
     })
     .await;
     let thread = app.thread(serde_json::json!({})).await;
-    let sse = reqwest::Client::new()
+    let sse = pes_server::net::client_builder()
+        .build()
+        .unwrap()
         .get(app.url(&format!("/v1/threads/{thread}/events")))
         .send()
         .await
@@ -300,7 +302,7 @@ async fn healthz_answers_while_silent_sockets_fill_the_connection_cap() {
     for _ in 0..200 {
         silent.push(connect(&app).await);
     }
-    let fresh = reqwest::Client::builder()
+    let fresh = pes_server::net::client_builder()
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap();

@@ -84,7 +84,7 @@ pub async fn spawn_config(config: Config) -> TestApp {
     let handle = tokio::spawn(app.run_until_stopped());
     TestApp {
         base,
-        client: reqwest::Client::builder()
+        client: pes_server::net::client_builder()
             .timeout(Duration::from_secs(30))
             .build()
             .unwrap(),

@@ -61,7 +61,7 @@ impl Proc {
         Proc {
             child,
             base: format!("http://{addr}"),
-            client: reqwest::Client::builder()
+            client: pes_server::net::client_builder()
                 .timeout(Duration::from_secs(30))
                 .build()
                 .unwrap(),

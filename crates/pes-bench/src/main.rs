@@ -200,6 +200,8 @@ impl Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // reqwest has TLS without a crypto provider when built beside pes-server: install ring's.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match run(Args::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -126,7 +126,7 @@ impl App {
         let store = connect_store(&config.database_url, config.database_max_connections).await?;
         store.migrate().await.context("applying migrations")?;
         let (providers, default_provider) = build_providers(&config)?;
-        let mut tools = ToolRegistry::with_builtins()
+        let tools = ToolRegistry::with_builtins()
             .with_timeout(Duration::from_secs(config.tool_timeout_seconds.max(1)));
         if config.debug_tools {
             warn!("PES_DEBUG_TOOLS is on: the test-only `debug_sleep` tool is registered");

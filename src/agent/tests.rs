@@ -606,7 +606,7 @@ impl Harness {
     fn new(config: AgentConfig, llm: Scripted) -> Self {
         let journal = MemJournal::new(config, "the user's query");
         let effect_runs = Arc::new(Mutex::new(vec![]));
-        let mut tools = ToolRegistry::with_builtins();
+        let tools = ToolRegistry::with_builtins();
         tools.register(Arc::new(Effect {
             rows: journal.rows.clone(),
             runs: effect_runs.clone(),

@@ -49,6 +49,7 @@ Every error is an RFC 9457 problem (`application/problem+json`, the `Problem` sc
         (name = "runs", description = "Runs of queries on threads"),
         (name = "observations", description = "The observation log and its SSE stream"),
         (name = "suspensions", description = "Pauses for a person"),
+        (name = "tools", description = "The tools threads can enable"),
         (name = "health", description = "Liveness, readiness, metrics")
     )
 )]
@@ -295,6 +296,7 @@ mod tests {
             ("SuspensionStatus", wire(SuspensionStatus::ALL)),
             ("Decision", wire(Decision::ALL)),
             ("ToolResultStatus", wire(ToolResultStatus::ALL)),
+            ("ToolSource", wire(crate::tools::ToolSource::ALL)),
             (
                 "IfNotExists",
                 wire(&[IfNotExists::Create, IfNotExists::Reject]),

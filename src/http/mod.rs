@@ -13,6 +13,7 @@ pub mod sse;
 pub mod strict_json;
 pub mod suspensions;
 pub mod threads;
+pub mod tools;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -170,6 +171,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(runs::router())
         .merge(sse::router())
         .merge(suspensions::router())
+        .merge(tools::router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).

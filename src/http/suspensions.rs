@@ -183,7 +183,7 @@ fn decide(
                 ApiError::Validation("decision `respond` needs `response`".into())
             })?;
             if let Some(schema) = &s.input_schema {
-                crate::tools::schema::validate(schema, &response).map_err(|errors| {
+                crate::tools::validator::validate(schema, &response).map_err(|errors| {
                     ApiError::Validation(format!(
                         "response does not fit the inputSchema: {}",
                         errors.join("; ")

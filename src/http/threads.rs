@@ -128,16 +128,16 @@ pub(crate) fn check_config(state: &AppState, cfg: &AgentConfig) -> Result<(), Ap
             state.engine.provider_names().join(", ")
         )));
     }
-    let known = state.engine.tools().names();
+    let tools = state.engine.tools();
     for (field, list) in [
         ("tools", &cfg.tools),
         ("requireApproval", &cfg.require_approval),
     ] {
         for name in list.iter().flatten() {
-            if !known.contains(name) {
+            if !tools.is_known(name) {
                 return Err(ApiError::Validation(format!(
                     "config.{field} names unknown tool `{name}` (available: {})",
-                    known.join(", ")
+                    tools.names().join(", ")
                 )));
             }
         }

@@ -1376,7 +1376,7 @@ mod tests {
             "Who built Rome? Who built Athens?",
         ] {
             let p = plan_for(q, 10).await;
-            crate::tools::schema::validate(&schema, &p).unwrap();
+            crate::tools::validator::validate(&schema, &p).unwrap();
         }
     }
 }

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::{ChatMessage, ChatRequest, ChatResponse, LlmError, LlmProvider, truncate};
-use crate::tools::schema;
+use crate::tools::validator as schema;
 
 /// How much of a bad reply [`LlmError::InvalidStructured`] quotes.
 const MAX_RETURNED: usize = 500;
@@ -238,7 +238,7 @@ mod tests {
         assert_eq!(
             repair[2].content.as_deref(),
             Some(
-                "Your reply was not valid for the schema `pes_synthesis`: /response: expected string, got integer. Reply again with only the corrected JSON object."
+                "Your reply was not valid for the schema `pes_synthesis`: /response: 3 is not of type \"string\". Reply again with only the corrected JSON object."
             )
         );
         assert!(seen[1].response_format.is_some());

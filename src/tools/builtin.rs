@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 use serde_json::{Number, Value, json};
 
-use super::{Tool, ToolContext, ToolError, schema};
+use super::{Tool, ToolContext, ToolError, validator as schema};
 use crate::model::SuspensionKind;
 
 /// Longest expression the calculator accepts, in characters.
@@ -711,7 +711,7 @@ mod tests {
             .check_arguments(&json!({"question": "?", "inputSchema": {"type": "nope"}}))
             .unwrap_err();
         assert!(
-            e.starts_with("/inputSchema: schema/type: unknown type"),
+            e.starts_with("/inputSchema: schema at /type: \"nope\" is not valid"),
             "{e}"
         );
     }

@@ -24,3 +24,4 @@ mod reporting;
 mod store;
 mod teams;
 mod tool_safety;
+mod tools;

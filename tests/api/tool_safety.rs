@@ -177,7 +177,7 @@ struct Harness {
 impl Harness {
     fn new(store: Arc<dyn Store>, side_effects: bool) -> Harness {
         let keys = Arc::new(Mutex::new(Vec::new()));
-        let mut tools = ToolRegistry::new();
+        let tools = ToolRegistry::new();
         tools.register(Arc::new(Recorder {
             name: "effect",
             side_effects,

@@ -28,6 +28,7 @@ use crate::store::Store;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
 use crate::tools::ToolRegistry;
+use crate::tools::mcp::McpHub;
 use crate::worker::{Stops, Worker, WorkerSettings};
 
 /// Model providers by name.
@@ -113,6 +114,7 @@ pub struct App {
     state: AppState,
     worker: Worker,
     hard_stop: CancellationToken,
+    tools_stop: CancellationToken,
     grace: Duration,
 }
 
@@ -126,6 +128,9 @@ impl App {
         let store = connect_store(&config.database_url, config.database_max_connections).await?;
         store.migrate().await.context("applying migrations")?;
         let (providers, default_provider) = build_providers(&config)?;
+        let mcp_servers =
+            crate::tools::mcp::parse_servers(config.mcp_servers.as_deref().unwrap_or(""))
+                .map_err(|e| anyhow::anyhow!(e))?;
         let tools = ToolRegistry::with_builtins()
             .with_timeout(Duration::from_secs(config.tool_timeout_seconds.max(1)));
         if config.debug_tools {
@@ -133,6 +138,30 @@ impl App {
             tools.register(Arc::new(crate::tools::debug::DebugSleep::new(
                 config.debug_tool_log.clone(),
             )));
+        }
+        let tracker = TaskTracker::new();
+        // MCP connections outlive the drain (runs in flight may still call their tools) and end
+        // once the worker has stopped.
+        let tools_stop = CancellationToken::new();
+        if !mcp_servers.is_empty() {
+            let hub = McpHub::start(
+                mcp_servers,
+                &tools,
+                config.mcp_timings(),
+                &tracker,
+                &tools_stop,
+            );
+            hub.wait_first_attempts(config.mcp_timings().connect_timeout)
+                .await;
+            info!(
+                servers = hub.len(),
+                tools = tools
+                    .catalogue()
+                    .iter()
+                    .filter(|t| t.server.is_some())
+                    .count(),
+                "MCP servers configured"
+            );
         }
         let engine = Arc::new(Engine::new(
             providers,
@@ -185,7 +214,7 @@ impl App {
             bus,
             engine,
             shutdown,
-            tracker: TaskTracker::new(),
+            tracker,
             commands,
             metrics: worker.metrics(),
             api_keys: Arc::new(api_keys),
@@ -197,6 +226,7 @@ impl App {
             state,
             worker,
             hard_stop,
+            tools_stop,
             grace,
         })
     }
@@ -227,6 +257,7 @@ impl App {
             state,
             worker,
             hard_stop,
+            tools_stop,
             grace,
         } = self;
         info!(%addr, store = state.store.backend(), "pes-server listening");
@@ -262,7 +293,8 @@ impl App {
             hard_stop.cancel();
             let _ = worker_task.await;
         }
-        // The sweeper and the replica tasks end with the shutdown token.
+        // The sweeper and the replica tasks end with the shutdown token; tool servers now.
+        tools_stop.cancel();
         tracker.close();
         tracker.wait().await;
         info!("stopped");

@@ -240,6 +240,30 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
     pub decision_poll_ms: u64,
 
+    /// MCP servers to connect (operator only, never the API): inline JSON or the path of a JSON
+    /// file, `{"<server>": {"url", "headers"?} | {"command", "args"?, "env"?}}`. Their tools are
+    /// `<server>__<tool>`.
+    #[arg(long, env = "PES_MCP_SERVERS")]
+    pub mcp_servers: Option<String>,
+
+    /// How long connecting to an MCP server (and its handshake) may take, in seconds; start-up
+    /// waits at most this long for the first discovery.
+    #[arg(long, env = "PES_MCP_CONNECT_TIMEOUT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub mcp_connect_timeout_seconds: u64,
+
+    /// How often an idle MCP connection is pinged, so a dead server shows as unavailable before
+    /// a call needs it (milliseconds).
+    #[arg(long, env = "PES_MCP_PING_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+    pub mcp_ping_ms: u64,
+
+    /// The longest wait between reconnection attempts to an MCP server (milliseconds); the
+    /// wait starts at a twentieth of it (at least 50 ms) and doubles after each failure.
+    #[arg(long, env = "PES_MCP_RECONNECT_MAX_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub mcp_reconnect_max_ms: u64,
+
     /// Log format: `text` or `json`.
     #[arg(long, env = "PES_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -272,6 +296,7 @@ impl Config {
             &mut self.llm_api_key,
             &mut self.llm_model,
             &mut self.api_keys,
+            &mut self.mcp_servers,
             &mut self.log,
         ] {
             if v.as_deref().is_some_and(|s| s.trim().is_empty()) {
@@ -297,6 +322,17 @@ impl Config {
             .clone()
             .or_else(|| std::env::var("OPENAI_API_KEY").ok())
             .filter(|k| !k.is_empty())
+    }
+
+    /// The timing of MCP connections.
+    pub fn mcp_timings(&self) -> crate::tools::mcp::McpTimings {
+        let max = Duration::from_millis(self.mcp_reconnect_max_ms);
+        crate::tools::mcp::McpTimings {
+            connect_timeout: Duration::from_secs(self.mcp_connect_timeout_seconds),
+            ping_interval: Duration::from_millis(self.mcp_ping_ms),
+            reconnect_min: (max / 20).max(Duration::from_millis(50)),
+            reconnect_max: max,
+        }
     }
 
     pub fn lease(&self) -> Duration {

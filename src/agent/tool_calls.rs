@@ -59,14 +59,13 @@ impl Engine {
             return CallStep::Answered(r, obs, ops);
         }
         if item.step_type == StepType::Reasoning || !self.item_may_call(ctx, item, &call.name) {
-            return CallStep::Answered(
-                error_result(format!(
-                    "tool `{}` is not available for this item",
-                    call.name
-                )),
-                vec![],
-                vec![],
-            );
+            // A tool of a server that is down (never listed yet) is not offered; the model
+            // named it anyway, so tell it why it cannot have it.
+            let msg = match self.tools.validate(&call.name, &call.arguments) {
+                Err(e @ crate::tools::ToolError::Unavailable(_)) => e.to_string(),
+                _ => format!("tool `{}` is not available for this item", call.name),
+            };
+            return CallStep::Answered(error_result(msg), vec![], vec![]);
         }
         let Some(kind) = self.needs_person(ctx, &call.name) else {
             return CallStep::Invoke(call.arguments.clone());

@@ -16,6 +16,7 @@ mod history;
 mod hitl;
 mod http;
 mod item_times;
+mod mcp;
 mod openapi;
 mod payloads;
 mod process;

@@ -16,6 +16,7 @@ use crate::model::SuspensionKind;
 
 pub mod builtin;
 pub mod debug;
+pub mod http;
 pub mod schema;
 
 /// What a tool knows about the call it serves.

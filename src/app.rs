@@ -139,6 +139,7 @@ impl App {
                 config.debug_tool_log.clone(),
             )));
         }
+        register_http_tool(&config, &tools)?;
         let tracker = TaskTracker::new();
         // MCP connections outlive the drain (runs in flight may still call their tools) and end
         // once the worker has stopped.
@@ -300,6 +301,44 @@ impl App {
         info!("stopped");
         Ok(())
     }
+}
+
+/// Register `http_request` when `PES_HTTP_TOOL` is on. `PES_HTTP_TOOL_ALLOW` is parsed either
+/// way, so a bad entry stops the start instead of surfacing when the tool is turned on.
+fn register_http_tool(config: &Config, tools: &ToolRegistry) -> anyhow::Result<()> {
+    use crate::tools::http::guard::AllowList;
+    use crate::tools::http::{HttpRequestTool, HttpToolSettings};
+    let allow = AllowList::parse(config.http_tool_allow.as_deref().unwrap_or(""))
+        .map_err(anyhow::Error::msg)?;
+    if !config.http_tool {
+        if !allow.is_empty() {
+            warn!(
+                "PES_HTTP_TOOL_ALLOW is set but PES_HTTP_TOOL is off: no HTTP tool is registered"
+            );
+        }
+        return Ok(());
+    }
+    let settings = HttpToolSettings {
+        allow,
+        max_bytes: usize::try_from(config.http_tool_max_bytes).unwrap_or(usize::MAX),
+        timeout: Duration::from_secs(config.http_tool_timeout_seconds.max(1)),
+    };
+    let tool = HttpRequestTool::new(settings.clone()).context("building the HTTP tool's client")?;
+    info!(
+        allowed = %settings.allow,
+        max_bytes = settings.max_bytes,
+        timeout_seconds = settings.timeout.as_secs(),
+        "PES_HTTP_TOOL is on: the `http_request` tool is registered; it reaches public \
+         addresses, and beyond them only what PES_HTTP_TOOL_ALLOW allows"
+    );
+    if config.http_tool_timeout_seconds > config.tool_timeout_seconds {
+        warn!(
+            "PES_HTTP_TOOL_TIMEOUT_SECONDS is above PES_TOOL_TIMEOUT_SECONDS: the tool timeout \
+             ends slow HTTP requests first"
+        );
+    }
+    tools.register(Arc::new(tool));
+    Ok(())
 }
 
 /// File descriptors kept for everything but client connections (database pool, SQLite files,

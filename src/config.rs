@@ -125,6 +125,30 @@ pub struct Config {
     #[arg(long, env = "PES_DEBUG_TOOL_LOG")]
     pub debug_tool_log: Option<std::path::PathBuf>,
 
+    /// Register the `http_request` tool, with which the model sends HTTP requests from the
+    /// service's network. Off by default; even on, it reaches only public addresses unless
+    /// `PES_HTTP_TOOL_ALLOW` says otherwise.
+    #[arg(long, env = "PES_HTTP_TOOL", default_value_t = false)]
+    pub http_tool: bool,
+
+    /// What the HTTP tool may reach beyond public addresses: comma-separated exact host names
+    /// (`localhost`, `api.internal`; any address they resolve to) and CIDRs or addresses
+    /// (`10.0.0.0/8`, `127.0.0.1`, `::1/128`). A cloud metadata address needs an entry that is
+    /// exactly that address.
+    #[arg(long, env = "PES_HTTP_TOOL_ALLOW")]
+    pub http_tool_allow: Option<String>,
+
+    /// Response body bytes the HTTP tool reads; the rest is cut off with a marker, never read.
+    #[arg(long, env = "PES_HTTP_TOOL_MAX_BYTES", default_value_t = 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1..=64 * 1024 * 1024))]
+    pub http_tool_max_bytes: u64,
+
+    /// Seconds one HTTP tool request may take in all (connecting, redirects, the body); the
+    /// tool timeout (`PES_TOOL_TIMEOUT_SECONDS`) bounds it too.
+    #[arg(long, env = "PES_HTTP_TOOL_TIMEOUT_SECONDS", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub http_tool_timeout_seconds: u64,
+
     /// How often an idle worker looks for work it was not woken for (milliseconds).
     #[arg(long, env = "PES_POLL_INTERVAL_MS", default_value_t = 1000)]
     pub poll_interval_ms: u64,
@@ -297,6 +321,7 @@ impl Config {
             &mut self.llm_model,
             &mut self.api_keys,
             &mut self.mcp_servers,
+            &mut self.http_tool_allow,
             &mut self.log,
         ] {
             if v.as_deref().is_some_and(|s| s.trim().is_empty()) {

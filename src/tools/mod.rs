@@ -13,6 +13,7 @@ use crate::model::SuspensionKind;
 
 pub mod builtin;
 pub mod debug;
+pub mod http;
 pub mod mcp;
 mod registry;
 pub mod validator;

@@ -15,6 +15,7 @@ mod helpers;
 mod history;
 mod hitl;
 mod http;
+mod http_tool;
 mod item_times;
 mod mcp;
 mod openapi;

@@ -188,7 +188,8 @@ pub fn planning_system(
     if tools.is_empty() {
         s.push_str("No tools are available.\n");
     } else {
-        s.push_str("Available tools:\n");
+        s.push_str(labels::AVAILABLE_TOOLS);
+        s.push('\n');
         for (name, desc) in tools {
             s.push_str(&format!("- {name}: {desc}\n"));
         }
@@ -265,6 +266,8 @@ pub mod labels {
     pub const EXPECTED: &str = "Expected outcome: ";
     /// `Required tools: a, b`.
     pub const REQUIRED_TOOLS: &str = "Required tools: ";
+    /// In the planning system prompt, before one `- <name>: <description>` line per tool.
+    pub const AVAILABLE_TOOLS: &str = "Available tools:";
     /// In the planning system prompt: `Use at most <n> items.`
     pub const MAX_ITEMS: &str = "Use at most ";
     /// First line of the refinement note; then one `- <id> [<status>]: <description>` per item.

@@ -20,7 +20,9 @@
 //! Its tests build their requests with the engine's own prompt builders, so a prompt change that
 //! breaks the contract breaks them. The only prose it interprets is the query: arithmetic
 //! expressions (checked with the calculator's own parser), a question about the time, "ask me",
-//! and its independent parts (split at `?`, `;` and line breaks) when no tool applies.
+//! the name of any other available tool (an MCP tool, the HTTP tool, …) optionally followed by a
+//! JSON object of arguments (`call web__echo with {"text": "hi"}`), and its independent parts
+//! (split at `?`, `;` and line breaks) when no tool applies.
 
 use serde_json::{Value, json};
 
@@ -65,7 +67,7 @@ struct PlanItem {
     id: String,
     description: String,
     step_type: &'static str,
-    required_tools: Vec<&'static str>,
+    required_tools: Vec<String>,
     expected_outcome: String,
     dependencies: Vec<String>,
 }
@@ -89,7 +91,7 @@ impl PlanItem {
 /// A new item's content before it gets an id.
 struct Draft {
     description: String,
-    tool: Option<&'static str>,
+    tool: Option<String>,
     expected_outcome: String,
 }
 
@@ -97,6 +99,10 @@ const ANSWER_PREFIX: &str = "Compose the answer to: ";
 const CALCULATE_PREFIX: &str = "Calculate ";
 const TIME_PREFIX: &str = "Look up the current time";
 const ASK_PREFIX: &str = "Ask the user: ";
+/// Prefix of an item that calls a tool the query named: `Call the tool <name> with <json>`.
+const CALL_PREFIX: &str = "Call the tool ";
+/// Tools the offline model has rules of its own for.
+const BUILTIN_RULES: &[&str] = &["calculator", "current_time", "ask_user"];
 /// The question the offline model asks when a query says "ask me".
 const ASK_QUESTION: &str = "What should I know to answer?";
 /// Prefix of an item that answers one independent part of a query that needs no tool.
@@ -201,6 +207,68 @@ fn detect_zone(text: &str) -> Option<String> {
         })
 }
 
+/// The tools a planning request offers: the `- <name>: <description>` lines after the system
+/// prompt's `Available tools:`.
+fn available_tools(req: &ChatRequest) -> Vec<String> {
+    texts(req, Role::System)
+        .flat_map(|t| {
+            t.lines()
+                .skip_while(|l| *l != labels::AVAILABLE_TOOLS)
+                .skip(1)
+                .map_while(|l| l.strip_prefix("- "))
+                .filter_map(|l| l.split_once(": ").map(|(name, _)| name.to_owned()))
+        })
+        .collect()
+}
+
+/// The tools (other than those with rules of their own) the query names, in the order named,
+/// each with the JSON object that follows its name (after an optional `with`), else `{}`; and
+/// the query without those arguments (so numbers inside them are not taken for arithmetic).
+fn named_calls(query: &str, available: &[String]) -> (Vec<(String, Value)>, String) {
+    let is_name_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    let mut found: Vec<(usize, String, Value, std::ops::Range<usize>)> = Vec::new();
+    for name in available
+        .iter()
+        .filter(|n| !BUILTIN_RULES.contains(&n.as_str()))
+    {
+        for (at, _) in query.match_indices(name.as_str()) {
+            let end = at + name.len();
+            let bounded =
+                !query[..at].ends_with(is_name_char) && !query[end..].starts_with(is_name_char);
+            if !bounded {
+                continue;
+            }
+            let after = query[end..].trim_start_matches(['`', '\'', '"', ' ']);
+            let after = after.strip_prefix("with").unwrap_or(after).trim_start();
+            let start = query.len() - after.len();
+            let mut stream = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+            let (args, span) = match (after.starts_with('{'), stream.next()) {
+                (true, Some(Ok(v @ Value::Object(_)))) => (v, start..start + stream.byte_offset()),
+                _ => (json!({}), end..end),
+            };
+            found.push((at, name.clone(), args, span));
+            break;
+        }
+    }
+    found.sort_by_key(|f| f.0);
+    let mut rest = query.to_owned();
+    for (_, _, _, span) in found.iter().rev() {
+        rest.replace_range(span.clone(), " ");
+    }
+    let calls = found.into_iter().map(|(_, n, a, _)| (n, a)).collect();
+    (calls, rest)
+}
+
+/// The tool and arguments of an item the offline model planned from a named tool
+/// (`Call the tool <name> with <json>`).
+fn called_tool(description: &str) -> Option<(&str, Value)> {
+    let (name, args) = description
+        .strip_prefix(CALL_PREFIX)?
+        .split_once(" with ")?;
+    let args: Value = serde_json::from_str(args).ok()?;
+    args.is_object().then_some((name, args))
+}
+
 /// The independent parts of a query: its pieces between `?`, `;` and line breaks that hold at
 /// least [`MIN_PART_WORDS`] words, when there are at least two (a single part is the query).
 fn independent_parts(query: &str) -> Vec<String> {
@@ -217,28 +285,34 @@ fn independent_parts(query: &str) -> Vec<String> {
 /// New items for a query: one per arithmetic expression, one for the time, one to ask the user,
 /// or, when none of these applies, one per independent part of the query; then the answer, which
 /// depends on all of them. The parts have no dependency between them, so they run in parallel.
-fn drafts_for(query: &str) -> (Vec<Draft>, Draft) {
-    let mut tools: Vec<Draft> = detect_expressions(query)
+fn drafts_for(query: &str, available: &[String]) -> (Vec<Draft>, Draft) {
+    let (named, rest) = named_calls(query, available);
+    let mut tools: Vec<Draft> = named
         .into_iter()
-        .map(|expr| Draft {
-            description: format!("{CALCULATE_PREFIX}{expr}"),
-            tool: Some("calculator"),
-            expected_outcome: format!("The value of {expr}"),
+        .map(|(name, args)| Draft {
+            description: format!("{CALL_PREFIX}{name} with {args}"),
+            expected_outcome: format!("The result of {name}"),
+            tool: Some(name),
         })
         .collect();
+    tools.extend(detect_expressions(&rest).into_iter().map(|expr| Draft {
+        description: format!("{CALCULATE_PREFIX}{expr}"),
+        tool: Some("calculator".into()),
+        expected_outcome: format!("The value of {expr}"),
+    }));
     if asks_for_time(query) {
         let zone = detect_zone(query);
         let suffix = zone.map(|z| format!(" in {z}")).unwrap_or_default();
         tools.push(Draft {
             description: format!("{TIME_PREFIX}{suffix}"),
-            tool: Some("current_time"),
+            tool: Some("current_time".into()),
             expected_outcome: format!("The current date and time{suffix}"),
         });
     }
     if wants_a_question(query) {
         tools.push(Draft {
             description: format!("{ASK_PREFIX}{ASK_QUESTION}"),
-            tool: Some("ask_user"),
+            tool: Some("ask_user".into()),
             expected_outcome: "The user's answer".into(),
         });
     }
@@ -271,13 +345,13 @@ fn rebuild_existing(existing: &[(String, String)]) -> Vec<PlanItem> {
     let mut batch: Vec<String> = Vec::new();
     for (id, description) in existing {
         let tool = if description.starts_with(CALCULATE_PREFIX) {
-            Some("calculator")
+            Some("calculator".to_owned())
         } else if description.starts_with(TIME_PREFIX) {
-            Some("current_time")
+            Some("current_time".to_owned())
         } else if description.starts_with(ASK_PREFIX) {
-            Some("ask_user")
+            Some("ask_user".to_owned())
         } else {
-            None
+            called_tool(description).map(|(name, _)| name.to_owned())
         };
         let item = match tool {
             Some(t) => {
@@ -285,6 +359,7 @@ fn rebuild_existing(existing: &[(String, String)]) -> Vec<PlanItem> {
                 let expected_outcome = match description.strip_prefix(CALCULATE_PREFIX) {
                     Some(expr) => format!("The value of {expr}"),
                     None if t == "ask_user" => "The user's answer".into(),
+                    None if description.starts_with(CALL_PREFIX) => format!("The result of {t}"),
                     None => format!(
                         "The current date and time{}",
                         &description[TIME_PREFIX.len()..]
@@ -332,11 +407,12 @@ fn rebuild_existing(existing: &[(String, String)]) -> Vec<PlanItem> {
 /// The `pes_plan` reply for the query of a planning request.
 fn plan(req: &ChatRequest) -> Value {
     let query = last_user_text(req).unwrap_or_default();
+    let available = available_tools(req);
     let cap = max_items(req).unwrap_or(DEFAULT_MAX_ITEMS);
     let mut items = rebuild_existing(&existing_items(req));
     let room = cap.saturating_sub(items.len());
     if room > 0 {
-        let (mut drafts, answer) = drafts_for(query);
+        let (mut drafts, answer) = drafts_for(query, &available);
         drafts.truncate(room - 1);
         let highest = items
             .iter()
@@ -653,10 +729,15 @@ fn execute(req: &ChatRequest) -> (Option<String>, Vec<ToolCall>) {
                 Some(z) => json!({ "timezone": z }),
                 None => json!({}),
             },
-            other => {
-                notes.push(format!("The offline model cannot use the `{other}` tool."));
-                continue;
-            }
+            other => match called_tool(&description) {
+                Some((name, args)) if name == other => args,
+                _ => {
+                    notes.push(format!(
+                        "The offline model cannot use the `{other}` tool unless the query names it."
+                    ));
+                    continue;
+                }
+            },
         };
         if !offered(tool) {
             notes.push(format!("The `{tool}` tool is not enabled for this thread."));
@@ -919,6 +1000,85 @@ mod tests {
                 ChatMessage::user(brief),
             ],
         )
+    }
+
+    #[tokio::test]
+    async fn a_tool_the_query_names_is_called_with_the_arguments_that_follow() {
+        let described = vec![
+            ("calculator".to_owned(), "math".to_owned()),
+            ("web__echo".to_owned(), "echo".to_owned()),
+            ("web__echo_all".to_owned(), "echo all".to_owned()),
+            ("web__ping".to_owned(), "ping".to_owned()),
+        ];
+        let req = request(
+            Phase::Plan,
+            vec![
+                ChatMessage::system(prompts::planning_system(
+                    &AgentConfig::default(),
+                    &described,
+                    10,
+                    true,
+                )),
+                ChatMessage::user(
+                    r#"Use web__ping, then call `web__echo` with {"text": "1+1 at 2024-01-02"} and add 2*3"#,
+                ),
+            ],
+        );
+        assert_eq!(
+            available_tools(&req),
+            ["calculator", "web__echo", "web__echo_all", "web__ping"]
+        );
+        let plan = reply(req).await;
+        let items = plan["todoList"].as_array().unwrap();
+        let described: Vec<(&str, &Value)> = items
+            .iter()
+            .map(|i| (i["description"].as_str().unwrap(), &i["requiredTools"]))
+            .collect();
+        assert_eq!(
+            described[..3],
+            [
+                ("Call the tool web__ping with {}", &json!(["web__ping"])),
+                (
+                    r#"Call the tool web__echo with {"text":"1+1 at 2024-01-02"}"#,
+                    &json!(["web__echo"])
+                ),
+                ("Calculate 2*3", &json!(["calculator"])),
+            ],
+            "the arithmetic inside the arguments is not calculated: {plan}"
+        );
+        assert_eq!(items.len(), 4);
+        // Executing the item calls the tool with exactly those arguments.
+        let r = OfflineProvider::new()
+            .complete(execute_request(
+                "q",
+                r#"Call the tool web__echo with {"text":"1+1 at 2024-01-02"}"#,
+                &["web__echo"],
+                vec![],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(r.tool_calls.len(), 0, "not offered: {r:?}");
+        let mut req = execute_request(
+            "q",
+            r#"Call the tool web__echo with {"text":"1+1 at 2024-01-02"}"#,
+            &["web__echo"],
+            vec![],
+        );
+        req.tools = vec![ToolSpec {
+            name: "web__echo".into(),
+            description: "echo".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        let r = OfflineProvider::new().complete(req).await.unwrap();
+        assert_eq!(r.tool_calls[0].name, "web__echo");
+        assert_eq!(
+            r.tool_calls[0].arguments,
+            json!({"text": "1+1 at 2024-01-02"})
+        );
+        // A refinement keeps the item as planned.
+        let rebuilt =
+            rebuild_existing(&[("step-1".into(), "Call the tool web__ping with {}".into())]);
+        assert_eq!(rebuilt[0].required_tools, ["web__ping"]);
     }
 
     #[test]

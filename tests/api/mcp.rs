@@ -523,3 +523,31 @@ async fn a_bad_server_config_is_a_start_up_error() {
         "{err:#}"
     );
 }
+
+/// With no model configured, the offline model calls an MCP tool a query names, with the JSON
+/// arguments that follow its name: a new user can try a server before wiring a real model.
+#[tokio::test]
+async fn the_offline_model_calls_a_tool_the_query_names() {
+    let Some(python) = python() else { return };
+    let (dir, _guard) = scratch();
+    let peer = HttpPeer::start(&python, 0).await;
+    let app = spawn_with(Backend::Sqlite, None, |c| {
+        c.mcp_servers = Some(servers(&python, &peer.url(), &dir.join("count")));
+    })
+    .await;
+    let t = app.thread(json!({})).await;
+    let run = app
+        .run_wait(
+            &t,
+            r#"Call local__echo with {"text": "hi"} and web__add with {"a": 2, "b": 40}"#,
+        )
+        .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let answer = run["finalResponse"]["response"].as_str().unwrap();
+    assert!(answer.contains("echo: hi"), "{answer}");
+    assert!(answer.contains(r#"{"sum":42}"#), "{answer}");
+    let ex = executions(&app, &t).await;
+    assert_eq!(ex.len(), 2, "{ex:?}");
+    drop(peer);
+    app.stop().await;
+}

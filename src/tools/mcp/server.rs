@@ -70,6 +70,8 @@ pub struct Connection {
     poke: Notify,
     /// Fired once the first connection attempt finished, either way.
     first_attempt: CancellationToken,
+    /// The last line a stdio server wrote to stderr: often why it died.
+    last_stderr: std::sync::Mutex<Option<String>>,
 }
 
 impl Connection {
@@ -79,6 +81,7 @@ impl Connection {
             state: RwLock::new(State::Starting),
             poke: Notify::new(),
             first_attempt: CancellationToken::new(),
+            last_stderr: std::sync::Mutex::new(None),
         })
     }
 
@@ -271,7 +274,19 @@ async fn session(
                 return Ended::Stopped;
             }
             quit = &mut ended => {
-                return lost(format!("the connection closed ({quit:?})"), true);
+                let last_words = connection
+                    .last_stderr
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                    .map(|l| format!("; its last stderr line: {l}"))
+                    .unwrap_or_default();
+                let how = match quit {
+                    Ok(rmcp::service::QuitReason::Closed) => "the server closed the connection".to_owned(),
+                    Ok(other) => format!("the connection ended ({other:?})"),
+                    Err(e) => format!("the connection task failed: {e}"),
+                };
+                return lost(format!("{how}{last_words}"), true);
             }
             () = connection.poke.notified() => {
                 // A `list_changed`, or a call that lost the transport: re-listing checks both.
@@ -288,7 +303,7 @@ async fn session(
                 .await;
                 let error = match pinged {
                     Ok(Ok(_)) => continue,
-                    Ok(Err(e)) => format!("ping failed: {e}"),
+                    Ok(Err(e)) => format!("ping failed: {}", root_cause(&e)),
                     Err(_) => "ping timed out".to_owned(),
                 };
                 cancel.cancel();
@@ -307,7 +322,7 @@ async fn discover(
     let listed = peer
         .list_all_tools()
         .await
-        .map_err(|e| format!("listing tools failed: {e}"))?;
+        .map_err(|e| format!("listing tools failed: {}", root_cause(&e)))?;
     let mut tools: Vec<Arc<dyn Tool>> = Vec::with_capacity(listed.len());
     for t in &listed {
         match McpTool::new(connection.clone(), t) {
@@ -339,7 +354,6 @@ async fn connect(
     let handler = Handler {
         connection: connection.clone(),
     };
-    let name = connection.name().to_owned();
     match &connection.config.transport {
         Transport::Http { url, headers } => {
             let client = crate::net::client_builder()
@@ -359,7 +373,7 @@ async fn connect(
             handler
                 .serve(transport)
                 .await
-                .map_err(|e| format!("connecting to {url}: {e}"))
+                .map_err(|e| format!("connecting to {url}: {}", root_cause(&e)))
         }
         Transport::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
@@ -369,19 +383,87 @@ async fn connect(
                 .spawn()
                 .map_err(|e| format!("cannot start `{command}`: {e}"))?;
             if let Some(stderr) = stderr {
-                // The server's own log lines, kept in ours, named.
-                let server = name.clone();
+                // The server's own log lines, in ours at debug level (servers log every
+                // request); the last one is kept to say why a server died.
+                let connection = connection.clone();
                 tracker.spawn(async move {
                     let mut lines = tokio::io::BufReader::new(stderr).lines();
                     while let Ok(Some(line)) = lines.next_line().await {
-                        info!(server = %server, "mcp stderr: {line}");
+                        debug!(server = connection.name(), "mcp stderr: {line}");
+                        if !line.trim().is_empty() {
+                            *connection
+                                .last_stderr
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner) =
+                                Some(crate::llm::truncate(line.trim(), 300));
+                        }
                     }
                 });
             }
-            handler
-                .serve(process)
-                .await
-                .map_err(|e| format!("starting `{command}`: {e}"))
+            handler.serve(process).await.map_err(|e| {
+                let last_words = connection
+                    .last_stderr
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                    .map(|l| format!("; its last stderr line: {l}"))
+                    .unwrap_or_default();
+                format!("starting `{command}`: {}{last_words}", root_cause(&e))
+            })
         }
+    }
+}
+
+/// What went wrong, from an SDK error: the transport errors wrap the cause in several layers
+/// whose text names Rust types; the innermost cause (with the one around it when it is terse,
+/// like `Connection refused (os error 111)`) is what an operator can act on.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut chain: Vec<String> = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        chain.push(s.to_string());
+        source = s.source();
+    }
+    let last = without_type_names(&chain.pop().unwrap_or_default());
+    match chain.pop() {
+        Some(outer) if last.len() < 40 && outer.len() < 120 && !outer.contains('<') => {
+            format!("{outer}: {last}")
+        }
+        _ => last,
+    }
+}
+
+/// The text without the bracketed Rust type names some transport errors print
+/// (`Transport [rmcp::transport::…<…>] error`).
+fn without_type_names(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('[') {
+        let Some(close) = rest[open..].find(']').map(|c| open + c) else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        if !rest[open..close].contains("::") {
+            out.push_str(&rest[open..=close]);
+        }
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_type_names;
+
+    #[test]
+    fn type_names_leave_error_texts() {
+        assert_eq!(
+            without_type_names(
+                "Send message error Transport [rmcp::transport::worker::WorkerTransport<X<Y>>] error: \
+                 Client error: refused [code 7]"
+            ),
+            "Send message error Transport error: Client error: refused [code 7]"
+        );
     }
 }

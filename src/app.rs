@@ -148,11 +148,11 @@ impl App {
             let hub = McpHub::start(
                 mcp_servers,
                 &tools,
-                config.mcp_timings(),
+                config.mcp_settings(),
                 &tracker,
                 &tools_stop,
             );
-            hub.wait_first_attempts(config.mcp_timings().connect_timeout)
+            hub.wait_first_attempts(config.mcp_settings().connect_timeout)
                 .await;
             info!(
                 servers = hub.len(),

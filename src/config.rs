@@ -288,6 +288,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub mcp_reconnect_max_ms: u64,
 
+    /// The most bytes of an MCP tool's output kept and shown to the model; the rest is cut off
+    /// with a marker (servers may send up to 16 MiB).
+    #[arg(long, env = "PES_MCP_MAX_OUTPUT_BYTES", default_value_t = 1_048_576,
+          value_parser = clap::value_parser!(u64).range(1024..=16_777_216))]
+    pub mcp_max_output_bytes: u64,
+
     /// Log format: `text` or `json`.
     #[arg(long, env = "PES_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -350,13 +356,14 @@ impl Config {
     }
 
     /// The timing of MCP connections.
-    pub fn mcp_timings(&self) -> crate::tools::mcp::McpTimings {
+    pub fn mcp_settings(&self) -> crate::tools::mcp::McpSettings {
         let max = Duration::from_millis(self.mcp_reconnect_max_ms);
-        crate::tools::mcp::McpTimings {
+        crate::tools::mcp::McpSettings {
             connect_timeout: Duration::from_secs(self.mcp_connect_timeout_seconds),
             ping_interval: Duration::from_millis(self.mcp_ping_ms),
             reconnect_min: (max / 20).max(Duration::from_millis(50)),
             reconnect_max: max,
+            max_output_bytes: usize::try_from(self.mcp_max_output_bytes).unwrap_or(usize::MAX),
         }
     }
 

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::{ServerConfig, Transport, parse as parse_servers};
-pub use server::McpTimings;
+pub use server::McpSettings;
 pub use tool::IDEMPOTENCY_META_KEY;
 
 use super::ToolRegistry;
@@ -31,11 +31,14 @@ impl McpHub {
     pub fn start(
         servers: Vec<ServerConfig>,
         registry: &ToolRegistry,
-        timings: McpTimings,
+        timings: McpSettings,
         tracker: &TaskTracker,
         stop: &CancellationToken,
     ) -> Self {
-        let connections: Vec<Arc<Connection>> = servers.into_iter().map(Connection::new).collect();
+        let connections: Vec<Arc<Connection>> = servers
+            .into_iter()
+            .map(|s| Connection::new(s, timings.max_output_bytes))
+            .collect();
         for c in &connections {
             registry.declare_server(c.clone());
             tracker.spawn(server::keep(

@@ -27,9 +27,9 @@ use super::config::{ServerConfig, Transport};
 use super::tool::McpTool;
 use crate::tools::{Tool, ToolError, ToolRegistry, ToolServer, ToolSource};
 
-/// Timing of connections: settings (`PES_MCP_*`).
+/// How connections are kept and what a call may return: settings (`PES_MCP_*`).
 #[derive(Debug, Clone, Copy)]
-pub struct McpTimings {
+pub struct McpSettings {
     /// How long connecting and the MCP handshake may take.
     pub connect_timeout: Duration,
     /// How often an idle connection is pinged (and how long a ping may take).
@@ -38,15 +38,19 @@ pub struct McpTimings {
     pub reconnect_min: Duration,
     /// The longest wait between reconnection attempts.
     pub reconnect_max: Duration,
+    /// The most bytes of a tool's output kept (and shown to the model); the rest is cut off
+    /// with a marker.
+    pub max_output_bytes: usize,
 }
 
-impl Default for McpTimings {
+impl Default for McpSettings {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(10),
             ping_interval: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(500),
             reconnect_max: Duration::from_secs(10),
+            max_output_bytes: 1024 * 1024,
         }
     }
 }
@@ -65,6 +69,8 @@ enum State {
 /// A server's live connection, shared by its tools and the task that keeps it.
 pub struct Connection {
     config: ServerConfig,
+    /// The most bytes of a tool's output kept.
+    pub(super) max_output_bytes: usize,
     state: RwLock<State>,
     /// Poked by `list_changed` (re-list) and by a call that lost the transport (check now).
     poke: Notify,
@@ -75,9 +81,10 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub(super) fn new(config: ServerConfig) -> Arc<Self> {
+    pub(super) fn new(config: ServerConfig, max_output_bytes: usize) -> Arc<Self> {
         Arc::new(Self {
             config,
+            max_output_bytes,
             state: RwLock::new(State::Starting),
             poke: Notify::new(),
             first_attempt: CancellationToken::new(),
@@ -188,7 +195,7 @@ impl ClientHandler for Handler {
 pub(super) async fn keep(
     connection: Arc<Connection>,
     registry: ToolRegistry,
-    timings: McpTimings,
+    timings: McpSettings,
     tracker: TaskTracker,
     stop: CancellationToken,
 ) {
@@ -248,7 +255,7 @@ async fn session(
     connection: &Arc<Connection>,
     registry: &ToolRegistry,
     running: RunningService<RoleClient, Handler>,
-    timings: McpTimings,
+    timings: McpSettings,
     stop: &CancellationToken,
 ) -> Ended {
     let peer = running.peer().clone();

@@ -119,6 +119,7 @@ impl Tool for McpTool {
         params.meta = Some(RequestMetaObject(MetaObject(meta)));
         let result = self.connection.call_tool(params).await?;
         output(self.connection.name(), &self.remote, result)
+            .map(|v| bounded(v, self.connection.max_output_bytes))
     }
 }
 
@@ -148,6 +149,30 @@ fn output(server: &str, tool: &str, result: CallToolResult) -> Result<Value, Too
         return Ok(Value::String(text));
     }
     Ok(Value::Array(result.content.iter().map(block).collect()))
+}
+
+/// `value` when its JSON fits in `max` bytes; else its JSON text cut at `max` bytes (on a
+/// character boundary) with a marker, so a huge answer cannot fill the log or the model's context.
+fn bounded(value: Value, max: usize) -> Value {
+    let text = match &value {
+        Value::String(s) if s.len() <= max => return value,
+        Value::String(s) => s.clone(),
+        other => {
+            let json = other.to_string();
+            if json.len() <= max {
+                return value;
+            }
+            json
+        }
+    };
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Value::String(format!(
+        "{}…[truncated: the tool's output exceeded {max} bytes]",
+        &text[..cut]
+    ))
 }
 
 /// The text blocks joined by blank lines.
@@ -193,6 +218,25 @@ mod tests {
         );
         assert_eq!(local_name("fs", ""), None);
         assert_eq!(local_name("fs", &"x".repeat(80)), None);
+    }
+
+    #[test]
+    fn huge_outputs_are_cut_with_a_marker() {
+        assert_eq!(bounded(json!({"a": 1}), 100), json!({"a": 1}));
+        assert_eq!(
+            bounded(json!("é".repeat(10)), 7),
+            json!(format!(
+                "{}…[truncated: the tool's output exceeded 7 bytes]",
+                "é".repeat(3)
+            ))
+        );
+        let cut = bounded(json!({"text": "x".repeat(100)}), 20);
+        assert!(
+            cut.as_str()
+                .unwrap()
+                .starts_with(r#"{"text":"xxxxxxxxxxx…[truncated"#),
+            "{cut}"
+        );
     }
 
     #[test]

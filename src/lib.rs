@@ -20,6 +20,7 @@ pub mod app;
 pub mod commands;
 pub mod config;
 pub mod events;
+pub mod flowchart;
 pub mod http;
 pub mod llm;
 pub mod memory;

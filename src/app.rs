@@ -178,6 +178,7 @@ impl App {
                 compaction_threshold_chars: config.compaction_threshold_chars,
                 max_team_depth: config.max_team_depth,
                 decision_poll: Duration::from_millis(config.decision_poll_ms.max(10)),
+                flowchart_max_steps: config.flowchart_max_steps,
                 ..EngineSettings::default()
             },
         ));

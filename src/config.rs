@@ -264,6 +264,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
     pub decision_poll_ms: u64,
 
+    /// Stages one flowchart call may execute, sub-flows included; a call that reaches it ends
+    /// with a tool error naming the stage.
+    #[arg(long, env = "PES_FLOWCHART_MAX_STEPS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub flowchart_max_steps: u32,
+
     /// MCP servers to connect (operator only, never the API): inline JSON or the path of a JSON
     /// file, `{"<server>": {"url", "headers"?} | {"command", "args"?, "env"?}}`. Their tools are
     /// `<server>__<tool>`.

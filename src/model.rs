@@ -276,6 +276,10 @@ string_enum! {
         /// An item's long result compacted for the items that read it: `{itemId, summary,
         /// inputChars, outputChars}`.
         Compaction => "COMPACTION",
+        /// One executed stage of a flowchart call, under the call's `TOOL_CALL` (a sub-flow's
+        /// stages under their `flow` stage's step): `{flowchart, version, stage, kind, iteration,
+        /// step, toolCallId, reads, writes, decision?, durationMs, error?}`.
+        FlowchartStep => "FLOWCHART_STEP",
     }
 }
 

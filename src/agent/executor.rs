@@ -36,11 +36,18 @@ impl Engine {
         let mut specs = match item.step_type {
             StepType::Tool => {
                 let allowed: Vec<String> = self
-                    .enabled_tools(&ctx.cfg)
+                    .enabled_tools(ctx)
                     .into_iter()
                     .filter(|t| self.item_may_call(ctx, item, t))
                     .collect();
-                self.tools.specs(Some(&allowed))
+                let mut specs = self.tools.specs(Some(&allowed));
+                specs.extend(
+                    ctx.flowcharts
+                        .values()
+                        .filter(|f| allowed.contains(&f.record.name))
+                        .map(|f| f.spec()),
+                );
+                specs
             }
             StepType::Reasoning => vec![],
         };

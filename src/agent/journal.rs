@@ -46,6 +46,40 @@ pub trait Journal: Send + Sync {
     async fn decision_arrived(&self) {
         std::future::pending::<()>().await;
     }
+
+    /// The latest version of every flowchart of the run's tenant (mounted as tools). The
+    /// default has none.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when they cannot be read.
+    async fn flowcharts(&self) -> Result<Vec<crate::flowchart::FlowchartRecord>, EngineError> {
+        Ok(vec![])
+    }
+
+    /// One flowchart of the run's tenant: the latest version, or `version` (even when deleted
+    /// since: a call in progress resumes on the version it started with).
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when it cannot be read.
+    async fn flowchart(
+        &self,
+        _name: &str,
+        _version: Option<i64>,
+    ) -> Result<Option<crate::flowchart::FlowchartRecord>, EngineError> {
+        Ok(None)
+    }
+
+    /// The run's committed observations of these types, in `seq` order (a flowchart call
+    /// resuming reads its steps back).
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when they cannot be read.
+    async fn run_observations(
+        &self,
+        _types: &[crate::model::ObservationType],
+    ) -> Result<Vec<crate::model::Observation>, EngineError> {
+        Ok(vec![])
+    }
 }
 
 /// Internal reasons to leave the normal flow.
@@ -102,6 +136,9 @@ pub(super) struct Ctx<'a> {
     pub(super) items: Vec<TodoItem>,
     pub(super) history: Vec<Message>,
     pub(super) suspensions: Vec<Suspension>,
+    /// The tenant's flowcharts, mounted as tools for this run (loaded when it starts).
+    pub(super) flowcharts:
+        Arc<std::collections::BTreeMap<String, crate::flowchart::tool::FlowTool>>,
     pub(super) usage: Usage,
     pub(super) started: Instant,
     /// Changes staged since the last commit: written together at the next point where they must

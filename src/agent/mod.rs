@@ -30,6 +30,7 @@ mod compaction;
 mod context;
 mod endings;
 mod executor;
+mod flowcharts;
 mod hitl;
 mod journal;
 pub mod plan;
@@ -85,6 +86,8 @@ pub struct EngineSettings {
     /// Decisions are pushed to the run the moment they are taken ([`Journal::decision_arrived`]);
     /// this slow look only covers a push that was lost (a replica's LISTEN connection was down).
     pub decision_poll: std::time::Duration,
+    /// Stages one flowchart call may execute, sub-flows included (`PES_FLOWCHART_MAX_STEPS`).
+    pub flowchart_max_steps: u32,
 }
 
 impl Default for EngineSettings {
@@ -101,6 +104,7 @@ impl Default for EngineSettings {
             compaction_threshold_chars: 1500,
             max_team_depth: 2,
             decision_poll: std::time::Duration::from_secs(5),
+            flowchart_max_steps: 1000,
         }
     }
 }
@@ -211,6 +215,16 @@ impl Engine {
                 })?,
         };
         let pending = Batch::new(input.run.tenant.clone(), input.run.thread_id.clone());
+        let mut flowcharts = std::collections::BTreeMap::new();
+        for record in journal.flowcharts().await? {
+            let name = record.name.clone();
+            match crate::flowchart::tool::FlowTool::new(record) {
+                Ok(t) => {
+                    flowcharts.insert(name, t);
+                }
+                Err(e) => tracing::warn!(flowchart = %name, error = %e, "flowchart left out"),
+            }
+        }
         let mut ctx = Ctx {
             journal,
             signals,
@@ -224,6 +238,7 @@ impl Engine {
             items: input.snapshot.items,
             history: input.history,
             suspensions: input.suspensions,
+            flowcharts: Arc::new(flowcharts),
             started: Instant::now(),
             pending,
         };

@@ -19,22 +19,32 @@ use super::plan::{self, PlanReply, PlannedItem};
 use super::prompts::{self, truncate};
 
 impl Engine {
-    pub(super) fn enabled_tools(&self, cfg: &AgentConfig) -> Vec<String> {
-        let all = self.tools.names();
-        match &cfg.tools {
+    /// The tools a run may use: the registry's and its tenant's flowcharts, narrowed by the
+    /// config's `tools`.
+    pub(super) fn enabled_tools(&self, ctx: &Ctx<'_>) -> Vec<String> {
+        let mut all = self.tools.names();
+        all.extend(
+            ctx.flowcharts
+                .keys()
+                .filter(|n| !self.tools.contains(n))
+                .cloned(),
+        );
+        match &ctx.cfg.tools {
             Some(list) => all.into_iter().filter(|n| list.contains(n)).collect(),
             None => all,
         }
     }
 
     /// The enabled tools as the planning prompt lists them: (name, description).
-    pub(super) fn described_tools(&self, known: &[String]) -> Vec<(String, String)> {
+    pub(super) fn described_tools(&self, ctx: &Ctx<'_>, known: &[String]) -> Vec<(String, String)> {
         known
             .iter()
-            .filter_map(|n| {
-                self.tools
+            .filter_map(|n| match self.tools.get(n) {
+                Some(t) => Some((n.clone(), t.description().to_owned())),
+                None => ctx
+                    .flowcharts
                     .get(n)
-                    .map(|t| (n.clone(), t.description().to_owned()))
+                    .map(|f| (n.clone(), f.record.spec.description.clone())),
             })
             .collect()
     }
@@ -49,8 +59,8 @@ impl Engine {
 
     /// Plan (or refine the existing plan), with one repair request for an invalid plan.
     pub(super) async fn plan(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
-        let known = self.enabled_tools(&ctx.cfg);
-        let described = self.described_tools(&known);
+        let known = self.enabled_tools(ctx);
+        let described = self.described_tools(ctx, &known);
         let max_items = self.max_items(&ctx.cfg);
         let refining = !ctx.items.is_empty();
         let mut messages = vec![ChatMessage::system(prompts::planning_system(
@@ -214,7 +224,7 @@ impl Engine {
             None => return (err("missing `todoList`".into()), vec![], vec![]),
         };
         let frozen = ctx.frozen_items();
-        let known = self.enabled_tools(&ctx.cfg);
+        let known = self.enabled_tools(ctx);
         let rules = plan::Rules {
             known_tools: &known,
             roles: ctx.cfg.roles.as_ref(),

@@ -39,6 +39,17 @@ pub(super) enum Io {
     Tool(crate::model::ToolCallRecord, crate::model::ToolResultRecord),
 }
 
+/// The flowchart `name` names in this run, unless a registry tool has that name.
+fn flowchart<'c>(
+    engine: &Engine,
+    ctx: &'c Ctx<'_>,
+    name: &str,
+) -> Option<&'c crate::flowchart::tool::FlowTool> {
+    ctx.flowcharts
+        .get(name)
+        .filter(|_| !engine.tools.contains(name))
+}
+
 /// The pending suspensions of this run that its waiting items wait on.
 fn waiting_suspensions(ctx: &Ctx<'_>) -> Vec<uuid::Uuid> {
     ctx.suspensions
@@ -274,7 +285,7 @@ impl Engine {
     }
 
     /// Start the I/O of one step.
-    fn start_io<'f>(&'f self, ctx: &Ctx<'_>, item: String, step: Next) -> InFlight<'f> {
+    fn start_io<'f>(&'f self, ctx: &Ctx<'f>, item: String, step: Next) -> InFlight<'f> {
         let llm = ctx.llm.clone();
         match step {
             Next::Ask(req) => Box::pin(async move {
@@ -289,6 +300,27 @@ impl Engine {
                 let r = crate::llm::structured::complete_structured(llm.as_ref(), req).await;
                 (item, Io::TeamPlan(r))
             }),
+            Next::Invoke(call, args) if flowchart(self, ctx, &call.name).is_some() => {
+                let tool = flowchart(self, ctx, &call.name).expect("checked").clone();
+                let host = super::flowcharts::RunFlowHost {
+                    journal: ctx.journal,
+                    tools: &self.tools,
+                    llm,
+                    model: ctx.model_in_use(),
+                    tenant: ctx.tenant.clone(),
+                    thread_id: ctx.thread_id.clone(),
+                    run_id: ctx.run.run_id,
+                };
+                let limits = crate::flowchart::interpreter::FlowLimits {
+                    max_steps: self.settings.flowchart_max_steps.max(1),
+                };
+                Box::pin(async move {
+                    let result =
+                        super::flowcharts::invoke_flowchart(&host, &tool, &call, args, limits)
+                            .await;
+                    (item, Io::Tool(call, result))
+                })
+            }
             Next::Invoke(call, args) => {
                 let tctx = crate::tools::ToolContext {
                     tenant: ctx.tenant.clone(),

@@ -137,8 +137,8 @@ impl Engine {
         team: &TodoItem,
         teams_allowed: bool,
     ) -> ChatRequest {
-        let known = self.enabled_tools(&ctx.cfg);
-        let described = self.described_tools(&known);
+        let known = self.enabled_tools(ctx);
+        let described = self.described_tools(ctx, &known);
         let room = self.team_room(ctx);
         let mut context = format!("{}{}\n", prompts::labels::QUERY, ctx.run.query);
         context.push_str(&prompts::results_section(
@@ -306,7 +306,7 @@ impl Engine {
         team_id: &str,
         reply: &PlanReply,
     ) -> Result<Vec<plan::ValidItem>, Vec<String>> {
-        let known = self.enabled_tools(&ctx.cfg);
+        let known = self.enabled_tools(ctx);
         let room = self.team_room(ctx);
         let mut errors = Vec::new();
         if room == 0 {

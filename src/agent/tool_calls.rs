@@ -78,7 +78,7 @@ impl Engine {
         match decided {
             Some(s) if s.status == SuspensionStatus::Pending => CallStep::Wait,
             Some(s) => self.decision_step(call, &s),
-            None => match self.tools.validate(&call.name, &call.arguments) {
+            None => match self.validate_call(ctx, &call.name, &call.arguments) {
                 // Arguments that do not fit are the model's to fix, not a person's.
                 Err(e) => CallStep::Answered(error_result(e.to_string()), vec![], vec![]),
                 Ok(()) => {
@@ -158,7 +158,7 @@ impl Engine {
     /// Whether the item may call `name`: the tool is enabled for the thread, and within the
     /// item's `toolAllowlist` and its role's `tools` when they are given.
     pub(super) fn item_may_call(&self, ctx: &Ctx<'_>, item: &TodoItem, name: &str) -> bool {
-        self.enabled_tools(&ctx.cfg).iter().any(|t| t == name)
+        self.enabled_tools(ctx).iter().any(|t| t == name)
             && item
                 .tool_allowlist
                 .as_ref()

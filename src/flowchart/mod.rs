@@ -3,6 +3,12 @@
 //! durably: every executed stage commits a `FLOWCHART_STEP` observation with what it read and
 //! wrote, so a crash resumes after the last committed stage.
 
+pub mod expr;
+pub mod interpreter;
 pub mod model;
+pub mod tool;
 
 pub use model::{DecideRule, Expr, Flowchart, FlowchartRecord, FlowchartSpec, SelectRule, Stage};
+
+#[cfg(test)]
+mod tests;

@@ -24,6 +24,8 @@ pub enum Phase {
     Execute,
     Synthesize,
     Compact,
+    /// An `llm` stage of a flowchart.
+    Flowchart,
 }
 
 /// Role of a chat message on the wire.

@@ -99,6 +99,7 @@ struct Script {
     execute: VecDeque<Reply>,
     synthesis: VecDeque<Reply>,
     compaction: VecDeque<Reply>,
+    flowchart: VecDeque<Reply>,
     /// Scripted execute replies by item id (they come before the phase's queue): with items
     /// running in parallel, the order of execute requests across items is not fixed.
     item_replies: HashMap<String, VecDeque<Reply>>,
@@ -146,6 +147,14 @@ pub fn phase_of(req: &Value) -> &'static str {
         Some("pes_plan") => "plan",
         Some("pes_synthesis") => "synthesis",
         Some("pes_compaction") => "compaction",
+        Some("pes_flowchart") => "flowchart",
+        // A flowchart's `llm` stage without a schema: no tools, its own system prompt.
+        _ if req["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("You are one stage of a flowchart")) =>
+        {
+            "flowchart"
+        }
         // Only an execute request offers tools.
         _ if !req["tools"].is_null() => "execute",
         _ => {
@@ -273,6 +282,7 @@ impl FakeLlm {
             "execute" => s.execute.push_back(reply),
             "synthesis" => s.synthesis.push_back(reply),
             "compaction" => s.compaction.push_back(reply),
+            "flowchart" => s.flowchart.push_back(reply),
             other => panic!("unknown phase {other}"),
         }
         self
@@ -497,6 +507,7 @@ fn pick_reply(
         "plan" => &mut s.plan,
         "synthesis" => &mut s.synthesis,
         "compaction" => &mut s.compaction,
+        "flowchart" => &mut s.flowchart,
         _ => &mut s.execute,
     };
     let reply = queue.pop_front().or(fallback);
@@ -512,6 +523,19 @@ fn pick_reply(
 fn tool_result(req: &Value) -> Option<&Value> {
     let last = req["messages"].as_array()?.last()?;
     (last["role"] == "tool").then_some(last)
+}
+
+/// A flowchart `llm` stage: `{"answer": <the prompt>}` for a schema, else `model: <prompt>`.
+fn flowchart_reply(req: &Value) -> Reply {
+    let prompt = req["messages"][1]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    if req["response_format"].is_null() {
+        Reply::Text(format!("model: {prompt}"))
+    } else {
+        Reply::Json(json!({"answer": prompt}))
+    }
 }
 
 /// The first 200 characters of the result to compact (after its first line).
@@ -531,6 +555,7 @@ fn tests_reply(phase: &str, req: &Value) -> Reply {
             json!({"response": "final answer", "sources": [], "suggestions": ["ask again"]}),
         ),
         "compaction" => compaction_reply(req),
+        "flowchart" => flowchart_reply(req),
         _ => {
             if let Some(last) = tool_result(req) {
                 return Reply::Text(format!(

@@ -1,0 +1,200 @@
+//! Flowchart calls inside a run: a call of a flowchart tool runs the interpreter with this run's
+//! tools, model and journal ([`RunFlowHost`]); each stage's step is committed as it happens, and
+//! a call resumed after a crash reads its committed steps back from the log first.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::Engine;
+use super::changes::Batch;
+use super::journal::{Ctx, Journal};
+use crate::flowchart::FlowchartRecord;
+use crate::flowchart::interpreter::{FlowCall, FlowHost, FlowLimits, StepRecord};
+use crate::flowchart::tool::FlowTool;
+use crate::llm::{ChatMessage, ChatRequest, LlmProvider, Phase};
+use crate::model::{
+    NewObservation, ObservationType, ThreadId, ToolCallRecord, ToolResultRecord, ToolResultStatus,
+    Usage,
+};
+use crate::tools::{ToolContext, ToolError, ToolRegistry};
+
+impl Engine {
+    /// Check a call's arguments: a flowchart's against its input schema, any other tool's in the
+    /// registry.
+    pub(super) fn validate_call(
+        &self,
+        ctx: &Ctx<'_>,
+        name: &str,
+        args: &Value,
+    ) -> Result<(), ToolError> {
+        match ctx.flowcharts.get(name) {
+            Some(f) if !self.tools.contains(name) => {
+                f.validate(args).map_err(ToolError::InvalidArguments)
+            }
+            _ => self.tools.validate(name, args),
+        }
+    }
+}
+
+/// What a flowchart call uses of the run: its journal, tools, model and identity.
+pub(super) struct RunFlowHost<'a> {
+    pub journal: &'a dyn Journal,
+    pub tools: &'a ToolRegistry,
+    pub llm: Arc<dyn LlmProvider>,
+    pub model: Option<String>,
+    pub tenant: String,
+    pub thread_id: ThreadId,
+    pub run_id: uuid::Uuid,
+}
+
+#[async_trait]
+impl FlowHost for RunFlowHost<'_> {
+    async fn load(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> Result<Option<FlowchartRecord>, String> {
+        self.journal
+            .flowchart(name, version)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn commit_step(&self, step: StepRecord) -> Result<(), String> {
+        let mut obs = NewObservation::new(
+            self.run_id,
+            step.parent_id,
+            ObservationType::FlowchartStep,
+            step.title,
+            step.content,
+        );
+        obs.id = step.id;
+        let mut batch = Batch::new(self.tenant.clone(), self.thread_id.clone());
+        batch.observe(obs);
+        self.journal.commit(batch).await.map_err(|e| e.to_string())
+    }
+
+    async fn call_tool(&self, name: &str, args: Value, key: String) -> Result<Value, String> {
+        let ctx = ToolContext {
+            tenant: self.tenant.clone(),
+            thread_id: self.thread_id.to_string(),
+            idempotency_key: key,
+        };
+        let outcome = self.tools.invoke(name, args, &ctx).await;
+        match outcome.error {
+            None => Ok(outcome.output),
+            Some(e) => Err(e.to_string()),
+        }
+    }
+
+    async fn ask_model(
+        &self,
+        prompt: String,
+        output_schema: Option<Value>,
+    ) -> Result<(Value, Usage), String> {
+        let system = match &output_schema {
+            Some(_) => {
+                "You are one stage of a flowchart (a fixed procedure). Answer the request with \
+                 only a JSON object that fits the schema."
+            }
+            None => "You are one stage of a flowchart (a fixed procedure). Answer the request.",
+        };
+        let request = ChatRequest {
+            phase: Phase::Flowchart,
+            model: self.model.clone(),
+            messages: vec![ChatMessage::system(system), ChatMessage::user(prompt)],
+            tools: vec![],
+            response_format: output_schema.map(|schema| crate::llm::JsonSchemaFormat {
+                name: "pes_flowchart".into(),
+                schema,
+            }),
+        };
+        if request.response_format.is_some() {
+            let (value, resp) =
+                crate::llm::structured::complete_structured(self.llm.as_ref(), request)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            return Ok((value, resp.usage));
+        }
+        let resp = self
+            .llm
+            .complete(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((Value::String(resp.content.unwrap_or_default()), resp.usage))
+    }
+}
+
+/// Run a flowchart call to its result and describe the outcome as a tool result: the result, or
+/// a tool error naming the stage that failed (the model reads it; the run goes on).
+pub(super) async fn invoke_flowchart(
+    host: &RunFlowHost<'_>,
+    tool: &FlowTool,
+    call: &ToolCallRecord,
+    args: Value,
+    limits: FlowLimits,
+) -> ToolResultRecord {
+    let result = run(host, tool, call, args, limits).await;
+    let (status, output, error) = match result {
+        Ok(v) => (ToolResultStatus::Success, v, None),
+        Err(message) => (
+            ToolResultStatus::Error,
+            json!({"error": message}),
+            Some(message),
+        ),
+    };
+    ToolResultRecord {
+        tool_call_id: call.id.clone(),
+        name: call.name.clone(),
+        status,
+        output,
+        error,
+    }
+}
+
+async fn run(
+    host: &RunFlowHost<'_>,
+    tool: &FlowTool,
+    call: &ToolCallRecord,
+    args: Value,
+    limits: FlowLimits,
+) -> Result<Value, String> {
+    tool.validate(&args)
+        .map_err(|e| ToolError::InvalidArguments(e).to_string())?;
+    // The call's own observation (its steps nest under it) and any steps already committed.
+    let committed = host
+        .journal
+        .run_observations(&[ObservationType::ToolCall, ObservationType::FlowchartStep])
+        .await
+        .map_err(|e| format!("its committed steps could not be read: {e}"))?;
+    let parent = committed
+        .iter()
+        .rev()
+        .find(|o| {
+            o.kind == ObservationType::ToolCall && o.content["toolCallId"] == call.id.as_str()
+        })
+        .map(|o| o.id.to_string());
+    let steps: Vec<_> = committed
+        .into_iter()
+        .filter(|o| o.kind == ObservationType::FlowchartStep)
+        .collect();
+    // A call that had started runs on the version it started with.
+    let version = steps
+        .iter()
+        .find(|o| o.content["toolCallId"] == call.id.as_str() && o.content["parentStep"].is_null())
+        .and_then(|o| o.content["version"].as_i64());
+    let record = match version {
+        Some(v) if v != tool.record.version => match host.load(&tool.record.name, Some(v)).await {
+            Ok(Some(r)) => Arc::new(r),
+            Ok(None) => tool.record.clone(),
+            Err(e) => return Err(format!("its version {v} could not be read: {e}")),
+        },
+        _ => tool.record.clone(),
+    };
+    let mut flow = FlowCall::new(host, host.run_id, call.id.clone(), limits, steps);
+    flow.run(record, args, parent)
+        .await
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,768 @@
+//! Running one flowchart call: a fresh state, the stages walked from `start`, each executed
+//! stage committed as a `FLOWCHART_STEP` (what it read, what it wrote, the evidence of a
+//! decision) before the next one runs. Where the call resumes after a crash, the committed steps
+//! are replayed in order: their writes rebuild the state and their decisions pick the same way,
+//! and none of them runs again; execution goes on from the first stage with no committed step.
+//!
+//! What the call needs from the run it serves (tools, the model, stored flowcharts, the
+//! journal) comes through [`FlowHost`], so the walk itself is plain code over JSON.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use super::expr;
+use super::model::{FlowchartRecord, Stage};
+use crate::model::{Observation, Usage};
+
+/// A JSON object.
+type Object = Map<String, Value>;
+
+/// Sub-flows nest at most this deep.
+pub const MAX_DEPTH: u32 = 8;
+
+/// What a flowchart call uses of the run it serves.
+#[async_trait]
+pub trait FlowHost: Send + Sync {
+    /// A stored flowchart of the run's tenant: the latest version, or the one given (even
+    /// deleted since: a call resumes on the version it started with).
+    async fn load(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> Result<Option<FlowchartRecord>, String>;
+    /// Commit one step durably (its observation), before the call goes on.
+    async fn commit_step(&self, step: StepRecord) -> Result<(), String>;
+    /// Call a registered tool (validated, bounded by the tool timeout) under `key`.
+    async fn call_tool(&self, name: &str, args: Value, key: String) -> Result<Value, String>;
+    /// Ask the run's model; with a schema, for a JSON value that fits it.
+    async fn ask_model(
+        &self,
+        prompt: String,
+        output_schema: Option<Value>,
+    ) -> Result<(Value, Usage), String>;
+}
+
+/// One step to commit: the observation's parent, its own id (a `flow` stage's id is chosen
+/// before its sub-flow runs, so the sub-flow's steps can nest under it), title and content.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    pub id: Uuid,
+    pub parent_id: Option<String>,
+    pub title: String,
+    pub content: Value,
+}
+
+/// Why a call ended without a result: the stage (`<flowchart>/<stage>`, or the flowchart for a
+/// limit before any stage) and what went wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("flowchart stopped at stage `{stage}`: {message}")]
+pub struct FlowError {
+    pub stage: String,
+    pub message: String,
+}
+
+/// Limits of one call.
+#[derive(Debug, Clone, Copy)]
+pub struct FlowLimits {
+    /// Stages executed per call, sub-flows included (`PES_FLOWCHART_MAX_STEPS`).
+    pub max_steps: u32,
+}
+
+/// A committed step read back for replay.
+#[derive(Debug, Clone)]
+struct Recorded {
+    parent_id: Option<String>,
+    content: Value,
+}
+
+/// How a chain of stages ended.
+enum Ended {
+    /// It reached a stage without `next`.
+    Chain,
+    /// An `end` stage: the call is over, with its result if it gave one.
+    End(Option<Value>),
+}
+
+/// One flowchart's execution: its definition, arguments and state.
+struct Frame {
+    record: Arc<FlowchartRecord>,
+    args: Value,
+    state: Map<String, Value>,
+    /// The observation the frame's steps nest under.
+    parent: Option<String>,
+    /// `""` at the top; `<flow stage path>/` inside a sub-flow (stage keys stay unique).
+    prefix: String,
+    depth: u32,
+    /// The step number of the `flow` stage that runs this frame.
+    parent_step: Option<u32>,
+}
+
+impl Frame {
+    fn data(&self) -> Value {
+        json!({"args": self.args, "state": self.state})
+    }
+}
+
+/// A call in progress.
+pub struct FlowCall<'h> {
+    host: &'h dyn FlowHost,
+    run_id: Uuid,
+    tool_call_id: String,
+    limits: FlowLimits,
+    replay: VecDeque<Recorded>,
+    steps: u32,
+    executions: HashMap<String, u32>,
+    usage: Usage,
+}
+
+impl<'h> FlowCall<'h> {
+    /// A call of the run `run_id`'s tool call `tool_call_id`, resuming after `committed` (the
+    /// `FLOWCHART_STEP` observations of this call already in the log, in `seq` order).
+    pub fn new(
+        host: &'h dyn FlowHost,
+        run_id: Uuid,
+        tool_call_id: String,
+        limits: FlowLimits,
+        committed: Vec<Observation>,
+    ) -> Self {
+        let replay = committed
+            .into_iter()
+            .filter(|o| o.content["toolCallId"] == tool_call_id.as_str())
+            .map(|o| Recorded {
+                parent_id: o.parent_id,
+                content: o.content,
+            })
+            .collect();
+        Self {
+            host,
+            run_id,
+            tool_call_id,
+            limits,
+            replay,
+            steps: 0,
+            executions: HashMap::new(),
+            usage: Usage::default(),
+        }
+    }
+
+    /// Model usage of the call's `llm` stages.
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// Run `record` with `args` (already checked against its input schema); its steps nest
+    /// under `parent` (the `TOOL_CALL` observation).
+    ///
+    /// # Errors
+    /// [`FlowError`] naming the stage that failed or the limit reached.
+    pub async fn run(
+        &mut self,
+        record: Arc<FlowchartRecord>,
+        args: Value,
+        parent: Option<String>,
+    ) -> Result<Value, FlowError> {
+        let frame = Frame {
+            record,
+            args,
+            state: Map::new(),
+            parent,
+            prefix: String::new(),
+            depth: 0,
+            parent_step: None,
+        };
+        self.run_frame(frame).await
+    }
+
+    async fn run_frame(&mut self, mut frame: Frame) -> Result<Value, FlowError> {
+        let start = frame.record.spec.flowchart.start.clone();
+        match self.run_chain(&mut frame, &start).await? {
+            Ended::End(Some(result)) => Ok(result),
+            Ended::End(None) | Ended::Chain => match &frame.record.spec.result_mapper {
+                Some(mapper) => expr::eval(mapper, &frame.data()).map_err(|m| FlowError {
+                    stage: format!("{}{}", frame.prefix, "resultMapper"),
+                    message: m,
+                }),
+                None => Ok(Value::Object(frame.state.clone())),
+            },
+        }
+    }
+
+    /// Run the chain from `start` until a stage without `next` or an `end`.
+    fn run_chain<'a>(
+        &'a mut self,
+        frame: &'a mut Frame,
+        start: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Ended, FlowError>> {
+        Box::pin(async move {
+            let mut current = start.to_owned();
+            loop {
+                let stage = frame
+                    .record
+                    .spec
+                    .flowchart
+                    .stages
+                    .get(&current)
+                    .cloned()
+                    .ok_or_else(|| FlowError {
+                        stage: format!("{}{current}", frame.prefix),
+                        message: "no such stage".into(),
+                    })?;
+                match self.run_stage(frame, &current, &stage).await? {
+                    Step::Next(n) => current = n,
+                    Step::ChainEnd => return Ok(Ended::Chain),
+                    Step::End(r) => return Ok(Ended::End(r)),
+                }
+            }
+        })
+    }
+
+    /// Count one more executed stage; its (stage key, iteration, step number).
+    fn begin(&mut self, frame: &Frame, id: &str) -> Result<(String, u32, u32), FlowError> {
+        let key = format!("{}{id}", frame.prefix);
+        self.steps += 1;
+        if self.steps > self.limits.max_steps {
+            return Err(FlowError {
+                stage: key,
+                message: format!(
+                    "the call reached the limit of {} stages (PES_FLOWCHART_MAX_STEPS)",
+                    self.limits.max_steps
+                ),
+            });
+        }
+        let n = self.executions.entry(key.clone()).or_insert(0);
+        *n += 1;
+        Ok((key, *n, self.steps))
+    }
+
+    /// The committed record of this step, when the call is replaying.
+    fn recorded(&mut self, key: &str, step: u32) -> Result<Option<Recorded>, FlowError> {
+        let Some(head) = self.replay.front() else {
+            return Ok(None);
+        };
+        if head.content["step"] != step {
+            return Ok(None);
+        }
+        let rec = self.replay.pop_front().expect("a head");
+        if rec.content["stage"] != key {
+            return Err(FlowError {
+                stage: key.to_owned(),
+                message: format!(
+                    "the committed steps do not follow this flowchart (step {step} was `{}`)",
+                    rec.content["stage"]
+                ),
+            });
+        }
+        Ok(Some(rec))
+    }
+
+    /// Commit a step.
+    #[allow(clippy::too_many_arguments)]
+    async fn commit(
+        &self,
+        frame: &Frame,
+        id: Uuid,
+        key: &str,
+        kind: &str,
+        step: u32,
+        iteration: u32,
+        started: Instant,
+        mut extra: Map<String, Value>,
+    ) -> Result<(), FlowError> {
+        let mut content = Map::new();
+        content.insert("flowchart".into(), json!(frame.record.name));
+        content.insert("version".into(), json!(frame.record.version));
+        content.insert("stage".into(), json!(key));
+        content.insert("kind".into(), json!(kind));
+        content.insert("iteration".into(), json!(iteration));
+        content.insert("step".into(), json!(step));
+        content.insert("toolCallId".into(), json!(self.tool_call_id));
+        if let Some(p) = frame.parent_step {
+            content.insert("parentStep".into(), json!(p));
+        }
+        content.insert(
+            "durationMs".into(),
+            json!(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)),
+        );
+        for k in ["reads", "writes"] {
+            content.insert(k.into(), extra.remove(k).unwrap_or_else(|| json!({})));
+        }
+        content.extend(extra);
+        let stage_name = key.rsplit('/').next().unwrap_or(key);
+        self.host
+            .commit_step(StepRecord {
+                id,
+                parent_id: frame.parent.clone(),
+                title: format!("{}: {stage_name} ({kind})", frame.record.name),
+                content: Value::Object(content),
+            })
+            .await
+            .map_err(|m| FlowError {
+                stage: key.to_owned(),
+                message: format!("its step could not be committed: {m}"),
+            })
+    }
+
+    async fn run_stage(
+        &mut self,
+        frame: &mut Frame,
+        id: &str,
+        stage: &Stage,
+    ) -> Result<Step, FlowError> {
+        let started = Instant::now();
+        let (key, iteration, step) = self.begin(frame, id)?;
+        let fail = |message: String| FlowError {
+            stage: key.clone(),
+            message,
+        };
+        // A `flow` stage's step follows its sub-flow's steps; it is handled on its own.
+        if let Stage::Flow {
+            flowchart,
+            args,
+            output,
+            next,
+        } = stage
+        {
+            return self
+                .run_flow(
+                    frame, &key, step, iteration, started, flowchart, args, output,
+                )
+                .await
+                .map(|()| next_or_end(next.as_deref()));
+        }
+        let recorded = self.recorded(&key, step)?;
+        let data = frame.data();
+        let mut extra = Map::new();
+        let outcome = match stage {
+            Stage::Set { values, next } => {
+                let mut reads = Map::new();
+                let writes = match &recorded {
+                    Some(r) => as_map(&r.content["writes"]),
+                    None => {
+                        let mut w = Map::new();
+                        for (k, e) in values {
+                            reads.extend(expr::reads(e, &data));
+                            w.insert(k.clone(), expr::eval(e, &data).map_err(&fail)?);
+                        }
+                        w
+                    }
+                };
+                frame.state.extend(writes.clone());
+                extra.insert("reads".into(), Value::Object(reads));
+                extra.insert("writes".into(), Value::Object(writes));
+                next_or_end(next.as_deref())
+            }
+            Stage::Tool {
+                tool,
+                args,
+                output,
+                next,
+            } => {
+                let writes = match &recorded {
+                    Some(r) => as_map(&r.content["writes"]),
+                    None => {
+                        let (call_args, reads) = eval_args(args, &data).map_err(&fail)?;
+                        extra.insert("reads".into(), Value::Object(reads));
+                        extra.insert("tool".into(), json!(tool));
+                        extra.insert("args".into(), Value::Object(call_args.clone()));
+                        let key_for_tool =
+                            format!("{}:{}:{key}:{iteration}", self.run_id, self.tool_call_id);
+                        match self
+                            .host
+                            .call_tool(tool, Value::Object(call_args), key_for_tool)
+                            .await
+                        {
+                            Ok(v) => Map::from_iter([(output.clone(), v)]),
+                            Err(e) => {
+                                let message = format!("the tool `{tool}` failed: {e}");
+                                extra.insert("error".into(), json!(message));
+                                self.commit(
+                                    frame,
+                                    Uuid::now_v7(),
+                                    &key,
+                                    "tool",
+                                    step,
+                                    iteration,
+                                    started,
+                                    extra,
+                                )
+                                .await?;
+                                return Err(fail(message));
+                            }
+                        }
+                    }
+                };
+                frame.state.extend(writes.clone());
+                extra.insert("writes".into(), Value::Object(writes));
+                next_or_end(next.as_deref())
+            }
+            Stage::Llm {
+                prompt,
+                output_schema,
+                output,
+                next,
+            } => {
+                let writes = match &recorded {
+                    Some(r) => as_map(&r.content["writes"]),
+                    None => {
+                        extra.insert("reads".into(), Value::Object(expr::reads(prompt, &data)));
+                        let text = match expr::eval(prompt, &data).map_err(&fail)? {
+                            Value::String(s) => s,
+                            other => other.to_string(),
+                        };
+                        let (value, usage) = self
+                            .host
+                            .ask_model(text, output_schema.clone())
+                            .await
+                            .map_err(|e| fail(format!("the model failed: {e}")))?;
+                        self.usage.add(&usage);
+                        extra.insert("usage".into(), json!(usage));
+                        Map::from_iter([(output.clone(), value)])
+                    }
+                };
+                frame.state.extend(writes.clone());
+                extra.insert("writes".into(), Value::Object(writes));
+                next_or_end(next.as_deref())
+            }
+            Stage::Decide { rules, default } => {
+                let chosen = match &recorded {
+                    Some(r) => r.content["decision"]["chosen"]
+                        .as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| fail("its committed step has no decision".into()))?,
+                    None => {
+                        let (evidence, matched) =
+                            evaluate_rules(rules.iter().map(|r| &r.condition), &data, true)
+                                .map_err(&fail)?;
+                        let chosen = matched
+                            .first()
+                            .map_or_else(|| default.clone(), |i| rules[*i].next.clone());
+                        extra.insert("reads".into(), Value::Object(reads_of(&evidence)));
+                        extra.insert(
+                            "decision".into(),
+                            json!({"rules": evidence, "chosen": chosen}),
+                        );
+                        chosen
+                    }
+                };
+                Step::Next(chosen)
+            }
+            Stage::Select { rules, next } => {
+                let matched: Vec<usize> = match &recorded {
+                    Some(r) => r.content["decision"]["matched"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    None => {
+                        let (evidence, matched) =
+                            evaluate_rules(rules.iter().map(|r| &r.condition), &data, false)
+                                .map_err(&fail)?;
+                        let branches: Vec<&str> =
+                            matched.iter().map(|i| rules[*i].branch.as_str()).collect();
+                        extra.insert("reads".into(), Value::Object(reads_of(&evidence)));
+                        extra.insert(
+                            "decision".into(),
+                            json!({"rules": evidence, "chosen": branches, "matched": matched}),
+                        );
+                        matched
+                    }
+                };
+                if recorded.is_none() {
+                    self.commit(
+                        frame,
+                        Uuid::now_v7(),
+                        &key,
+                        "select",
+                        step,
+                        iteration,
+                        started,
+                        extra,
+                    )
+                    .await?;
+                }
+                for i in matched {
+                    let Some(rule) = rules.get(i) else { continue };
+                    if let Ended::End(r) = self.run_chain(frame, &rule.branch).await? {
+                        return Ok(Step::End(r));
+                    }
+                }
+                return Ok(next_or_end(next.as_deref()));
+            }
+            Stage::Loop {
+                condition,
+                body,
+                max_iterations,
+                next,
+            } => {
+                // Each check of the condition is a step of its own (the loop stage, its
+                // iteration), so a crash inside the body resumes in the right round.
+                let mut round = iteration;
+                let mut this_step = step;
+                let mut this_recorded = recorded;
+                let mut this_started = started;
+                loop {
+                    let data = frame.data();
+                    let go = match &this_recorded {
+                        Some(r) => r.content["matched"].as_bool().unwrap_or(false),
+                        None => {
+                            let v = expr::eval(condition, &data).map_err(&fail)?;
+                            let go = expr::truthy(&v);
+                            let mut extra = Map::new();
+                            extra.insert(
+                                "reads".into(),
+                                Value::Object(expr::reads(condition, &data)),
+                            );
+                            extra.insert("matched".into(), json!(go));
+                            self.commit(
+                                frame,
+                                Uuid::now_v7(),
+                                &key,
+                                "loop",
+                                this_step,
+                                round,
+                                this_started,
+                                extra,
+                            )
+                            .await?;
+                            go
+                        }
+                    };
+                    if !go {
+                        break;
+                    }
+                    let done_rounds = self.executions.get(&key).copied().unwrap_or(1);
+                    if done_rounds > *max_iterations {
+                        return Err(fail(format!(
+                            "the loop ran its maxIterations ({max_iterations}) and its condition still holds"
+                        )));
+                    }
+                    if let Ended::End(r) = self.run_chain(frame, body).await? {
+                        return Ok(Step::End(r));
+                    }
+                    this_started = Instant::now();
+                    let (_, r, s) = self.begin(frame, id)?;
+                    round = r;
+                    this_step = s;
+                    this_recorded = self.recorded(&key, s)?;
+                }
+                return Ok(next_or_end(next.as_deref()));
+            }
+            Stage::End { result } => {
+                let value = match &recorded {
+                    Some(r) => Some(r.content["writes"]["result"].clone()),
+                    None => match result {
+                        Some(e) => {
+                            extra.insert("reads".into(), Value::Object(expr::reads(e, &data)));
+                            Some(expr::eval(e, &data).map_err(&fail)?)
+                        }
+                        None => None,
+                    },
+                };
+                if let Some(v) = &value {
+                    extra.insert("writes".into(), json!({"result": v}));
+                }
+                Step::End(value)
+            }
+            Stage::Flow { .. } => unreachable!("handled above"),
+        };
+        if recorded.is_none() {
+            self.commit(
+                frame,
+                Uuid::now_v7(),
+                &key,
+                stage.kind(),
+                step,
+                iteration,
+                started,
+                extra,
+            )
+            .await?;
+        }
+        Ok(outcome)
+    }
+
+    /// A `flow` stage: the sub-flow runs in a fresh state, its steps nested under this stage's
+    /// observation, which is committed once it ends with the sub-flow's result as its write.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_flow(
+        &mut self,
+        frame: &mut Frame,
+        key: &str,
+        step: u32,
+        iteration: u32,
+        started: Instant,
+        name: &str,
+        args: &std::collections::BTreeMap<String, Value>,
+        output: &str,
+    ) -> Result<(), FlowError> {
+        let fail = |message: String| FlowError {
+            stage: key.to_owned(),
+            message,
+        };
+        let data = frame.data();
+        let (call_args, reads) = eval_args(args, &data).map_err(&fail)?;
+        // Replaying: when this stage's own step is in the log, its sub-flow had finished (its
+        // steps come before it): take the committed result and skip them all.
+        if let Some(i) = self
+            .replay
+            .iter()
+            .position(|r| r.content["step"] == step && r.content["stage"] == key)
+        {
+            let rec = self.replay.drain(..=i).next_back().expect("at least one");
+            frame.state.extend(as_map(&rec.content["writes"]));
+            let last = rec.content["lastStep"].as_u64().unwrap_or(u64::from(step));
+            self.steps = self.steps.max(u32::try_from(last).unwrap_or(step));
+            return Ok(());
+        }
+        // Else, when its sub-flow's first step is next, the sub-flow resumes on the version
+        // it started with, under the same observation.
+        let first_child = self
+            .replay
+            .front()
+            .filter(|r| r.content["parentStep"] == step)
+            .cloned();
+        if frame.depth + 1 > MAX_DEPTH {
+            return Err(fail(format!(
+                "sub-flows nest deeper than {MAX_DEPTH} (calling `{name}`)"
+            )));
+        }
+        let version = first_child
+            .as_ref()
+            .and_then(|r| r.content["version"].as_i64());
+        let record = self
+            .host
+            .load(name, version)
+            .await
+            .map_err(&fail)?
+            .ok_or_else(|| fail(format!("the flowchart `{name}` does not exist")))?;
+        let id = first_child
+            .as_ref()
+            .and_then(|r| r.parent_id.as_deref())
+            .and_then(|p| p.parse::<Uuid>().ok())
+            .unwrap_or_else(Uuid::now_v7);
+        let child = Frame {
+            record: Arc::new(record),
+            args: Value::Object(call_args.clone()),
+            state: Map::new(),
+            parent: Some(id.to_string()),
+            // A flow stage that runs again (in a loop) gives its sub-flow's stages new keys.
+            prefix: if iteration == 1 {
+                format!("{key}/")
+            } else {
+                format!("{key}[{iteration}]/")
+            },
+            depth: frame.depth + 1,
+            parent_step: Some(step),
+        };
+        let (sub_name, sub_version) = (child.record.name.clone(), child.record.version);
+        let result = match self.run_frame(child).await {
+            Ok(v) => v,
+            Err(e) => {
+                let mut extra = Map::new();
+                extra.insert("reads".into(), Value::Object(reads));
+                extra.insert("error".into(), json!(e.to_string()));
+                self.commit(frame, id, key, "flow", step, iteration, started, extra)
+                    .await?;
+                return Err(e);
+            }
+        };
+        let writes = Map::from_iter([(output.to_owned(), result)]);
+        frame.state.extend(writes.clone());
+        let mut extra = Map::new();
+        extra.insert("reads".into(), Value::Object(reads));
+        extra.insert("writes".into(), Value::Object(writes));
+        extra.insert("args".into(), Value::Object(call_args));
+        extra.insert(
+            "subFlowchart".into(),
+            json!({"name": sub_name, "version": sub_version}),
+        );
+        extra.insert("lastStep".into(), json!(self.steps));
+        self.commit(frame, id, key, "flow", step, iteration, started, extra)
+            .await
+    }
+}
+
+/// Where control goes after a stage.
+enum Step {
+    Next(String),
+    ChainEnd,
+    End(Option<Value>),
+}
+
+fn next_or_end(next: Option<&str>) -> Step {
+    next.map_or(Step::ChainEnd, |n| Step::Next(n.to_owned()))
+}
+
+fn as_map(v: &Value) -> Map<String, Value> {
+    v.as_object().cloned().unwrap_or_default()
+}
+
+/// Arguments computed from their expressions, and what they read.
+fn eval_args(
+    args: &std::collections::BTreeMap<String, Value>,
+    data: &Value,
+) -> Result<(Object, Object), String> {
+    let mut out = Map::new();
+    let mut reads = Map::new();
+    for (k, e) in args {
+        reads.extend(expr::reads(e, data));
+        out.insert(
+            k.clone(),
+            expr::eval(e, data).map_err(|m| format!("argument `{k}`: {m}"))?,
+        );
+    }
+    Ok((out, reads))
+}
+
+/// Evaluate each rule's condition: the evidence (`{index, condition, inputs, matched}` per rule)
+/// and the indices that matched. For `decide` (`first_only`), a rule after the first match that
+/// fails to evaluate is recorded with its error instead of failing the stage.
+fn evaluate_rules<'a>(
+    conditions: impl Iterator<Item = &'a Value>,
+    data: &Value,
+    first_only: bool,
+) -> Result<(Vec<Value>, Vec<usize>), String> {
+    let mut evidence = Vec::new();
+    let mut matched = Vec::new();
+    for (index, condition) in conditions.enumerate() {
+        let inputs = expr::reads(condition, data);
+        match expr::eval(condition, data) {
+            Ok(v) => {
+                let hit = expr::truthy(&v);
+                if hit {
+                    matched.push(index);
+                }
+                evidence.push(json!({"index": index, "condition": condition, "inputs": inputs, "matched": hit}));
+            }
+            Err(e) if first_only && !matched.is_empty() => {
+                evidence.push(json!({"index": index, "condition": condition, "inputs": inputs, "matched": false, "error": e}));
+            }
+            Err(e) => return Err(format!("rule {index}: {e}")),
+        }
+    }
+    if first_only {
+        matched.truncate(1);
+    }
+    Ok((evidence, matched))
+}
+
+/// Every value the rules read.
+fn reads_of(evidence: &[Value]) -> Map<String, Value> {
+    let mut out = Map::new();
+    for e in evidence {
+        if let Some(m) = e["inputs"].as_object() {
+            for (k, v) in m {
+                out.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+    }
+    out
+}

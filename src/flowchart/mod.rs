@@ -4,5 +4,6 @@
 //! wrote, so a crash resumes after the last committed stage.
 
 pub mod model;
+pub mod validate;
 
 pub use model::{DecideRule, Expr, Flowchart, FlowchartRecord, FlowchartSpec, SelectRule, Stage};

@@ -18,7 +18,6 @@ use std::fmt;
 
 use serde::Serialize;
 use serde_json::Value;
-use utoipa::ToSchema;
 
 use super::model::{FlowchartSpec, Stage};
 use crate::tools::validator::CompiledSchema;
@@ -31,7 +30,7 @@ pub const MAX_ITERATIONS: u32 = 10_000;
 
 /// One thing wrong with a flowchart: where (a JSON Pointer into the body of
 /// `PUT /v1/flowcharts/{name}`; `/name` is the name in the path) and what.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Problem {
     /// JSON Pointer of the offending value, e.g. `/flowchart/stages/triage/next`.
     pub path: String,
@@ -58,7 +57,7 @@ impl fmt::Display for Problem {
 pub struct ValidationEnv<'a> {
     /// Whether a tool of that name exists (the registry's `is_known`): a `tool` stage must
     /// name one.
-    pub is_tool: &'a dyn Fn(&str) -> bool,
+    pub is_tool: &'a (dyn Fn(&str) -> bool + Sync),
     /// The tenant's flowcharts, name → latest spec (the one being stored may be among them:
     /// the spec under validation takes its place). A `flow` stage must name one of these (or
     /// the flowchart itself, which is a cycle).
@@ -150,7 +149,7 @@ pub fn validate(
     env: &ValidationEnv<'_>,
 ) -> Result<(), Vec<Problem>> {
     let mut out = Vec::new();
-    if !is_name(name, false) {
+    if !is_tool_name(name) {
         out.push(Problem::new(
             "/name",
             format!(
@@ -194,6 +193,11 @@ pub fn validate(
     out.sort();
     out.dedup();
     if out.is_empty() { Ok(()) } else { Err(out) }
+}
+
+/// Whether `name` can name a tool, and so a flowchart: `^[A-Za-z0-9_-]{1,64}$`.
+pub fn is_tool_name(name: &str) -> bool {
+    is_name(name, false)
 }
 
 /// `^[A-Za-z0-9_-]{1,64}$` (with `dot`: `.` too, as stage ids allow).
@@ -285,7 +289,10 @@ fn check_stage(
         } => {
             expr::check(prompt, &at_stage(id, &["prompt"]), out);
             if let Some(schema) = output_schema {
-                check_schema(schema, &at_stage(id, &["outputSchema"]), out);
+                let at = at_stage(id, &["outputSchema"]);
+                if check_schema(schema, &at, out) && !schema.is_object() {
+                    out.push(Problem::new(at, "must be a JSON Schema object"));
+                }
             }
             check_key(output, at_stage(id, &["output"]), out);
         }

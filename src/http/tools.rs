@@ -1,6 +1,7 @@
 //! The tool catalogue: `GET /v1/tools`, every tool a thread may enable (built-in, MCP, the
-//! caller's tenant's flowcharts, and later A2A delegation), with its argument schema, its source and whether it can be
-//! called right now; and the tool servers the operator configured, with their state.
+//! caller's tenant's flowcharts, and later A2A delegation), with its argument schema, its source
+//! and whether it can be called right now; and the tool servers the operator configured, with
+//! their state.
 
 use axum::extract::State;
 use serde::Serialize;

@@ -7,6 +7,7 @@ pub mod expr;
 pub mod interpreter;
 pub mod model;
 pub mod tool;
+pub mod validate;
 
 pub use model::{DecideRule, Expr, Flowchart, FlowchartRecord, FlowchartSpec, SelectRule, Stage};
 

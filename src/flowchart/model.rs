@@ -26,7 +26,7 @@ pub struct FlowchartSpec {
     /// Expression giving the call's result when it ends without an `end` stage's `result`
     /// (default: the whole state).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub result_mapper: Option<Expr>,
 }
 
@@ -53,7 +53,7 @@ pub struct Flowchart {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DecideRule {
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub condition: Expr,
     pub next: String,
 }
@@ -62,7 +62,7 @@ pub struct DecideRule {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SelectRule {
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub condition: Expr,
     pub branch: String,
 }
@@ -91,7 +91,7 @@ pub enum Stage {
     },
     /// Ask the thread's model; with `outputSchema`, for structured output.
     Llm {
-        #[schema(value_type = Object)]
+        #[schema(value_type = Value)]
         prompt: Expr,
         #[serde(
             default,
@@ -117,7 +117,7 @@ pub enum Stage {
     },
     /// Run the chain at `body` while `condition` holds, at most `maxIterations` times.
     Loop {
-        #[schema(value_type = Object)]
+        #[schema(value_type = Value)]
         condition: Expr,
         body: String,
         #[serde(rename = "maxIterations")]
@@ -138,7 +138,7 @@ pub enum Stage {
     /// End the call with `result` (else the result mapper, else the state).
     End {
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        #[schema(value_type = Option<Object>)]
+        #[schema(value_type = Option<Value>)]
         result: Option<Expr>,
     },
 }

@@ -50,6 +50,7 @@ Every error is an RFC 9457 problem (`application/problem+json`, the `Problem` sc
         (name = "observations", description = "The observation log and its SSE stream"),
         (name = "suspensions", description = "Pauses for a person"),
         (name = "tools", description = "The tools threads can enable"),
+        (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
         (name = "health", description = "Liveness, readiness, metrics")
     )
 )]
@@ -349,8 +350,9 @@ mod tests {
                 }
             }
         }
-        // limit+cursor ×3, observations 5, events 4 + Last-Event-ID, suspensions 1.
-        assert_eq!(queries, 17);
+        // limit+cursor ×3, observations 5, events 4 + Last-Event-ID, suspensions 1, flowchart
+        // version 1.
+        assert_eq!(queries, 18);
         let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
         assert_eq!(limit["name"], "limit");
         assert_eq!(limit["in"], "query");
@@ -407,7 +409,10 @@ mod tests {
                 }
             }
         }
-        assert_eq!(bodies, 5, "threads POST/PATCH, runs, runs/wait, resume");
+        assert_eq!(
+            bodies, 6,
+            "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT"
+        );
         let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
         assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");
     }

@@ -26,6 +26,19 @@ pub struct Problem {
     pub detail: String,
     /// Stable machine-readable code, e.g. `thread_not_found`.
     pub code: String,
+    /// Every invalid field, where a route reports them all at once (`PUT
+    /// /v1/flowcharts/{name}`); `detail` lists the same.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub errors: Option<Vec<FieldError>>,
+}
+
+/// One invalid field of a request.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FieldError {
+    /// JSON Pointer of the field in the request body (e.g. `/flowchart/stages/triage/next`).
+    pub path: String,
+    pub message: String,
 }
 
 /// Every way a request can fail.
@@ -44,6 +57,12 @@ pub enum ApiError {
     /// 422 with a specific code.
     #[error("{detail}")]
     Unprocessable { code: &'static str, detail: String },
+    /// 422 `validation_failed` naming every invalid field (also in `detail`).
+    #[error("{detail}")]
+    InvalidFields {
+        detail: String,
+        errors: Vec<FieldError>,
+    },
     #[error("{detail}")]
     NotFound { code: &'static str, detail: String },
     #[error("{detail}")]
@@ -113,6 +132,11 @@ impl ApiError {
             Self::Unprocessable { code, .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, code, "Invalid request")
             }
+            Self::InvalidFields { .. } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "validation_failed",
+                "Invalid request",
+            ),
             Self::NotFound { code, .. } => (StatusCode::NOT_FOUND, code, "Not found"),
             Self::Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
             Self::PayloadTooLarge => (
@@ -167,12 +191,17 @@ impl IntoResponse for ApiError {
             }
             other => other.to_string(),
         };
+        let errors = match self {
+            Self::InvalidFields { errors, .. } => Some(errors),
+            _ => None,
+        };
         let body = Problem {
             kind: format!("urn:pes:problem:{code}"),
             title: title.to_owned(),
             status: status.as_u16(),
             detail,
             code: code.to_owned(),
+            errors,
         };
         let mut resp = (status, axum::Json(body)).into_response();
         resp.headers_mut().insert(

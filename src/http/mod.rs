@@ -6,6 +6,7 @@
 
 pub mod doc;
 pub mod error;
+pub mod flowcharts;
 pub mod health;
 pub mod runs;
 pub mod serve;
@@ -172,6 +173,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(sse::router())
         .merge(suspensions::router())
         .merge(tools::router())
+        .merge(flowcharts::router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).

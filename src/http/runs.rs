@@ -88,7 +88,7 @@ async fn enqueue(
         ));
     }
     let config = body.config.unwrap_or_default();
-    check_config(state, &config)?;
+    check_config(state, &tenant, &config).await?;
     let strategy = body
         .multitask_strategy
         .unwrap_or(MultitaskStrategy::Enqueue);

@@ -18,6 +18,17 @@ pub fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, serde_json::E
     T::deserialize(Strict(value))
 }
 
+/// [`from_value`], with the path of the value that did not fit (`flowchart.stages.a.kind`), for
+/// bodies whose errors must say where.
+///
+/// # Errors
+/// The first place where `value` does not fit `T`, with its path.
+pub fn from_value_at<T: DeserializeOwned>(
+    value: &Value,
+) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
+    serde_path_to_error::deserialize(Strict(value))
+}
+
 /// A borrowed JSON value that refuses arrays where a struct is due.
 #[derive(Clone, Copy)]
 struct Strict<'a>(&'a Value);

@@ -117,8 +117,13 @@ pub struct AgentStateView {
     pub version: i64,
 }
 
-/// Validate a config against what the service has (providers, tools) and its ranges.
-pub(crate) fn check_config(state: &AppState, cfg: &AgentConfig) -> Result<(), ApiError> {
+/// Validate a config against what the service has (providers, tools, the tenant's flowcharts)
+/// and its ranges.
+pub(crate) async fn check_config(
+    state: &AppState,
+    tenant: &str,
+    cfg: &AgentConfig,
+) -> Result<(), ApiError> {
     cfg.validate().map_err(ApiError::Validation)?;
     if let Some(p) = &cfg.provider
         && !state.engine.provider_names().contains(p)
@@ -129,15 +134,28 @@ pub(crate) fn check_config(state: &AppState, cfg: &AgentConfig) -> Result<(), Ap
         )));
     }
     let tools = state.engine.tools();
+    // The tenant's flowcharts are tools too; read only when a name is not a registry tool.
+    let mut flowcharts: Option<Vec<String>> = None;
     for (field, list) in [
         ("tools", &cfg.tools),
         ("requireApproval", &cfg.require_approval),
     ] {
         for name in list.iter().flatten() {
-            if !tools.is_known(name) {
+            if tools.is_known(name) {
+                continue;
+            }
+            if flowcharts.is_none() {
+                let names = state.store.list_flowcharts(tenant).await?;
+                flowcharts = Some(names.into_iter().map(|r| r.name).collect());
+            }
+            let flowcharts = flowcharts.as_deref().unwrap_or_default();
+            if !flowcharts.contains(name) {
+                let mut available = tools.names();
+                available.extend(flowcharts.iter().cloned());
+                available.sort();
                 return Err(ApiError::Validation(format!(
                     "config.{field} names unknown tool `{name}` (available: {})",
-                    tools.names().join(", ")
+                    available.join(", ")
                 )));
             }
         }
@@ -167,7 +185,7 @@ pub async fn create_thread(
 ) -> Result<(StatusCode, AppJson<Thread>), ApiError> {
     check_metadata(&body.metadata)?;
     let config = body.config.unwrap_or_default();
-    check_config(&state, &config)?;
+    check_config(&state, &tenant, &config).await?;
     let id = body.thread_id.unwrap_or_else(ThreadId::generate);
     let metadata = body
         .metadata
@@ -239,7 +257,7 @@ pub async fn patch_thread(
     let id = parse_thread_id(&thread_id)?;
     check_metadata(&body.metadata)?;
     if let Some(cfg) = &body.config {
-        check_config(&state, cfg)?;
+        check_config(&state, &tenant, cfg).await?;
     }
     let patch = ThreadPatch {
         metadata: body.metadata,

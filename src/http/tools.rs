@@ -1,6 +1,7 @@
-//! The tool catalogue: `GET /v1/tools`, every tool a thread may enable (built-in, MCP, and later
-//! flowcharts and A2A delegation), with its argument schema, its source and whether it can be
-//! called right now; and the tool servers the operator configured, with their state.
+//! The tool catalogue: `GET /v1/tools`, every tool a thread may enable (built-in, MCP, the
+//! caller's tenant's flowcharts, and later A2A delegation), with its argument schema, its source
+//! and whether it can be called right now; and the tool servers the operator configured, with
+//! their state.
 
 use axum::extract::State;
 use serde::Serialize;
@@ -8,8 +9,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{AppJson, AppState, Tenant};
-use crate::tools::{ServerInfo, ToolInfo};
+use super::{ApiError, AppJson, AppState, Tenant};
+use crate::tools::{ServerInfo, ToolInfo, ToolSource};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_tools))
@@ -26,17 +27,29 @@ pub struct ToolCatalogue {
     pub servers: Vec<ServerInfo>,
 }
 
-/// List every tool a thread can enable (`config.tools`, `config.requireApproval`). Tools are
-/// configured by the operator, so every tenant sees the same catalogue.
+/// List every tool a thread can enable (`config.tools`, `config.requireApproval`): the tools the
+/// operator configured, the same for every tenant, and the caller's tenant's flowcharts.
 #[utoipa::path(get, path = "/v1/tools", tag = "tools",
     responses((status = 200, description = "The catalogue", body = ToolCatalogue)))]
 pub async fn list_tools(
     State(state): State<AppState>,
-    Tenant(_tenant): Tenant,
-) -> AppJson<ToolCatalogue> {
+    Tenant(tenant): Tenant,
+) -> Result<AppJson<ToolCatalogue>, ApiError> {
     let tools = state.engine.tools();
-    AppJson(ToolCatalogue {
-        items: tools.catalogue(),
+    let mut items = tools.catalogue();
+    let flowcharts = state.store.list_flowcharts(&tenant).await?;
+    items.extend(flowcharts.into_iter().map(|r| ToolInfo {
+        parameters: r.spec.input_schema(),
+        name: r.name,
+        description: r.spec.description,
+        source: ToolSource::Flowchart,
+        server: None,
+        available: true,
+        unavailable_reason: None,
+    }));
+    items.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(AppJson(ToolCatalogue {
+        items,
         servers: tools.servers(),
-    })
+    }))
 }

@@ -4,7 +4,7 @@
 //! process; [`sqlite::SqliteStore`]). Both pass one conformance suite (`tests/api/store.rs`).
 //!
 //! Layout: the business rules are written once, one file per concept (`threads`, `runs`,
-//! `leases`, `apply`, `suspensions`), over the dialect layer `sql` (bind values, rows,
+//! `leases`, `apply`, `suspensions`, `flowcharts`), over the dialect layer `sql` (bind values, rows,
 //! connections and a few SQL tokens each dialect renders); `postgres` and `sqlite` hold only what
 //! truly differs (connecting, the claim, the list insert of observations, LISTEN/NOTIFY);
 //! `rows` maps rows to the domain types.
@@ -23,6 +23,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::flowchart::{FlowchartRecord, FlowchartSpec};
 use crate::model::{
     AgentConfig, Message, MultitaskStrategy, Observation, ObservationType, ResumeDecision, Run,
     Suspension, SuspensionStatus, Thread, ThreadId,
@@ -30,6 +31,7 @@ use crate::model::{
 
 mod apply;
 mod db;
+mod flowcharts;
 mod fragments;
 mod group;
 mod leases;
@@ -185,6 +187,16 @@ pub struct ResolvedSuspension {
     pub run: Run,
     /// The `AGENT_RESUMED` observation.
     pub observations: Vec<Observation>,
+}
+
+/// What [`Store::put_flowchart`] stored.
+#[derive(Debug, Clone)]
+pub struct PutFlowchart {
+    /// The new version.
+    pub record: FlowchartRecord,
+    /// True when the name had no live version before (new, or deleted): the API answers 201,
+    /// else 200.
+    pub created: bool,
 }
 
 /// A wake-up from another process sharing the store (Postgres LISTEN/NOTIFY). Signals carry no
@@ -406,6 +418,36 @@ pub trait Store: Send + Sync + 'static {
         suspension_id: Uuid,
         resolution: Resolution,
     ) -> StoreResult<ResolvedSuspension>;
+
+    // ----- flowcharts -----------------------------------------------------------------------
+
+    /// Store `spec` as the next version of the tenant's flowchart `name`: one more than its
+    /// highest version, deleted ones included (after a delete the numbering goes on).
+    /// Concurrent calls for one name get distinct versions.
+    async fn put_flowchart(
+        &self,
+        tenant: &str,
+        name: &str,
+        spec: &FlowchartSpec,
+    ) -> StoreResult<PutFlowchart>;
+
+    /// One version of a flowchart: `version`, or the latest when `None`. A deleted flowchart's
+    /// versions are found only with `include_deleted` (the engine resuming a call pinned to a
+    /// version; the API shows only live ones).
+    async fn get_flowchart(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: Option<i64>,
+        include_deleted: bool,
+    ) -> StoreResult<Option<FlowchartRecord>>;
+
+    /// The latest version of each of the tenant's flowcharts that is not deleted, sorted by name
+    /// (byte order).
+    async fn list_flowcharts(&self, tenant: &str) -> StoreResult<Vec<FlowchartRecord>>;
+
+    /// Mark every version of the flowchart deleted; false when it had no live version.
+    async fn delete_flowchart(&self, tenant: &str, name: &str) -> StoreResult<bool>;
 
     /// Pending suspensions whose `expires_at` has passed, as `(tenant, suspension_id)`, oldest
     /// first, at most `limit`.

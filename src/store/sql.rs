@@ -430,6 +430,20 @@ impl Conn {
         Ok(())
     }
 
+    /// Hold back every other transaction that locks the same `key` until this one ends
+    /// (Postgres: a transaction-scoped advisory lock on the key's hash; SQLite needs none, its
+    /// one writer runs one write transaction at a time). For read-then-write rules no row
+    /// lock covers, such as numbering the first version of a new name.
+    pub(crate) async fn lock_key(&mut self, key: &str) -> StoreResult<()> {
+        if let Raw::Pg(c) = self.raw() {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(key)
+                .execute(c)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Commit a transaction (a pooled connection has nothing to commit).
     pub(crate) async fn commit(self) -> StoreResult<()> {
         match self.link {

@@ -14,9 +14,10 @@ pub use super::db::SqlStore;
 use super::sql::Dialect;
 use super::{
     AgentSnapshot, Applied, Batch, CancelledRun, Claim, CreatedRun, Fence, NewRun,
-    ObservationQuery, PageCursor, Resolution, ResolvedSuspension, Signal, Store, StoreResult,
-    ThreadPatch,
+    ObservationQuery, PageCursor, PutFlowchart, Resolution, ResolvedSuspension, Signal, Store,
+    StoreResult, ThreadPatch,
 };
+use crate::flowchart::{FlowchartRecord, FlowchartSpec};
 use crate::model::{AgentConfig, Message, Observation, Run, Suspension, Thread, ThreadId};
 
 #[async_trait]
@@ -204,6 +205,33 @@ impl Store for SqlStore {
         resolution: Resolution,
     ) -> StoreResult<ResolvedSuspension> {
         self.resolve(tenant, suspension_id, resolution).await
+    }
+
+    async fn put_flowchart(
+        &self,
+        tenant: &str,
+        name: &str,
+        spec: &FlowchartSpec,
+    ) -> StoreResult<PutFlowchart> {
+        self.insert_flowchart(tenant, name, spec).await
+    }
+
+    async fn get_flowchart(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: Option<i64>,
+        include_deleted: bool,
+    ) -> StoreResult<Option<FlowchartRecord>> {
+        self.flowchart(tenant, name, version, include_deleted).await
+    }
+
+    async fn list_flowcharts(&self, tenant: &str) -> StoreResult<Vec<FlowchartRecord>> {
+        self.flowcharts(tenant).await
+    }
+
+    async fn delete_flowchart(&self, tenant: &str, name: &str) -> StoreResult<bool> {
+        self.remove_flowchart(tenant, name).await
     }
 
     async fn due_suspensions(&self, limit: u32) -> StoreResult<Vec<(String, Uuid)>> {

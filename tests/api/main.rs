@@ -9,6 +9,8 @@ mod contract;
 mod db;
 mod durability;
 mod fake_llm;
+mod flowchart_store;
+mod flowcharts;
 mod fuzz;
 mod graph;
 mod helpers;

@@ -1,0 +1,181 @@
+//! The flowchart registry (DESIGN.md §6.2): `PUT/GET/DELETE /v1/flowcharts/{name}` and
+//! `GET /v1/flowcharts`, per tenant. A PUT is checked whole before anything is stored (every
+//! problem answered at once, each with its JSON Pointer) and makes a new version; a delete hides
+//! the flowchart from the API and from new calls, while the engine still finds the version a
+//! call in progress was pinned to.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::FieldError;
+use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant};
+use crate::flowchart::validate::{self, ValidationEnv};
+use crate::flowchart::{FlowchartRecord, FlowchartSpec};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_flowcharts))
+        .routes(routes!(put_flowchart, get_flowchart, delete_flowchart))
+}
+
+/// The tenant's flowcharts.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FlowchartList {
+    /// The latest version of each, sorted by name.
+    pub items: Vec<FlowchartRecord>,
+}
+
+/// Which version to read (query string). Unknown parameters are refused (422).
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct VersionParams {
+    /// A version number (1 and up); the latest when absent.
+    #[param(minimum = 1, nullable = false)]
+    pub version: Option<i64>,
+}
+
+fn not_found() -> ApiError {
+    ApiError::NotFound {
+        code: "flowchart_not_found",
+        detail: "flowchart not found".into(),
+    }
+}
+
+/// A flowchart name from the path; one that cannot exist is simply not found.
+fn parse_name(raw: &str) -> Result<&str, ApiError> {
+    if validate::is_tool_name(raw) {
+        Ok(raw)
+    } else {
+        Err(not_found())
+    }
+}
+
+fn invalid(problems: Vec<validate::Problem>) -> ApiError {
+    let detail = format!(
+        "the flowchart is not valid: {}",
+        problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    let errors = problems
+        .into_iter()
+        .map(|p| FieldError {
+            path: p.path,
+            message: p.message,
+        })
+        .collect();
+    ApiError::InvalidFields { detail, errors }
+}
+
+/// Register a flowchart, or a new version of it.
+#[utoipa::path(put, path = "/v1/flowcharts/{name}", tag = "flowcharts", request_body = FlowchartSpec,
+    params(("name" = String, Path, description = "The flowchart's tool name: 1–64 characters of `A-Za-z0-9_-`", pattern = "^[A-Za-z0-9_-]{1,64}$")),
+    responses(
+        (status = 200, description = "A new version of a flowchart that exists", body = FlowchartRecord),
+        (status = 201, description = "Registered: the name was new (or its flowchart deleted)", body = FlowchartRecord),
+        (status = 409, description = "The name is a tool's (`tool_exists`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The flowchart is not valid (`validation_failed`): `detail` lists every problem as `<JSON Pointer>: <message>`, and `errors` holds them as `{path, message}`", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn put_flowchart(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(name): AppPath<String>,
+    AppJson(body): AppJson<Value>,
+) -> Result<(StatusCode, AppJson<FlowchartRecord>), ApiError> {
+    let spec = validate::parse_spec(&body).map_err(|p| invalid(vec![p]))?;
+    let tools = state.engine.tools();
+    if tools.is_known(&name) {
+        return Err(ApiError::Conflict {
+            code: "tool_exists",
+            detail: format!("`{name}` is the name of a tool: a flowchart needs a name of its own"),
+        });
+    }
+    let flowcharts: BTreeMap<String, FlowchartSpec> = state
+        .store
+        .list_flowcharts(&tenant)
+        .await?
+        .into_iter()
+        .map(|r| (r.name, r.spec))
+        .collect();
+    let is_tool = |n: &str| tools.is_known(n);
+    let env = ValidationEnv {
+        is_tool: &is_tool,
+        flowcharts: &flowcharts,
+    };
+    validate::validate(&name, &spec, &env).map_err(invalid)?;
+    let put = state.store.put_flowchart(&tenant, &name, &spec).await?;
+    let status = if put.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, AppJson(put.record)))
+}
+
+/// List the tenant's flowcharts (the latest version of each).
+#[utoipa::path(get, path = "/v1/flowcharts", tag = "flowcharts",
+    responses((status = 200, description = "The flowcharts", body = FlowchartList)))]
+pub async fn list_flowcharts(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+) -> Result<AppJson<FlowchartList>, ApiError> {
+    let items = state.store.list_flowcharts(&tenant).await?;
+    Ok(AppJson(FlowchartList { items }))
+}
+
+/// Read a flowchart: its latest version, or the one `version` names.
+#[utoipa::path(get, path = "/v1/flowcharts/{name}", tag = "flowcharts",
+    params(("name" = String, Path, description = "The flowchart's tool name: 1–64 characters of `A-Za-z0-9_-` (any other name is not found)", pattern = "^[A-Za-z0-9_-]{1,64}$"), VersionParams),
+    responses(
+        (status = 200, description = "The flowchart", body = FlowchartRecord),
+        (status = 404, description = "No such flowchart or version (`flowchart_not_found`)", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn get_flowchart(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(name): AppPath<String>,
+    AppQuery(params): AppQuery<VersionParams>,
+) -> Result<AppJson<FlowchartRecord>, ApiError> {
+    if params.version.is_some_and(|v| v < 1) {
+        return Err(ApiError::Validation("version must be 1 or more".into()));
+    }
+    let name = parse_name(&name)?;
+    let record = state
+        .store
+        .get_flowchart(&tenant, name, params.version, false)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(AppJson(record))
+}
+
+/// Delete a flowchart (every version): it is no longer listed nor offered to new calls, while a
+/// call in progress finishes on its version. A PUT of the name registers it again, numbering on
+/// from the last version.
+#[utoipa::path(delete, path = "/v1/flowcharts/{name}", tag = "flowcharts",
+    params(("name" = String, Path, description = "The flowchart's tool name: 1–64 characters of `A-Za-z0-9_-` (any other name is not found)", pattern = "^[A-Za-z0-9_-]{1,64}$")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "No such flowchart (`flowchart_not_found`)", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn delete_flowchart(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(name): AppPath<String>,
+) -> Result<StatusCode, ApiError> {
+    let name = parse_name(&name)?;
+    if state.store.delete_flowchart(&tenant, name).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(not_found())
+    }
+}

@@ -89,6 +89,8 @@ pub struct Worker {
 struct WorkerJournal {
     store: Arc<dyn Store>,
     tenant: String,
+    thread_id: crate::model::ThreadId,
+    run_id: uuid::Uuid,
     bus: EventBus,
     fence: Fence,
     lease: Duration,
@@ -132,6 +134,43 @@ impl Journal for WorkerJournal {
 
     async fn decision_arrived(&self) {
         self.decided.notified().await;
+    }
+
+    async fn flowcharts(&self) -> Result<Vec<crate::flowchart::FlowchartRecord>, EngineError> {
+        self.store
+            .list_flowcharts(&self.tenant)
+            .await
+            .map_err(|e| EngineError::Store(e.into()))
+    }
+
+    async fn flowchart(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> Result<Option<crate::flowchart::FlowchartRecord>, EngineError> {
+        // A pinned version is found even when deleted since: the call started on it.
+        self.store
+            .get_flowchart(&self.tenant, name, version, version.is_some())
+            .await
+            .map_err(|e| EngineError::Store(e.into()))
+    }
+
+    async fn run_observations(
+        &self,
+        types: &[crate::model::ObservationType],
+    ) -> Result<Vec<crate::model::Observation>, EngineError> {
+        let query = crate::store::ObservationQuery {
+            after: 0,
+            limit: 0,
+            types: Some(types.to_vec()),
+            parent_id: None,
+            run_id: Some(self.run_id),
+        };
+        self.store
+            .list_observations(&self.tenant, &self.thread_id, &query)
+            .await
+            .map(Option::unwrap_or_default)
+            .map_err(|e| EngineError::Store(e.into()))
     }
 }
 
@@ -327,6 +366,8 @@ impl Worker {
         let journal = WorkerJournal {
             store: self.store.clone(),
             tenant: input.run.tenant.clone(),
+            thread_id: input.run.thread_id.clone(),
+            run_id: input.run.run_id,
             bus: self.commands.bus().clone(),
             fence,
             lease: self.settings.lease,

@@ -11,12 +11,12 @@ use super::Engine;
 use super::changes::Batch;
 use super::journal::{Ctx, Journal};
 use crate::flowchart::FlowchartRecord;
-use crate::flowchart::interpreter::{FlowCall, FlowHost, FlowLimits, StepRecord};
+use crate::flowchart::interpreter::{FlowCall, FlowHost, FlowLimits, Gate, Paused, StepRecord};
 use crate::flowchart::tool::FlowTool;
 use crate::llm::{ChatMessage, ChatRequest, LlmProvider, Phase};
 use crate::model::{
-    NewObservation, ObservationType, ThreadId, ToolCallRecord, ToolResultRecord, ToolResultStatus,
-    Usage,
+    NewObservation, ObservationType, ResumeDecision, Suspension, SuspensionKind, SuspensionStatus,
+    ThreadId, ToolCallRecord, ToolResultRecord, ToolResultStatus, Usage,
 };
 use crate::tools::{ToolContext, ToolError, ToolRegistry};
 
@@ -47,6 +47,21 @@ pub(super) struct RunFlowHost<'a> {
     pub tenant: String,
     pub thread_id: ThreadId,
     pub run_id: uuid::Uuid,
+    /// The thread's `requireApproval`.
+    pub require_approval: Vec<String>,
+    /// The suspensions of this call's gated `tool` stages (ids `<toolCallId>:…`).
+    pub decisions: Vec<Suspension>,
+}
+
+impl RunFlowHost<'_> {
+    /// The suspensions of `call`'s gated stages, from the run's.
+    pub(super) fn decisions_of(all: &[Suspension], call: &ToolCallRecord) -> Vec<Suspension> {
+        let prefix = format!("{}:", call.id);
+        all.iter()
+            .filter(|s| s.tool_call.id.starts_with(&prefix))
+            .cloned()
+            .collect()
+    }
 }
 
 #[async_trait]
@@ -89,6 +104,36 @@ impl FlowHost for RunFlowHost<'_> {
         }
     }
 
+    fn gate(&self, tool: &str, args: &Value, call_id: &str) -> Gate {
+        let kind = match self.tools.get(tool).and_then(|t| t.blocking()) {
+            Some(k) => k,
+            None if self.require_approval.iter().any(|n| n == tool) => SuspensionKind::Approval,
+            None => return Gate::Run(args.clone()),
+        };
+        let Some(s) = self.decisions.iter().find(|s| s.tool_call.id == call_id) else {
+            return Gate::Suspend(kind);
+        };
+        match (s.status, &s.decision) {
+            (SuspensionStatus::Pending, _) => Gate::Suspend(kind),
+            (SuspensionStatus::Resolved, Some(ResumeDecision::Approve { .. })) => {
+                Gate::Run(s.tool_call.arguments.clone())
+            }
+            (SuspensionStatus::Resolved, Some(ResumeDecision::Edit { args, .. })) => {
+                Gate::Run(args.clone())
+            }
+            (SuspensionStatus::Resolved, Some(ResumeDecision::Respond { response, .. })) => {
+                Gate::Answer(response.clone())
+            }
+            (SuspensionStatus::Resolved, Some(ResumeDecision::Reject { reason })) => {
+                Gate::Reject(reason.clone().unwrap_or_else(|| "no reason given".into()))
+            }
+            (SuspensionStatus::Expired, _) => {
+                Gate::Reject("expired: no one decided in time".into())
+            }
+            _ => Gate::Reject("no decision".into()),
+        }
+    }
+
     async fn ask_model(
         &self,
         prompt: String,
@@ -127,16 +172,28 @@ impl FlowHost for RunFlowHost<'_> {
     }
 }
 
-/// Run a flowchart call to its result and describe the outcome as a tool result: the result, or
-/// a tool error naming the stage that failed (the model reads it; the run goes on).
+/// How a flowchart call ended.
+pub(super) enum FlowOutcome {
+    /// With a result, or a tool error naming the stage that failed (the model reads it; the run
+    /// goes on).
+    Done(ToolResultRecord),
+    /// Paused at a `tool` stage for a person's decision.
+    Paused(Paused),
+}
+
+/// Run a flowchart call until it ends or pauses for a person.
 pub(super) async fn invoke_flowchart(
     host: &RunFlowHost<'_>,
     tool: &FlowTool,
     call: &ToolCallRecord,
     args: Value,
     limits: FlowLimits,
-) -> ToolResultRecord {
-    let result = run(host, tool, call, args, limits).await;
+) -> FlowOutcome {
+    let mut paused = None;
+    let result = run(host, tool, call, args, limits, &mut paused).await;
+    if let Some(p) = paused {
+        return FlowOutcome::Paused(p);
+    }
     let (status, output, error) = match result {
         Ok(v) => (ToolResultStatus::Success, v, None),
         Err(message) => (
@@ -145,13 +202,13 @@ pub(super) async fn invoke_flowchart(
             Some(message),
         ),
     };
-    ToolResultRecord {
+    FlowOutcome::Done(ToolResultRecord {
         tool_call_id: call.id.clone(),
         name: call.name.clone(),
         status,
         output,
         error,
-    }
+    })
 }
 
 async fn run(
@@ -160,6 +217,7 @@ async fn run(
     call: &ToolCallRecord,
     args: Value,
     limits: FlowLimits,
+    paused: &mut Option<Paused>,
 ) -> Result<Value, String> {
     tool.validate(&args)
         .map_err(|e| ToolError::InvalidArguments(e).to_string())?;
@@ -194,7 +252,10 @@ async fn run(
         _ => tool.record.clone(),
     };
     let mut flow = FlowCall::new(host, host.run_id, call.id.clone(), limits, steps);
-    flow.run(record, args, parent)
+    let result = flow
+        .run(record, args, parent)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string());
+    *paused = flow.paused().cloned();
+    result
 }

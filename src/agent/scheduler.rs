@@ -37,6 +37,8 @@ pub(super) enum Io {
     TeamPlan(Result<(Value, ChatResponse), LlmError>),
     /// A tool call's journaled outcome.
     Tool(crate::model::ToolCallRecord, crate::model::ToolResultRecord),
+    /// A flowchart call paused at a `tool` stage for a person.
+    FlowPaused(crate::flowchart::interpreter::Paused),
 }
 
 /// The flowchart `name` names in this run, unless a registry tool has that name.
@@ -310,15 +312,24 @@ impl Engine {
                     tenant: ctx.tenant.clone(),
                     thread_id: ctx.thread_id.clone(),
                     run_id: ctx.run.run_id,
+                    require_approval: ctx.cfg.require_approval.clone().unwrap_or_default(),
+                    decisions: super::flowcharts::RunFlowHost::decisions_of(
+                        &ctx.suspensions,
+                        &call,
+                    ),
                 };
                 let limits = crate::flowchart::interpreter::FlowLimits {
                     max_steps: self.settings.flowchart_max_steps.max(1),
                 };
                 Box::pin(async move {
-                    let result =
-                        super::flowcharts::invoke_flowchart(&host, &tool, &call, args, limits)
-                            .await;
-                    (item, Io::Tool(call, result))
+                    match super::flowcharts::invoke_flowchart(&host, &tool, &call, args, limits)
+                        .await
+                    {
+                        super::flowcharts::FlowOutcome::Done(result) => {
+                            (item, Io::Tool(call, result))
+                        }
+                        super::flowcharts::FlowOutcome::Paused(p) => (item, Io::FlowPaused(p)),
+                    }
                 })
             }
             Next::Invoke(call, args) => {
@@ -356,6 +367,12 @@ impl Engine {
             }
             Io::Tool(call, result) => {
                 self.journal_result(ctx, item, &call, result, vec![], vec![]);
+                Ok(())
+            }
+            Io::FlowPaused(p) => {
+                // The flowchart's call stays unanswered; the person's decision is on the call
+                // of its stage, and the flowchart resumes there.
+                self.suspend(ctx, item, &p.call, p.kind);
                 Ok(())
             }
         }

@@ -67,6 +67,15 @@ impl Engine {
             };
             return CallStep::Answered(error_result(msg), vec![], vec![]);
         }
+        // A flowchart call paused at one of its stages waits for that decision.
+        let paused_at = format!("{}:", call.id);
+        if ctx.flowcharts.contains_key(&call.name)
+            && ctx.suspensions.iter().any(|s| {
+                s.status == SuspensionStatus::Pending && s.tool_call.id.starts_with(&paused_at)
+            })
+        {
+            return CallStep::Wait;
+        }
         let Some(kind) = self.needs_person(ctx, &call.name) else {
             return CallStep::Invoke(call.arguments.clone());
         };

@@ -39,12 +39,38 @@ pub trait FlowHost: Send + Sync {
     async fn commit_step(&self, step: StepRecord) -> Result<(), String>;
     /// Call a registered tool (validated, bounded by the tool timeout) under `key`.
     async fn call_tool(&self, name: &str, args: Value, key: String) -> Result<Value, String>;
+    /// Whether a `tool` stage's call may run: a tool that needs a person (a blocking tool, or
+    /// one in the thread's `requireApproval`) waits for a decision on the call `call_id`.
+    fn gate(&self, _tool: &str, args: &Value, _call_id: &str) -> Gate {
+        Gate::Run(args.clone())
+    }
     /// Ask the run's model; with a schema, for a JSON value that fits it.
     async fn ask_model(
         &self,
         prompt: String,
         output_schema: Option<Value>,
     ) -> Result<(Value, Usage), String>;
+}
+
+/// What a person's decision makes of a `tool` stage's call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gate {
+    /// Run it with these arguments (as proposed, or as a person edited them).
+    Run(Value),
+    /// A person answered in its place: this is its result.
+    Answer(Value),
+    /// A person rejected it (or the question expired): the stage fails with this reason.
+    Reject(String),
+    /// It waits for a person: the call pauses here and resumes in place once one decides.
+    Suspend(crate::model::SuspensionKind),
+}
+
+/// A call paused at a `tool` stage until a person decides on `call` (`id` =
+/// `<toolCallId>:<stage>:<iteration>`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Paused {
+    pub call: crate::model::ToolCallRecord,
+    pub kind: crate::model::SuspensionKind,
 }
 
 /// One step to commit: the observation's parent, its own id (a `flow` stage's id is chosen
@@ -118,6 +144,7 @@ pub struct FlowCall<'h> {
     steps: u32,
     executions: HashMap<String, u32>,
     usage: Usage,
+    paused: Option<Paused>,
 }
 
 impl<'h> FlowCall<'h> {
@@ -147,7 +174,14 @@ impl<'h> FlowCall<'h> {
             steps: 0,
             executions: HashMap::new(),
             usage: Usage::default(),
+            paused: None,
         }
+    }
+
+    /// Where the call paused for a person, when it ended that way (its `run` returned an
+    /// error naming the stage; nothing of the stage was committed).
+    pub fn paused(&self) -> Option<&Paused> {
+        self.paused.as_ref()
     }
 
     /// Model usage of the call's `llm` stages.
@@ -371,11 +405,27 @@ impl<'h> FlowCall<'h> {
                         extra.insert("args".into(), Value::Object(call_args.clone()));
                         let key_for_tool =
                             format!("{}:{}:{key}:{iteration}", self.run_id, self.tool_call_id);
-                        match self
-                            .host
-                            .call_tool(tool, Value::Object(call_args), key_for_tool)
-                            .await
-                        {
+                        let gated_id = format!("{}:{key}:{iteration}", self.tool_call_id);
+                        let args = Value::Object(call_args);
+                        let ran = match self.host.gate(tool, &args, &gated_id) {
+                            Gate::Run(args) => self.host.call_tool(tool, args, key_for_tool).await,
+                            Gate::Answer(v) => Ok(v),
+                            Gate::Reject(reason) => {
+                                Err(format!("a person rejected the call: {reason}"))
+                            }
+                            Gate::Suspend(kind) => {
+                                self.paused = Some(Paused {
+                                    call: crate::model::ToolCallRecord {
+                                        id: gated_id,
+                                        name: tool.clone(),
+                                        arguments: args,
+                                    },
+                                    kind,
+                                });
+                                return Err(fail("waiting for a person's decision".into()));
+                            }
+                        };
+                        match ran {
                             Ok(v) => Map::from_iter([(output.clone(), v)]),
                             Err(e) => {
                                 let message = format!("the tool `{tool}` failed: {e}");
@@ -557,7 +607,7 @@ impl<'h> FlowCall<'h> {
             }
             Stage::End { result } => {
                 let value = match &recorded {
-                    Some(r) => Some(r.content["writes"]["result"].clone()),
+                    Some(r) => r.content["writes"].get("result").cloned(),
                     None => match result {
                         Some(e) => {
                             extra.insert("reads".into(), Value::Object(expr::reads(e, &data)));

@@ -9,6 +9,7 @@ mod contract;
 mod db;
 mod durability;
 mod fake_llm;
+mod flowchart_runs;
 mod flowchart_store;
 mod flowcharts;
 mod fuzz;

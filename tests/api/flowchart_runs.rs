@@ -1,0 +1,487 @@
+//! Flowcharts called in runs, through the HTTP API: a decision with its evidence in the tree,
+//! select and loop, a sub-flow nested under its stage, two calls that share nothing, a stage
+//! error and the step limit as tool errors, approval of a whole flowchart and of a tool stage,
+//! the offline model calling one, and kill -9 in the middle of a flowchart resuming after the
+//! last committed stage without repeating it.
+
+use serde_json::{Value, json};
+
+use crate::both_stores;
+use crate::durability::{completed_calls, env, temp_log};
+use crate::fake_llm::{FakeLlm, Reply, plan};
+use crate::helpers::{Backend, TestApp, spawn, spawn_with};
+use crate::process::Proc;
+
+async fn put(app: &TestApp, name: &str, spec: Value) {
+    let r = app
+        .client
+        .put(app.url(&format!("/v1/flowcharts/{name}")))
+        .json(&spec)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    assert!(
+        status == 201 || status == 200,
+        "PUT {name}: {status} {body}"
+    );
+}
+
+/// Refund triage: scores the amount with the calculator, then decides.
+fn triage() -> Value {
+    json!({
+        "description": "Triage a refund request: approve, review or escalate.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"amount": {"type": "number"}, "tier": {"type": "string"}},
+            "required": ["amount", "tier"],
+            "additionalProperties": false
+        },
+        "flowchart": {"start": "score", "stages": {
+            "score": {"kind": "tool", "tool": "calculator",
+                      "args": {"expression": {"cat": [{"var": "args.amount"}, "/10"]}},
+                      "output": "score", "next": "route"},
+            "route": {"kind": "decide", "rules": [
+                {"condition": {">": [{"var": "args.amount"}, 1000]}, "next": "escalate"},
+                {"condition": {"==": [{"var": "args.tier"}, "gold"]}, "next": "approve"}
+            ], "default": "review"},
+            "approve": {"kind": "end", "result": {"decision": "approved", "score": {"var": "state.score.result"}}},
+            "review": {"kind": "set", "values": {"decision": "review"}},
+            "escalate": {"kind": "end", "result": {"decision": "escalated"}}
+        }}
+    })
+}
+
+/// Run one item that calls `calls` in one model turn; the run.
+async fn run_calls(
+    app: &TestApp,
+    llm: &FakeLlm,
+    tools: &[&str],
+    calls: Vec<(&str, Value)>,
+) -> (String, Value) {
+    llm.push("plan", plan(&[("s1", "Use the flowchart", tools, &[])]));
+    llm.push(
+        "execute",
+        Reply::ToolCalls(calls.into_iter().map(|(n, a)| (n.to_owned(), a)).collect()),
+    );
+    let t = app.thread(json!({})).await;
+    let run = app.run_wait(&t, "go").await;
+    (t, run)
+}
+
+fn of_type<'a>(obs: &'a [Value], t: &str) -> Vec<&'a Value> {
+    obs.iter().filter(|o| o["type"] == t).collect()
+}
+
+async fn a_decision_and_its_evidence_land_in_the_tree(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn(backend, Some(&llm)).await;
+    put(&app, "triage", triage()).await;
+    let (st, cat) = app.get("/v1/tools").await;
+    assert_eq!(st, 200);
+    let entry = cat["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "triage")
+        .cloned();
+    assert_eq!(
+        entry.as_ref().map(|e| e["source"].clone()),
+        Some(json!("flowchart")),
+        "{cat}"
+    );
+
+    let (t, run) = run_calls(
+        &app,
+        &llm,
+        &["triage"],
+        vec![("triage", json!({"amount": 40, "tier": "gold"}))],
+    )
+    .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let obs = app.observations(&t).await;
+    let call = of_type(&obs, "TOOL_CALL")[0];
+    let steps = of_type(&obs, "FLOWCHART_STEP");
+    let stages: Vec<&str> = steps
+        .iter()
+        .map(|s| s["content"]["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages, ["score", "route", "approve"]);
+    for s in &steps {
+        assert_eq!(s["parentId"], call["id"], "steps nest under the TOOL_CALL");
+        assert_eq!(s["content"]["flowchart"], "triage");
+        assert_eq!(s["content"]["version"], 1);
+        assert!(s["content"]["durationMs"].is_u64());
+    }
+    let route = &steps[1]["content"];
+    assert_eq!(route["kind"], "decide");
+    assert_eq!(route["decision"]["chosen"], "approve");
+    assert_eq!(
+        route["decision"]["rules"][0]["inputs"],
+        json!({"args.amount": 40})
+    );
+    assert_eq!(route["decision"]["rules"][0]["matched"], false);
+    assert_eq!(
+        route["decision"]["rules"][1]["inputs"],
+        json!({"args.tier": "gold"})
+    );
+    assert_eq!(route["decision"]["rules"][1]["matched"], true);
+    assert_eq!(steps[0]["content"]["writes"]["score"]["result"], 4);
+    let exec = of_type(&obs, "TOOL_EXECUTION")[0];
+    assert_eq!(
+        exec["content"]["output"],
+        json!({"decision": "approved", "score": 4})
+    );
+    // Bad arguments never start the flowchart.
+    let (t, run) = run_calls(
+        &app,
+        &llm,
+        &["triage"],
+        vec![("triage", json!({"amount": "x"}))],
+    )
+    .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let obs = app.observations(&t).await;
+    assert!(of_type(&obs, "FLOWCHART_STEP").is_empty());
+    let err = of_type(&obs, "TOOL_EXECUTION")[0]["content"]["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(err.contains("/amount") && err.contains("/tier"), "{err}");
+    app.stop().await;
+}
+both_stores!(decide, a_decision_and_its_evidence_land_in_the_tree);
+
+async fn select_loop_sub_flows_and_isolated_calls(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn(backend, Some(&llm)).await;
+    put(
+        &app,
+        "counter",
+        json!({
+            "description": "Counts from a fresh state.",
+            "flowchart": {"start": "inc", "stages": {
+                "inc": {"kind": "set", "values": {"n": {"+": [{"var": ["state.n", 0]}, 1]}}}
+            }}
+        }),
+    )
+    .await;
+    put(&app, "tally", json!({
+        "description": "Adds args.times ones, then classifies.",
+        "inputSchema": {"type": "object", "properties": {"times": {"type": "integer"}}, "required": ["times"]},
+        "flowchart": {"start": "init", "stages": {
+            "init": {"kind": "set", "values": {"total": 0}, "next": "repeat"},
+            "repeat": {"kind": "loop", "condition": {"<": [{"var": "state.total"}, {"var": "args.times"}]},
+                       "body": "add", "maxIterations": 10, "next": "classify"},
+            "add": {"kind": "set", "values": {"total": {"+": [{"var": "state.total"}, 1]}}},
+            "classify": {"kind": "select", "rules": [
+                {"condition": {">": [{"var": "state.total"}, 2]}, "branch": "big"},
+                {"condition": {"<": [{"var": "state.total"}, 0]}, "branch": "negative"},
+                {"condition": true, "branch": "seen"}
+            ], "next": "sub"},
+            "big": {"kind": "set", "values": {"big": true}},
+            "negative": {"kind": "set", "values": {"negative": true}},
+            "seen": {"kind": "set", "values": {"seen": true}},
+            "sub": {"kind": "flow", "flowchart": "counter", "output": "counted", "next": "done"},
+            "done": {"kind": "end", "result": {"total": {"var": "state.total"}, "big": {"var": "state.big"},
+                     "seen": {"var": "state.seen"}, "counted": {"var": "state.counted.n"}}}
+        }}
+    })).await;
+    let (t, run) = run_calls(
+        &app,
+        &llm,
+        &["tally", "counter"],
+        vec![
+            ("tally", json!({"times": 3})),
+            ("counter", json!({})),
+            ("counter", json!({})),
+        ],
+    )
+    .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let obs = app.observations(&t).await;
+    let execs = of_type(&obs, "TOOL_EXECUTION");
+    let outputs: Vec<&Value> = execs.iter().map(|e| &e["content"]["output"]).collect();
+    assert_eq!(
+        outputs[0],
+        &json!({"total": 3, "big": true, "seen": true, "counted": 1})
+    );
+    assert_eq!(outputs[1], &json!({"n": 1}), "a fresh state per call");
+    assert_eq!(outputs[2], &json!({"n": 1}), "a fresh state per call");
+    let tally_call = of_type(&obs, "TOOL_CALL")[0]["content"]["toolCallId"].clone();
+    let steps: Vec<&Value> = of_type(&obs, "FLOWCHART_STEP")
+        .into_iter()
+        .filter(|s| s["content"]["toolCallId"] == tally_call)
+        .collect();
+    let stages: Vec<&str> = steps
+        .iter()
+        .map(|s| s["content"]["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            "init", "repeat", "add", "repeat", "add", "repeat", "add", "repeat", "classify", "big",
+            "seen", "sub/inc", "sub", "done"
+        ]
+    );
+    let classify = steps[8];
+    assert_eq!(
+        classify["content"]["decision"]["chosen"],
+        json!(["big", "seen"])
+    );
+    let sub_step = steps[12];
+    let sub_child = steps[11];
+    assert_eq!(
+        sub_child["parentId"], sub_step["id"],
+        "sub-flow stages nest under their flow stage"
+    );
+    assert_eq!(sub_child["content"]["flowchart"], "counter");
+    let loop_rounds: Vec<&Value> = steps
+        .iter()
+        .filter(|s| s["content"]["stage"] == "repeat")
+        .map(|s| &s["content"]["iteration"])
+        .collect();
+    assert_eq!(loop_rounds, [&json!(1), &json!(2), &json!(3), &json!(4)]);
+    app.stop().await;
+}
+both_stores!(graph, select_loop_sub_flows_and_isolated_calls);
+
+async fn stage_errors_and_the_step_limit_are_tool_errors(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn_with(backend, Some(&llm), |c| c.flowchart_max_steps = 6).await;
+    put(&app, "divide", json!({
+        "description": "Divides by zero.",
+        "flowchart": {"start": "d", "stages": {
+            "d": {"kind": "tool", "tool": "calculator", "args": {"expression": "1/0"}, "output": "x"}
+        }}
+    })).await;
+    put(
+        &app,
+        "spin",
+        json!({
+            "description": "Loops for long.",
+            "flowchart": {"start": "l", "stages": {
+                "l": {"kind": "loop", "condition": true, "body": "b", "maxIterations": 1000},
+                "b": {"kind": "set", "values": {"x": 1}}
+            }}
+        }),
+    )
+    .await;
+    let (t, run) = run_calls(
+        &app,
+        &llm,
+        &["divide", "spin"],
+        vec![("divide", json!({})), ("spin", json!({}))],
+    )
+    .await;
+    assert_eq!(run["status"], "completed", "the run goes on: {run}");
+    let obs = app.observations(&t).await;
+    let execs = of_type(&obs, "TOOL_EXECUTION");
+    let e0 = execs[0]["content"]["error"].as_str().unwrap();
+    assert!(
+        e0.contains("stage `d`") && e0.contains("division by zero"),
+        "{e0}"
+    );
+    let e1 = execs[1]["content"]["error"].as_str().unwrap();
+    assert!(e1.contains("limit of 6 stages"), "{e1}");
+    let second = llm.requests_of("execute")[1].to_string();
+    assert!(
+        second.contains("division by zero"),
+        "the model read the error"
+    );
+    app.stop().await;
+}
+both_stores!(errors, stage_errors_and_the_step_limit_are_tool_errors);
+
+async fn a_flowchart_and_a_tool_stage_wait_for_approval(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn(backend, Some(&llm)).await;
+    put(&app, "triage", triage()).await;
+    // The whole call waits for a person.
+    llm.push("plan", plan(&[("s1", "Triage", &["triage"], &[])]));
+    llm.push(
+        "execute",
+        Reply::ToolCalls(vec![(
+            "triage".into(),
+            json!({"amount": 40, "tier": "gold"}),
+        )]),
+    );
+    let t = app
+        .thread(json!({"config": {"requireApproval": ["triage"]}}))
+        .await;
+    let run = app.run_wait(&t, "triage it").await;
+    assert_eq!(run["status"], "suspended", "{run}");
+    assert_eq!(run["suspension"]["toolCall"]["name"], "triage");
+    assert!(
+        of_type(&app.observations(&t).await, "FLOWCHART_STEP").is_empty(),
+        "nothing ran"
+    );
+    let sid = run["suspension"]["suspensionId"].as_str().unwrap();
+    let (st, _) = app
+        .post(
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    let done = app
+        .wait_run(&t, run["runId"].as_str().unwrap(), |r| {
+            r["status"] == "completed"
+        })
+        .await;
+    assert_eq!(done["status"], "completed");
+    assert_eq!(
+        of_type(&app.observations(&t).await, "FLOWCHART_STEP").len(),
+        3
+    );
+
+    // A tool stage whose tool needs approval pauses the flowchart there; it resumes in place.
+    llm.push("plan", plan(&[("s1", "Triage", &["triage"], &[])]));
+    llm.push(
+        "execute",
+        Reply::ToolCalls(vec![(
+            "triage".into(),
+            json!({"amount": 40, "tier": "gold"}),
+        )]),
+    );
+    let t = app
+        .thread(json!({"config": {"requireApproval": ["calculator"]}}))
+        .await;
+    let run = app.run_wait(&t, "triage it").await;
+    assert_eq!(run["status"], "suspended", "{run}");
+    let s = &run["suspension"];
+    assert_eq!(s["toolCall"]["name"], "calculator");
+    assert_eq!(s["toolCall"]["arguments"], json!({"expression": "40/10"}));
+    assert!(
+        s["toolCall"]["id"].as_str().unwrap().ends_with(":score:1"),
+        "{s}"
+    );
+    let sid = s["suspensionId"].as_str().unwrap();
+    let (st, b) = app
+        .post(
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "edit", "modifiedArgs": {"expression": "7*10"}}),
+        )
+        .await;
+    assert_eq!(st, 202, "{b}");
+    let done = app
+        .wait_run(&t, run["runId"].as_str().unwrap(), |r| {
+            r["status"] == "completed"
+        })
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let obs = app.observations(&t).await;
+    let stages: Vec<&str> = of_type(&obs, "FLOWCHART_STEP")
+        .iter()
+        .map(|s| s["content"]["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages, ["score", "route", "approve"], "each stage once");
+    let exec = of_type(&obs, "TOOL_EXECUTION");
+    assert_eq!(
+        exec.last().unwrap()["content"]["output"],
+        json!({"decision": "approved", "score": 70})
+    );
+    app.stop().await;
+}
+both_stores!(approval, a_flowchart_and_a_tool_stage_wait_for_approval);
+
+/// With no model configured, the offline model calls a flowchart the query names.
+#[tokio::test]
+async fn the_offline_model_calls_a_flowchart_the_query_names() {
+    let app = spawn(Backend::Sqlite, None).await;
+    put(&app, "triage", triage()).await;
+    let t = app.thread(json!({})).await;
+    let run = app
+        .run_wait(&t, r#"Call triage with {"amount": 2500, "tier": "basic"}"#)
+        .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let answer = run["finalResponse"]["response"].as_str().unwrap();
+    assert!(answer.contains("escalated"), "{answer}");
+    app.stop().await;
+}
+
+/// kill -9 while a flowchart's second stage runs: the new process resumes the call after the
+/// last committed stage; the first stage's tool never runs again, the second runs again under
+/// the same idempotency key, and every stage has one step in the tree.
+async fn kill_9_in_the_middle_of_a_flowchart(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let log = temp_log();
+    let db = crate::helpers::database_url(backend).await;
+    let p1 = Proc::start(&env(&db, &llm, &log, "3")).await;
+    let spec = json!({
+        "description": "Two slow steps.",
+        "flowchart": {"start": "a", "stages": {
+            "a": {"kind": "tool", "tool": "debug_sleep", "args": {"ms": 10, "tag": "fa"}, "output": "a", "next": "b"},
+            "b": {"kind": "tool", "tool": "debug_sleep", "args": {"ms": 4000, "tag": "fb"}, "output": "b", "next": "c"},
+            "c": {"kind": "end", "result": {"a": {"var": "state.a.tag"}, "b": {"var": "state.b.tag"}}}
+        }}
+    });
+    let r = p1
+        .client
+        .put(p1.url("/v1/flowcharts/sleepy"))
+        .json(&spec)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    llm.push("plan", plan(&[("s1", "Sleep", &["sleepy"], &[])]));
+    llm.push(
+        "execute",
+        Reply::ToolCalls(vec![("sleepy".into(), json!({}))]),
+    );
+    let (s, _) = p1.post("/v1/threads", json!({"threadId": "t"})).await;
+    assert_eq!(s, 201);
+    let (s, run) = p1.post("/v1/threads/t/runs", json!({"query": "go"})).await;
+    assert_eq!(s, 202, "{run}");
+    // Stage a committed: b is running (for 4 s).
+    p1.wait_for("/v1/threads/t/observations?type=FLOWCHART_STEP", |page| {
+        page["items"].as_array().is_some_and(|i| !i.is_empty())
+    })
+    .await;
+    p1.kill9().await;
+    assert_eq!(completed_calls(&log).get("fb"), None, "b was cut off");
+
+    let p2 = Proc::start(&env(&db, &llm, &log, "3")).await;
+    let run_id = run["runId"].as_str().unwrap();
+    let done = p2
+        .wait_for(&format!("/v1/threads/t/runs/{run_id}"), |r| {
+            r["status"] == "completed"
+        })
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let calls = completed_calls(&log);
+    assert_eq!(
+        calls.get("fa"),
+        Some(&1),
+        "the committed stage never ran again: {calls:?}"
+    );
+    assert_eq!(calls.get("fb"), Some(&1), "{calls:?}");
+    let lines = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.starts_with("fb ") && l.ends_with(":b:1")),
+        "{lines}"
+    );
+    let (_, page) = p2
+        .get("/v1/threads/t/observations?type=FLOWCHART_STEP")
+        .await;
+    let stages: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["content"]["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages, ["a", "b", "c"]);
+    let (_, page) = p2
+        .get("/v1/threads/t/observations?type=TOOL_EXECUTION")
+        .await;
+    assert_eq!(
+        page["items"][0]["content"]["output"],
+        json!({"a": "fa", "b": "fb"})
+    );
+    p2.kill9().await;
+    let _ = std::fs::remove_file(&log);
+}
+both_stores!(kill_9, kill_9_in_the_middle_of_a_flowchart);

@@ -175,8 +175,8 @@ impl FlowHost for RunFlowHost<'_> {
 /// How a flowchart call ended.
 pub(super) enum FlowOutcome {
     /// With a result, or a tool error naming the stage that failed (the model reads it; the run
-    /// goes on).
-    Done(ToolResultRecord),
+    /// goes on); and what its `llm` stages used of the model.
+    Done(ToolResultRecord, Usage),
     /// Paused at a `tool` stage for a person's decision.
     Paused(Paused),
 }
@@ -190,7 +190,8 @@ pub(super) async fn invoke_flowchart(
     limits: FlowLimits,
 ) -> FlowOutcome {
     let mut paused = None;
-    let result = run(host, tool, call, args, limits, &mut paused).await;
+    let mut usage = Usage::default();
+    let result = run(host, tool, call, args, limits, &mut paused, &mut usage).await;
     if let Some(p) = paused {
         return FlowOutcome::Paused(p);
     }
@@ -202,13 +203,16 @@ pub(super) async fn invoke_flowchart(
             Some(message),
         ),
     };
-    FlowOutcome::Done(ToolResultRecord {
-        tool_call_id: call.id.clone(),
-        name: call.name.clone(),
-        status,
-        output,
-        error,
-    })
+    FlowOutcome::Done(
+        ToolResultRecord {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            status,
+            output,
+            error,
+        },
+        usage,
+    )
 }
 
 async fn run(
@@ -218,6 +222,7 @@ async fn run(
     args: Value,
     limits: FlowLimits,
     paused: &mut Option<Paused>,
+    usage: &mut Usage,
 ) -> Result<Value, String> {
     tool.validate(&args)
         .map_err(|e| ToolError::InvalidArguments(e).to_string())?;
@@ -257,5 +262,6 @@ async fn run(
         .await
         .map_err(|e| e.to_string());
     *paused = flow.paused().cloned();
+    *usage = flow.usage();
     result
 }

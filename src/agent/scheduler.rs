@@ -37,6 +37,12 @@ pub(super) enum Io {
     TeamPlan(Result<(Value, ChatResponse), LlmError>),
     /// A tool call's journaled outcome.
     Tool(crate::model::ToolCallRecord, crate::model::ToolResultRecord),
+    /// A flowchart call's outcome, and the model usage of its `llm` stages.
+    FlowTool(
+        crate::model::ToolCallRecord,
+        crate::model::ToolResultRecord,
+        crate::model::Usage,
+    ),
     /// A flowchart call paused at a `tool` stage for a person.
     FlowPaused(crate::flowchart::interpreter::Paused),
 }
@@ -154,7 +160,7 @@ impl Engine {
                     done = inflight.next() => {
                         let (item, io) = done.expect("the set is not empty");
                         busy.remove(&item);
-                        let was_tool = matches!(io, Io::Tool(..));
+                        let was_tool = matches!(io, Io::Tool(..) | Io::FlowTool(..));
                         self.absorb(ctx, &item, io)?;
                         if was_tool {
                             // A tool's result is journaled before anything else happens.
@@ -325,8 +331,8 @@ impl Engine {
                     match super::flowcharts::invoke_flowchart(&host, &tool, &call, args, limits)
                         .await
                     {
-                        super::flowcharts::FlowOutcome::Done(result) => {
-                            (item, Io::Tool(call, result))
+                        super::flowcharts::FlowOutcome::Done(result, usage) => {
+                            (item, Io::FlowTool(call, result, usage))
                         }
                         super::flowcharts::FlowOutcome::Paused(p) => (item, Io::FlowPaused(p)),
                     }
@@ -366,6 +372,11 @@ impl Engine {
                 Ok(())
             }
             Io::Tool(call, result) => {
+                self.journal_result(ctx, item, &call, result, vec![], vec![]);
+                Ok(())
+            }
+            Io::FlowTool(call, result, usage) => {
+                ctx.usage.add(&usage);
                 self.journal_result(ctx, item, &call, result, vec![], vec![]);
                 Ok(())
             }

@@ -485,3 +485,45 @@ async fn kill_9_in_the_middle_of_a_flowchart(backend: Backend) {
     let _ = std::fs::remove_file(&log);
 }
 both_stores!(kill_9, kill_9_in_the_middle_of_a_flowchart);
+
+/// `llm` stages ask the thread's model (plain, and structured with `outputSchema`), and what
+/// they use is counted in the run's usage.
+async fn llm_stages_ask_the_model(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn(backend, Some(&llm)).await;
+    put(&app, "summarize", json!({
+        "description": "Classifies a ticket with the model.",
+        "inputSchema": {"type": "object", "properties": {"ticket": {"type": "string"}}, "required": ["ticket"]},
+        "flowchart": {"start": "plain", "stages": {
+            "plain": {"kind": "llm", "prompt": {"cat": ["Summarize: ", {"var": "args.ticket"}]}, "output": "summary", "next": "classify"},
+            "classify": {"kind": "llm", "prompt": {"cat": ["Classify: ", {"var": "state.summary"}]},
+                         "outputSchema": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+                         "output": "class"},
+        }},
+        "resultMapper": {"summary": {"var": "state.summary"}, "class": {"var": "state.class.answer"}}
+    })).await;
+    let (t, run) = run_calls(
+        &app,
+        &llm,
+        &["summarize"],
+        vec![("summarize", json!({"ticket": "printer on fire"}))],
+    )
+    .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let obs = app.observations(&t).await;
+    let exec = of_type(&obs, "TOOL_EXECUTION")[0];
+    assert_eq!(
+        exec["content"]["output"],
+        json!({"summary": "model: Summarize: printer on fire", "class": "Classify: model: Summarize: printer on fire"})
+    );
+    let requests = llm.requests_of("flowchart");
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[1]["response_format"]["json_schema"]["name"],
+        "pes_flowchart"
+    );
+    // plan + execute ×2 + 2 flowchart stages + synthesis
+    assert_eq!(run["usage"]["llmCalls"], 6, "{run}");
+    app.stop().await;
+}
+both_stores!(llm, llm_stages_ask_the_model);

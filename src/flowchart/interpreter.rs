@@ -11,93 +11,14 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
+use super::evidence::{eval_args, evaluate_rules, reads_of};
 use super::expr;
+pub use super::host::{FlowError, FlowHost, FlowLimits, Gate, MAX_DEPTH, Paused, StepRecord};
 use super::model::{FlowchartRecord, Stage};
 use crate::model::{Observation, Usage};
-
-/// A JSON object.
-type Object = Map<String, Value>;
-
-/// Sub-flows nest at most this deep.
-pub const MAX_DEPTH: u32 = 8;
-
-/// What a flowchart call uses of the run it serves.
-#[async_trait]
-pub trait FlowHost: Send + Sync {
-    /// A stored flowchart of the run's tenant: the latest version, or the one given (even
-    /// deleted since: a call resumes on the version it started with).
-    async fn load(
-        &self,
-        name: &str,
-        version: Option<i64>,
-    ) -> Result<Option<FlowchartRecord>, String>;
-    /// Commit one step durably (its observation), before the call goes on.
-    async fn commit_step(&self, step: StepRecord) -> Result<(), String>;
-    /// Call a registered tool (validated, bounded by the tool timeout) under `key`.
-    async fn call_tool(&self, name: &str, args: Value, key: String) -> Result<Value, String>;
-    /// Whether a `tool` stage's call may run: a tool that needs a person (a blocking tool, or
-    /// one in the thread's `requireApproval`) waits for a decision on the call `call_id`.
-    fn gate(&self, _tool: &str, args: &Value, _call_id: &str) -> Gate {
-        Gate::Run(args.clone())
-    }
-    /// Ask the run's model; with a schema, for a JSON value that fits it.
-    async fn ask_model(
-        &self,
-        prompt: String,
-        output_schema: Option<Value>,
-    ) -> Result<(Value, Usage), String>;
-}
-
-/// What a person's decision makes of a `tool` stage's call.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Gate {
-    /// Run it with these arguments (as proposed, or as a person edited them).
-    Run(Value),
-    /// A person answered in its place: this is its result.
-    Answer(Value),
-    /// A person rejected it (or the question expired): the stage fails with this reason.
-    Reject(String),
-    /// It waits for a person: the call pauses here and resumes in place once one decides.
-    Suspend(crate::model::SuspensionKind),
-}
-
-/// A call paused at a `tool` stage until a person decides on `call` (`id` =
-/// `<toolCallId>:<stage>:<iteration>`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Paused {
-    pub call: crate::model::ToolCallRecord,
-    pub kind: crate::model::SuspensionKind,
-}
-
-/// One step to commit: the observation's parent, its own id (a `flow` stage's id is chosen
-/// before its sub-flow runs, so the sub-flow's steps can nest under it), title and content.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepRecord {
-    pub id: Uuid,
-    pub parent_id: Option<String>,
-    pub title: String,
-    pub content: Value,
-}
-
-/// Why a call ended without a result: the stage (`<flowchart>/<stage>`, or the flowchart for a
-/// limit before any stage) and what went wrong.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("flowchart stopped at stage `{stage}`: {message}")]
-pub struct FlowError {
-    pub stage: String,
-    pub message: String,
-}
-
-/// Limits of one call.
-#[derive(Debug, Clone, Copy)]
-pub struct FlowLimits {
-    /// Stages executed per call, sub-flows included (`PES_FLOWCHART_MAX_STEPS`).
-    pub max_steps: u32,
-}
 
 /// A committed step read back for replay.
 #[derive(Debug, Clone)]
@@ -753,66 +674,4 @@ fn next_or_end(next: Option<&str>) -> Step {
 
 fn as_map(v: &Value) -> Map<String, Value> {
     v.as_object().cloned().unwrap_or_default()
-}
-
-/// Arguments computed from their expressions, and what they read.
-fn eval_args(
-    args: &std::collections::BTreeMap<String, Value>,
-    data: &Value,
-) -> Result<(Object, Object), String> {
-    let mut out = Map::new();
-    let mut reads = Map::new();
-    for (k, e) in args {
-        reads.extend(expr::reads(e, data));
-        out.insert(
-            k.clone(),
-            expr::eval(e, data).map_err(|m| format!("argument `{k}`: {m}"))?,
-        );
-    }
-    Ok((out, reads))
-}
-
-/// Evaluate each rule's condition: the evidence (`{index, condition, inputs, matched}` per rule)
-/// and the indices that matched. For `decide` (`first_only`), a rule after the first match that
-/// fails to evaluate is recorded with its error instead of failing the stage.
-fn evaluate_rules<'a>(
-    conditions: impl Iterator<Item = &'a Value>,
-    data: &Value,
-    first_only: bool,
-) -> Result<(Vec<Value>, Vec<usize>), String> {
-    let mut evidence = Vec::new();
-    let mut matched = Vec::new();
-    for (index, condition) in conditions.enumerate() {
-        let inputs = expr::reads(condition, data);
-        match expr::eval(condition, data) {
-            Ok(v) => {
-                let hit = expr::truthy(&v);
-                if hit {
-                    matched.push(index);
-                }
-                evidence.push(json!({"index": index, "condition": condition, "inputs": inputs, "matched": hit}));
-            }
-            Err(e) if first_only && !matched.is_empty() => {
-                evidence.push(json!({"index": index, "condition": condition, "inputs": inputs, "matched": false, "error": e}));
-            }
-            Err(e) => return Err(format!("rule {index}: {e}")),
-        }
-    }
-    if first_only {
-        matched.truncate(1);
-    }
-    Ok((evidence, matched))
-}
-
-/// Every value the rules read.
-fn reads_of(evidence: &[Value]) -> Map<String, Value> {
-    let mut out = Map::new();
-    for e in evidence {
-        if let Some(m) = e["inputs"].as_object() {
-            for (k, v) in m {
-                out.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-        }
-    }
-    out
 }

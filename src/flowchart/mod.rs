@@ -3,7 +3,9 @@
 //! durably: every executed stage commits a `FLOWCHART_STEP` observation with what it read and
 //! wrote, so a crash resumes after the last committed stage.
 
+mod evidence;
 pub mod expr;
+pub mod host;
 pub mod interpreter;
 pub mod model;
 pub mod tool;

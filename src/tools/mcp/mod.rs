@@ -44,6 +44,7 @@ impl McpHub {
             tracker.spawn(server::keep(
                 c.clone(),
                 registry.clone(),
+                tool::mount,
                 timings,
                 tracker.clone(),
                 stop.clone(),

@@ -24,7 +24,6 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::config::{ServerConfig, Transport};
-use super::tool::McpTool;
 use crate::tools::{Tool, ToolError, ToolRegistry, ToolServer, ToolSource};
 
 /// How connections are kept and what a call may return: settings (`PES_MCP_*`).
@@ -191,10 +190,15 @@ impl ClientHandler for Handler {
     }
 }
 
+/// Makes a tool of the registry from a tool a server lists (`None`: it cannot be one). Given
+/// by the module above, so the connection does not depend on what a tool is made of.
+pub(super) type Mount = fn(&Arc<Connection>, &rmcp::model::Tool) -> Option<Arc<dyn Tool>>;
+
 /// Keep `connection` connected until `stop` fires, its tools mirrored into `registry`.
 pub(super) async fn keep(
     connection: Arc<Connection>,
     registry: ToolRegistry,
+    mount: Mount,
     timings: McpSettings,
     tracker: TaskTracker,
     stop: CancellationToken,
@@ -210,17 +214,18 @@ pub(super) async fn keep(
         let error = match attempt {
             Err(_) => format!("connecting timed out after {:?}", timings.connect_timeout),
             Ok(Err(e)) => e,
-            Ok(Ok(running)) => match session(&connection, &registry, running, timings, &stop).await
-            {
-                Ended::Stopped => break,
-                Ended::Lost { error, was_up } => {
-                    if was_up {
-                        backoff = timings.reconnect_min;
-                        failures = 0;
+            Ok(Ok(running)) => {
+                match session(&connection, &registry, mount, running, timings, &stop).await {
+                    Ended::Stopped => break,
+                    Ended::Lost { error, was_up } => {
+                        if was_up {
+                            backoff = timings.reconnect_min;
+                            failures = 0;
+                        }
+                        error
                     }
-                    error
                 }
-            },
+            }
         };
         if failures == 0 {
             warn!(server = %name, %error, "MCP server not connected; reconnecting in the background");
@@ -254,6 +259,7 @@ enum Ended {
 async fn session(
     connection: &Arc<Connection>,
     registry: &ToolRegistry,
+    mount: Mount,
     running: RunningService<RoleClient, Handler>,
     timings: McpSettings,
     stop: &CancellationToken,
@@ -263,7 +269,7 @@ async fn session(
     let ended = running.waiting();
     tokio::pin!(ended);
     let lost = |error: String, was_up: bool| Ended::Lost { error, was_up };
-    if let Err(e) = discover(connection, registry, &peer).await {
+    if let Err(e) = discover(connection, registry, mount, &peer).await {
         cancel.cancel();
         return lost(e, false);
     }
@@ -297,7 +303,7 @@ async fn session(
             }
             () = connection.poke.notified() => {
                 // A `list_changed`, or a call that lost the transport: re-listing checks both.
-                if let Err(e) = discover(connection, registry, &peer).await {
+                if let Err(e) = discover(connection, registry, mount, &peer).await {
                     cancel.cancel();
                     return lost(e, true);
                 }
@@ -324,6 +330,7 @@ async fn session(
 async fn discover(
     connection: &Arc<Connection>,
     registry: &ToolRegistry,
+    mount: Mount,
     peer: &Peer<RoleClient>,
 ) -> Result<(), String> {
     let listed = peer
@@ -332,8 +339,8 @@ async fn discover(
         .map_err(|e| format!("listing tools failed: {}", root_cause(&e)))?;
     let mut tools: Vec<Arc<dyn Tool>> = Vec::with_capacity(listed.len());
     for t in &listed {
-        match McpTool::new(connection.clone(), t) {
-            Some(tool) => tools.push(Arc::new(tool)),
+        match mount(connection, t) {
+            Some(tool) => tools.push(tool),
             None => warn!(
                 server = connection.name(),
                 tool = %t.name,

@@ -80,6 +80,14 @@ fn local_name(server: &str, tool: &str) -> Option<String> {
     (!clean.is_empty() && name.len() <= MAX_NAME).then_some(name)
 }
 
+/// Mount a listed tool of the server behind `connection` (see [`McpTool::new`]).
+pub(super) fn mount(
+    connection: &Arc<Connection>,
+    tool: &rmcp::model::Tool,
+) -> Option<Arc<dyn Tool>> {
+    McpTool::new(connection.clone(), tool).map(|t| Arc::new(t) as Arc<dyn Tool>)
+}
+
 #[async_trait]
 impl Tool for McpTool {
     fn name(&self) -> &str {

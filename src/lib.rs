@@ -15,6 +15,7 @@
 //! - [`memory`]: returns freed heap memory to the system (glibc).
 //! - [`model`]: domain types shared by every layer.
 
+pub mod a2a;
 pub mod agent;
 pub mod app;
 pub mod commands;

@@ -136,10 +136,20 @@ pub(crate) async fn check_config(
     let tools = state.engine.tools();
     // The tenant's flowcharts are tools too; read only when a name is not a registry tool.
     let mut flowcharts: Option<Vec<String>> = None;
-    for (field, list) in [
-        ("tools", &cfg.tools),
-        ("requireApproval", &cfg.require_approval),
-    ] {
+    // Roles narrow the tools their items may call: their names must be tools too.
+    let role_tools: Vec<(String, Option<Vec<String>>)> = cfg
+        .roles
+        .iter()
+        .flatten()
+        .map(|(id, r)| (format!("roles.{id}.tools"), r.tools.clone()))
+        .collect();
+    let lists = [
+        ("tools".to_owned(), &cfg.tools),
+        ("requireApproval".to_owned(), &cfg.require_approval),
+    ]
+    .into_iter()
+    .chain(role_tools.iter().map(|(f, l)| (f.clone(), l)));
+    for (field, list) in lists {
         for name in list.iter().flatten() {
             if tools.is_known(name) {
                 continue;

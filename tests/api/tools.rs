@@ -152,3 +152,25 @@ async fn bad_arguments_reach_the_model_with_their_path(backend: Backend) {
     app.stop().await;
 }
 both_stores!(arguments, bad_arguments_reach_the_model_with_their_path);
+
+/// A role's `tools` must name tools, like the thread's own lists.
+async fn role_tools_must_be_tools(backend: Backend) {
+    let app = spawn(backend, None).await;
+    let role = |tools: Value| {
+        json!({"config": {"roles": {"analyst": {
+            "name": "Analyst", "systemPromptFragment": "numbers", "tools": tools}}}})
+    };
+    let (st, b) = app
+        .post("/v1/threads", role(json!(["calculator", "nope"])))
+        .await;
+    assert_eq!(st, 422, "{b}");
+    let detail = b["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("config.roles.analyst.tools names unknown tool `nope`"),
+        "{detail}"
+    );
+    let (st, b) = app.post("/v1/threads", role(json!(["calculator"]))).await;
+    assert_eq!(st, 201, "{b}");
+    app.stop().await;
+}
+both_stores!(roles, role_tools_must_be_tools);

@@ -51,6 +51,10 @@ impl Engine {
             }
             StepType::Reasoning => vec![],
         };
+        // A team's child works inside its team's plan: the run's plan is not its to change.
+        if item.parent_item_id.is_some() {
+            return specs;
+        }
         specs.push(ToolSpec {
             name: prompts::UPDATE_PLAN_TOOL.into(),
             description: "Replace the items of the plan that have not started yet with this list."

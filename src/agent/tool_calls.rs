@@ -54,6 +54,17 @@ impl Engine {
             error: Some(msg),
         };
         let item = &ctx.items[ctx.item_idx(item_id).expect("item")];
+        if call.name == prompts::UPDATE_PLAN_TOOL && item.parent_item_id.is_some() {
+            return CallStep::Answered(
+                error_result(format!(
+                    "`{}` is not available to an item of a team: the run's plan is not its to \
+                     change",
+                    prompts::UPDATE_PLAN_TOOL
+                )),
+                vec![],
+                vec![],
+            );
+        }
         if call.name == prompts::UPDATE_PLAN_TOOL {
             let (r, obs, ops) = self.apply_plan_update(ctx, call);
             return CallStep::Answered(r, obs, ops);

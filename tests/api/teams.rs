@@ -197,3 +197,66 @@ async fn an_invalid_team_plan_gets_one_repair(backend: Backend) {
         "plan requests are pes_plan requests"
     );
 }
+
+/// A team's child is not offered `update_plan`, and a call of it anyway changes nothing of the
+/// run's plan (it is the model's error to read).
+both_stores!(no_plan_updates, a_team_child_cannot_change_the_runs_plan);
+async fn a_team_child_cannot_change_the_runs_plan(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn(backend, Some(&llm)).await;
+    llm.push(
+        "plan",
+        plan_with(&[
+            ("t", "Research", "team", &[]),
+            ("x", "Write it up", "leaf", &["t"]),
+        ]),
+    );
+    llm.push("plan", plan_with(&[("a", "Look at A", "leaf", &[])]));
+    let replacement = json!({"todoList": [plan_item("z", "something else", &[], &[])]});
+    llm.push_item(
+        "t.a",
+        Reply::ToolCalls(vec![("update_plan".into(), replacement)]),
+    );
+    let t = app.thread(json!({})).await;
+    let run = app.run_wait(&t, "research it").await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let (_, state) = app.get(&format!("/v1/threads/{t}/state")).await;
+    let ids: Vec<&str> = state["todoList"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["t", "x", "t.a"], "{state}");
+    let first = llm
+        .requests_of("execute")
+        .into_iter()
+        .find(|r| {
+            r["messages"][1]["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("Your item [t.a]"))
+        })
+        .unwrap();
+    let offered: Vec<&str> = first["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(!offered.contains(&"update_plan"), "{offered:?}");
+    let obs = app.observations(&t).await;
+    let err = obs
+        .iter()
+        .find(|o| o["type"] == "TOOL_EXECUTION" && o["content"]["name"] == "update_plan")
+        .unwrap();
+    assert!(
+        err["content"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not available to an item of a team"),
+        "{err}"
+    );
+    app.stop().await;
+}

@@ -198,8 +198,8 @@ async fn an_invalid_team_plan_gets_one_repair(backend: Backend) {
     );
 }
 
-/// A team's child is not offered `update_plan`, and a call of it anyway changes nothing of the
-/// run's plan (it is the model's error to read).
+// A team's child is not offered `update_plan`, and a call of it anyway changes nothing of the
+// run's plan (it is the model's error to read).
 both_stores!(no_plan_updates, a_team_child_cannot_change_the_runs_plan);
 async fn a_team_child_cannot_change_the_runs_plan(backend: Backend) {
     let llm = FakeLlm::start().await;

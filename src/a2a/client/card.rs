@@ -88,6 +88,38 @@ fn version_of(v: &Value) -> Protocol {
     }
 }
 
+/// Fetch and read the card at `url`, sending `headers`.
+///
+/// # Errors
+/// The card cannot be fetched, is not JSON, or lacks what delegation needs.
+pub async fn fetch(
+    url: &str,
+    headers: &std::collections::BTreeMap<String, String>,
+    timeout: std::time::Duration,
+) -> Result<RemoteCard, String> {
+    let client = crate::net::client_builder()
+        .timeout(timeout)
+        .build()
+        .map_err(|e| format!("building the HTTP client: {e}"))?;
+    let mut req = client.get(url);
+    for (k, v) in headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| format!("fetching the agent card {url}: {e}"))?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(format!("fetching the agent card {url}: HTTP {status}"));
+    }
+    let card: Value = resp
+        .json()
+        .await
+        .map_err(|e| format!("the agent card at {url} is not JSON: {e}"))?;
+    RemoteCard::parse(&card)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,3 +3,4 @@
 
 pub mod card;
 pub mod config;
+pub mod rpc;

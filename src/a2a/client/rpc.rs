@@ -1,0 +1,569 @@
+//! Talking to one remote agent over A2A JSON-RPC, in the protocol generation its card declares:
+//! v1.0 (`SendMessage`, `GetTask`, … with `A2A-Version: 1.0`; states `TASK_STATE_WORKING`, parts
+//! `{text}`, events `{statusUpdate}`/`{artifactUpdate}`/`{task}`) or v0.3 (`message/send`,
+//! `tasks/get`, …; states `working`, parts `{kind: "text", text}`, events with a `kind`). Whatever
+//! the generation, answers are read into one shape ([`RemoteTask`], [`RemoteEvent`]).
+//!
+//! A stream ends when the remote closes it; its end is judged by state (terminal or
+//! `input-required`), never by a `final` flag (v1.0 has none, and v0.3 sets it false on
+//! `input-required` although the stream closes).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde_json::{Value, json};
+
+use super::card::{Protocol, RemoteCard};
+
+/// Where a remote task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RemoteState {
+    Submitted,
+    Working,
+    InputRequired,
+    AuthRequired,
+    Completed,
+    Canceled,
+    Failed,
+    Rejected,
+    Unknown,
+}
+
+impl RemoteState {
+    /// Read a state of either generation (`TASK_STATE_INPUT_REQUIRED`, `input-required`).
+    pub fn parse(s: &str) -> Self {
+        let s = s
+            .trim_start_matches("TASK_STATE_")
+            .to_ascii_lowercase()
+            .replace('_', "-");
+        match s.as_str() {
+            "submitted" => Self::Submitted,
+            "working" => Self::Working,
+            "input-required" => Self::InputRequired,
+            "auth-required" => Self::AuthRequired,
+            "completed" => Self::Completed,
+            "canceled" | "cancelled" => Self::Canceled,
+            "failed" => Self::Failed,
+            "rejected" => Self::Rejected,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The task will change no more.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Canceled | Self::Failed | Self::Rejected
+        )
+    }
+
+    /// The remote waits for its caller: a stream of it ends here.
+    pub fn is_interrupted(self) -> bool {
+        matches!(self, Self::InputRequired | Self::AuthRequired)
+    }
+}
+
+/// A remote task, read from either generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteTask {
+    pub id: String,
+    pub context_id: String,
+    pub state: RemoteState,
+    /// The text of the status message (the question of `input-required`, why it failed).
+    pub message: Option<String>,
+    /// Each artifact's parts: text parts as strings, data parts as their JSON.
+    pub artifacts: Vec<Vec<Value>>,
+}
+
+/// One event of a task's stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RemoteEvent {
+    /// A snapshot of the whole task (first on a subscription).
+    Task(RemoteTask),
+    /// A new status.
+    Status {
+        state: RemoteState,
+        message: Option<String>,
+    },
+    /// An artifact (or a chunk of one), with its parts.
+    Artifact {
+        name: Option<String>,
+        parts: Vec<Value>,
+    },
+    /// A plain message from the agent (a task-less answer).
+    Message(Option<String>),
+}
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RpcError {
+    /// The remote answered with a JSON-RPC error.
+    #[error("the remote agent answered error {code}: {message}")]
+    Remote { code: i64, message: String },
+    /// No usable answer: unreachable, an HTTP error, or a reply that is not JSON-RPC.
+    #[error("{0}")]
+    Transport(String),
+}
+
+impl RpcError {
+    /// The remote does not know the task (-32001).
+    pub fn is_task_not_found(&self) -> bool {
+        matches!(self, Self::Remote { code: -32001, .. })
+    }
+}
+
+/// A JSON-RPC client of one remote agent.
+#[derive(Clone)]
+pub struct A2aClient {
+    http: reqwest::Client,
+    endpoint: String,
+    protocol: Protocol,
+    headers: reqwest::header::HeaderMap,
+}
+
+impl A2aClient {
+    /// A client of the agent `card` describes, sending `headers` with every request; `timeout`
+    /// bounds each call but not a stream.
+    ///
+    /// # Errors
+    /// A header that is not valid, or an HTTP client that cannot be built.
+    pub fn new(
+        card: &RemoteCard,
+        headers: &BTreeMap<String, String>,
+        connect_timeout: Duration,
+    ) -> Result<Self, String> {
+        let mut map = reqwest::header::HeaderMap::new();
+        for (k, v) in headers {
+            let (Ok(k), Ok(v)) = (
+                reqwest::header::HeaderName::from_bytes(k.as_bytes()),
+                reqwest::header::HeaderValue::from_str(v),
+            ) else {
+                return Err(format!("the header `{k}` is not a valid HTTP header"));
+            };
+            map.insert(k, v);
+        }
+        if card.protocol == Protocol::V1 {
+            map.insert(
+                "a2a-version",
+                reqwest::header::HeaderValue::from_static("1.0"),
+            );
+        }
+        let http = crate::net::client_builder()
+            .connect_timeout(connect_timeout)
+            .build()
+            .map_err(|e| format!("building the HTTP client: {e}"))?;
+        Ok(Self {
+            http,
+            endpoint: card.endpoint.clone(),
+            protocol: card.protocol,
+            headers: map,
+        })
+    }
+
+    fn method(&self, v1: &'static str, v03: &'static str) -> &'static str {
+        match self.protocol {
+            Protocol::V1 => v1,
+            Protocol::V03 => v03,
+        }
+    }
+
+    fn envelope(&self, method: &str, params: Value) -> Value {
+        json!({"jsonrpc": "2.0", "id": uuid::Uuid::now_v7().to_string(), "method": method, "params": params})
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, RpcError> {
+        let resp = self
+            .http
+            .post(&self.endpoint)
+            .headers(self.headers.clone())
+            .timeout(timeout)
+            .json(&self.envelope(method, params))
+            .send()
+            .await
+            .map_err(|e| RpcError::Transport(format!("{method} to {}: {e}", self.endpoint)))?;
+        let status = resp.status();
+        let body: Value = resp.json().await.map_err(|e| {
+            RpcError::Transport(format!(
+                "{method}: HTTP {status}, not a JSON-RPC answer: {e}"
+            ))
+        })?;
+        result_of(body)
+    }
+
+    /// The message of a send: text from the user, in an existing task or context when given.
+    fn message(
+        &self,
+        text: &str,
+        message_id: &str,
+        context_id: Option<&str>,
+        task_id: Option<&str>,
+    ) -> Value {
+        let mut m = match self.protocol {
+            Protocol::V1 => {
+                json!({"messageId": message_id, "role": "ROLE_USER", "parts": [{"text": text}]})
+            }
+            Protocol::V03 => json!({"kind": "message", "messageId": message_id, "role": "user",
+                                    "parts": [{"kind": "text", "text": text}]}),
+        };
+        if let Some(c) = context_id {
+            m["contextId"] = json!(c);
+        }
+        if let Some(t) = task_id {
+            m["taskId"] = json!(t);
+        }
+        m
+    }
+
+    /// Send a message and return at once with the task it made (or continued): the caller
+    /// records the task before it waits for it.
+    ///
+    /// # Errors
+    /// [`RpcError`]; a task-less answer is a transport error (delegation needs a task).
+    pub async fn send_message(
+        &self,
+        text: &str,
+        message_id: &str,
+        context_id: Option<&str>,
+        task_id: Option<&str>,
+        timeout: Duration,
+    ) -> Result<RemoteTask, RpcError> {
+        let configuration = match self.protocol {
+            Protocol::V1 => json!({"returnImmediately": true}),
+            Protocol::V03 => json!({"blocking": false}),
+        };
+        let params = json!({"message": self.message(text, message_id, context_id, task_id),
+                            "configuration": configuration});
+        let result = self
+            .call(self.method("SendMessage", "message/send"), params, timeout)
+            .await?;
+        match event_of(&result) {
+            Some(RemoteEvent::Task(t)) => Ok(t),
+            _ => Err(RpcError::Transport(format!(
+                "the remote agent answered without a task: {}",
+                crate::llm::truncate(&result.to_string(), 300)
+            ))),
+        }
+    }
+
+    /// The task now.
+    ///
+    /// # Errors
+    /// [`RpcError`] (`is_task_not_found` when the remote forgot it).
+    pub async fn get_task(&self, id: &str, timeout: Duration) -> Result<RemoteTask, RpcError> {
+        let result = self
+            .call(
+                self.method("GetTask", "tasks/get"),
+                json!({"id": id}),
+                timeout,
+            )
+            .await?;
+        task_of(&result)
+            .ok_or_else(|| RpcError::Transport("GetTask answered without a task".into()))
+    }
+
+    /// Ask the remote to cancel the task.
+    ///
+    /// # Errors
+    /// [`RpcError`] (a finished task is not cancelable).
+    pub async fn cancel_task(&self, id: &str, timeout: Duration) -> Result<RemoteTask, RpcError> {
+        let result = self
+            .call(
+                self.method("CancelTask", "tasks/cancel"),
+                json!({"id": id}),
+                timeout,
+            )
+            .await?;
+        task_of(&result)
+            .ok_or_else(|| RpcError::Transport("CancelTask answered without a task".into()))
+    }
+
+    /// The tasks of a context (v1.0 only: `None` from a v0.3 agent, which cannot list).
+    ///
+    /// # Errors
+    /// [`RpcError`].
+    pub async fn tasks_of_context(
+        &self,
+        context_id: &str,
+        timeout: Duration,
+    ) -> Result<Option<Vec<RemoteTask>>, RpcError> {
+        if self.protocol == Protocol::V03 {
+            return Ok(None);
+        }
+        let result = self
+            .call("ListTasks", json!({"contextId": context_id}), timeout)
+            .await?;
+        Ok(Some(
+            result["tasks"]
+                .as_array()
+                .map(|a| a.iter().filter_map(task_of).collect())
+                .unwrap_or_default(),
+        ))
+    }
+
+    /// The task's events from now on (a snapshot first), until the remote closes the stream.
+    ///
+    /// # Errors
+    /// [`RpcError`] when the subscription is refused.
+    pub async fn subscribe(
+        &self,
+        id: &str,
+    ) -> Result<BoxStream<'static, Result<RemoteEvent, RpcError>>, RpcError> {
+        let method = self.method("SubscribeToTask", "tasks/resubscribe");
+        let resp = self
+            .http
+            .post(&self.endpoint)
+            .headers(self.headers.clone())
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .json(&self.envelope(method, json!({"id": id})))
+            .send()
+            .await
+            .map_err(|e| RpcError::Transport(format!("{method} to {}: {e}", self.endpoint)))?;
+        let is_sse = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if !is_sse {
+            // A refusal comes back as one JSON-RPC error.
+            let body: Value = resp
+                .json()
+                .await
+                .map_err(|e| RpcError::Transport(format!("{method}: not a stream: {e}")))?;
+            result_of(body)?;
+            return Err(RpcError::Transport(format!("{method}: not a stream")));
+        }
+        Ok(sse_events(resp))
+    }
+}
+
+impl A2aClient {
+    /// The task's events until the remote closes the stream: a subscription, or, when the
+    /// remote refuses one (a task already finished refuses it, -32004), the task as it is now.
+    ///
+    /// # Errors
+    /// [`RpcError`] when neither works (`is_task_not_found` when the remote forgot the task).
+    pub async fn watch(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<BoxStream<'static, Result<RemoteEvent, RpcError>>, RpcError> {
+        // The refusal comes as a JSON-RPC error answer, or (v0.3) as the stream's first event.
+        match self.subscribe(id).await {
+            Ok(mut stream) => match stream.next().await {
+                Some(Err(RpcError::Remote { .. })) => {}
+                Some(first) => return Ok(futures::stream::iter([first]).chain(stream).boxed()),
+                None => return Ok(futures::stream::empty().boxed()),
+            },
+            Err(RpcError::Remote { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let task = self.get_task(id, timeout).await?;
+        Ok(futures::stream::iter([Ok(RemoteEvent::Task(task))]).boxed())
+    }
+}
+
+/// The `result` of a JSON-RPC answer, or its error.
+fn result_of(body: Value) -> Result<Value, RpcError> {
+    if let Some(e) = body.get("error").filter(|e| !e.is_null()) {
+        return Err(RpcError::Remote {
+            code: e["code"].as_i64().unwrap_or(0),
+            message: e["message"].as_str().unwrap_or("").to_owned(),
+        });
+    }
+    body.get("result")
+        .cloned()
+        .ok_or_else(|| RpcError::Transport("a JSON-RPC answer without result or error".into()))
+}
+
+/// The parts of a message or artifact: text as strings, data as JSON.
+fn parts_of(v: &Value) -> Vec<Value> {
+    v["parts"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| {
+                    p.get("text")
+                        .cloned()
+                        .or_else(|| p.get("data").cloned())
+                        .or_else(|| p.get("file").cloned())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The text of a status message.
+fn message_text(status: &Value) -> Option<String> {
+    let texts: Vec<String> = parts_of(&status["message"])
+        .into_iter()
+        .map(|p| match p {
+            Value::String(s) => s,
+            other => other.to_string(),
+        })
+        .collect();
+    (!texts.is_empty()).then(|| texts.join("\n"))
+}
+
+/// A task object of either generation (bare, or under `task`).
+fn task_of(v: &Value) -> Option<RemoteTask> {
+    let t = v.get("task").unwrap_or(v);
+    let id = t["id"].as_str()?;
+    Some(RemoteTask {
+        id: id.to_owned(),
+        context_id: t["contextId"].as_str().unwrap_or("").to_owned(),
+        state: RemoteState::parse(t["status"]["state"].as_str().unwrap_or("")),
+        message: message_text(&t["status"]),
+        artifacts: t["artifacts"]
+            .as_array()
+            .map(|a| a.iter().map(parts_of).collect())
+            .unwrap_or_default(),
+    })
+}
+
+/// One event (a send's result, or a stream's), of either generation.
+pub(crate) fn event_of(v: &Value) -> Option<RemoteEvent> {
+    let kind = v["kind"].as_str();
+    if let Some(s) = v
+        .get("statusUpdate")
+        .or_else(|| (kind == Some("status-update")).then_some(v))
+    {
+        return Some(RemoteEvent::Status {
+            state: RemoteState::parse(s["status"]["state"].as_str().unwrap_or("")),
+            message: message_text(&s["status"]),
+        });
+    }
+    if let Some(a) = v
+        .get("artifactUpdate")
+        .or_else(|| (kind == Some("artifact-update")).then_some(v))
+    {
+        return Some(RemoteEvent::Artifact {
+            name: a["artifact"]["name"].as_str().map(str::to_owned),
+            parts: parts_of(&a["artifact"]),
+        });
+    }
+    if let Some(m) = v
+        .get("message")
+        .filter(|_| v.get("task").is_none() && kind != Some("task"))
+        .or_else(|| (kind == Some("message")).then_some(v))
+    {
+        let texts: Vec<String> = parts_of(m)
+            .iter()
+            .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_owned))
+            .collect();
+        return Some(RemoteEvent::Message(
+            (!texts.is_empty()).then(|| texts.join("\n")),
+        ));
+    }
+    task_of(v).map(RemoteEvent::Task)
+}
+
+/// The events of a JSON-RPC SSE response: each `data:` block is one JSON-RPC answer.
+fn sse_events(resp: reqwest::Response) -> BoxStream<'static, Result<RemoteEvent, RpcError>> {
+    let bytes = resp.bytes_stream();
+    futures::stream::unfold(
+        (bytes, String::new(), false),
+        |(mut bytes, mut buf, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                if let Some(end) = buf.find("\n\n") {
+                    let block: String = buf.drain(..end + 2).collect();
+                    let data: Vec<&str> = block
+                        .lines()
+                        .filter_map(|l| l.strip_prefix("data:"))
+                        .map(str::trim_start)
+                        .collect();
+                    if data.is_empty() {
+                        continue;
+                    }
+                    let item = serde_json::from_str::<Value>(&data.join("\n"))
+                        .map_err(|e| {
+                            RpcError::Transport(format!("a stream event that is not JSON: {e}"))
+                        })
+                        .and_then(result_of)
+                        .and_then(|r| {
+                            event_of(&r).ok_or_else(|| {
+                                RpcError::Transport(format!(
+                                    "an event of no known kind: {}",
+                                    crate::llm::truncate(&r.to_string(), 200)
+                                ))
+                            })
+                        });
+                    return Some((item, (bytes, buf, false)));
+                }
+                match bytes.next().await {
+                    Some(Ok(chunk)) => {
+                        buf.push_str(&String::from_utf8_lossy(&chunk).replace("\r\n", "\n"))
+                    }
+                    Some(Err(e)) => {
+                        return Some((
+                            Err(RpcError::Transport(format!("the stream broke: {e}"))),
+                            (bytes, buf, true),
+                        ));
+                    }
+                    None => return None,
+                }
+            }
+        },
+    )
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_of_both_generations_read_alike() {
+        let v1 = json!({"statusUpdate": {"taskId": "t", "status": {"state": "TASK_STATE_INPUT_REQUIRED",
+            "message": {"role": "ROLE_AGENT", "parts": [{"text": "What is your name?"}]}}}});
+        let v03 = json!({"kind": "status-update", "taskId": "t", "final": false, "status": {"state": "input-required",
+            "message": {"kind": "message", "role": "agent", "parts": [{"kind": "text", "text": "What is your name?"}]}}});
+        for e in [v1, v03] {
+            assert_eq!(
+                event_of(&e),
+                Some(RemoteEvent::Status {
+                    state: RemoteState::InputRequired,
+                    message: Some("What is your name?".into())
+                })
+            );
+        }
+        let art = json!({"artifactUpdate": {"artifact": {"name": "echo", "parts": [{"text": "echo: hi"}, {"data": {"a": 1}}]}}});
+        assert_eq!(
+            event_of(&art),
+            Some(RemoteEvent::Artifact {
+                name: Some("echo".into()),
+                parts: vec![json!("echo: hi"), json!({"a": 1})]
+            })
+        );
+        let task = json!({"task": {"id": "t1", "contextId": "c", "status": {"state": "TASK_STATE_SUBMITTED"}}});
+        let Some(RemoteEvent::Task(t)) = event_of(&task) else {
+            panic!()
+        };
+        assert_eq!((t.id.as_str(), t.state), ("t1", RemoteState::Submitted));
+        let old = json!({"kind": "task", "id": "t2", "contextId": "c", "status": {"state": "completed"},
+                         "artifacts": [{"parts": [{"kind": "text", "text": "done"}]}]});
+        let Some(RemoteEvent::Task(t)) = event_of(&old) else {
+            panic!()
+        };
+        assert_eq!(
+            (t.state, t.artifacts.clone()),
+            (RemoteState::Completed, vec![vec![json!("done")]])
+        );
+        assert!(RemoteState::Canceled.is_terminal() && RemoteState::InputRequired.is_interrupted());
+        assert!(
+            result_of(json!({"error": {"code": -32001, "message": "Task not found"}}))
+                .unwrap_err()
+                .is_task_not_found()
+        );
+    }
+}

@@ -164,7 +164,25 @@ impl App {
                 "MCP servers configured"
             );
         }
-        let engine = Arc::new(Engine::new(
+        let a2a_agents =
+            crate::a2a::client::config::parse(config.a2a_agents.as_deref().unwrap_or(""))
+                .map_err(|e| anyhow::anyhow!(e))?;
+        let remote_agents = if a2a_agents.is_empty() {
+            None
+        } else {
+            let agents = crate::a2a::client::agents::RemoteAgents::start(
+                a2a_agents,
+                Duration::from_secs(config.a2a_card_refresh_seconds),
+                &tracker,
+                &tools_stop,
+            )
+            .await;
+            tools.register(Arc::new(crate::a2a::client::agents::DelegateTool::new(
+                &agents,
+            )));
+            Some(agents)
+        };
+        let engine = Engine::new(
             providers,
             tools,
             EngineSettings {
@@ -181,7 +199,11 @@ impl App {
                 flowchart_max_steps: config.flowchart_max_steps,
                 ..EngineSettings::default()
             },
-        ));
+        );
+        let engine = Arc::new(match remote_agents {
+            Some(agents) => engine.with_remote_agents(agents),
+            None => engine,
+        });
         let api_keys: HashMap<String, String> = config.parsed_api_keys().into_iter().collect();
         if api_keys.is_empty() {
             warn!("PES_API_KEYS is not set: the API accepts requests without authentication");

@@ -270,6 +270,16 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub flowchart_max_steps: u32,
 
+    /// Remote A2A agents runs may delegate to (operator only): inline JSON or the path of a JSON
+    /// file, `{"<agent>": {"url": "<agent card URL>", "headers"?}}`.
+    #[arg(long, env = "PES_A2A_AGENTS")]
+    pub a2a_agents: Option<String>,
+
+    /// How often remote agents' cards are fetched again (seconds).
+    #[arg(long, env = "PES_A2A_CARD_REFRESH_SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub a2a_card_refresh_seconds: u64,
+
     /// MCP servers to connect (operator only, never the API): inline JSON or the path of a JSON
     /// file, `{"<server>": {"url", "headers"?} | {"command", "args"?, "env"?}}`. Their tools are
     /// `<server>__<tool>`.
@@ -333,6 +343,7 @@ impl Config {
             &mut self.llm_model,
             &mut self.api_keys,
             &mut self.mcp_servers,
+            &mut self.a2a_agents,
             &mut self.http_tool_allow,
             &mut self.log,
         ] {

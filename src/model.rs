@@ -280,6 +280,9 @@ string_enum! {
         /// stages under their `flow` stage's step): `{flowchart, version, stage, kind, iteration,
         /// step, toolCallId, reads, writes, decision?, durationMs, error?}`.
         FlowchartStep => "FLOWCHART_STEP",
+        /// What a remote agent reported of a task delegated to it, under the delegating
+        /// `TOOL_CALL`: `{toolCallId, agent, taskId, contextId?, state?, message?, artifact?}`.
+        A2aTaskUpdate => "A2A_TASK_UPDATE",
     }
 }
 

@@ -28,6 +28,7 @@
 pub mod changes;
 mod compaction;
 mod context;
+mod delegation;
 mod endings;
 mod executor;
 mod flowcharts;
@@ -160,6 +161,8 @@ pub struct Engine {
     providers: HashMap<String, Arc<dyn LlmProvider>>,
     tools: ToolRegistry,
     settings: EngineSettings,
+    /// The remote agents `delegate_to_agent` reaches, when the operator configured some.
+    remote_agents: Option<Arc<crate::a2a::client::agents::RemoteAgents>>,
 }
 
 impl Engine {
@@ -173,7 +176,19 @@ impl Engine {
             providers,
             tools,
             settings,
+            remote_agents: None,
         }
+    }
+
+    /// The same engine, delegating to these remote agents (its registry should hold the
+    /// `delegate_to_agent` tool over them).
+    #[must_use]
+    pub fn with_remote_agents(
+        mut self,
+        agents: Arc<crate::a2a::client::agents::RemoteAgents>,
+    ) -> Self {
+        self.remote_agents = Some(agents);
+        self
     }
 
     /// The tool registry (the HTTP layer validates `requireApproval` and edited arguments with it).

@@ -338,6 +338,26 @@ impl Engine {
                     }
                 })
             }
+            Next::Invoke(call, args)
+                if call.name == crate::a2a::client::agents::DELEGATE_TOOL
+                    && self.remote_agents.is_some() =>
+            {
+                let d = super::delegation::Delegation {
+                    journal: ctx.journal,
+                    agents: self.remote_agents.clone().expect("checked"),
+                    tenant: ctx.tenant.clone(),
+                    thread_id: ctx.thread_id.clone(),
+                    run_id: ctx.run.run_id,
+                };
+                let tools = &self.tools;
+                Box::pin(async move {
+                    let result = match tools.validate(&call.name, &args) {
+                        Err(e) => super::tool_calls::error_record(&call, e.to_string()),
+                        Ok(()) => super::delegation::delegate(&d, &call, &args).await,
+                    };
+                    (item, Io::Tool(call, result))
+                })
+            }
             Next::Invoke(call, args) => {
                 let tctx = crate::tools::ToolContext {
                     tenant: ctx.tenant.clone(),

@@ -19,7 +19,7 @@ const T: Duration = Duration::from_secs(20);
 
 /// The venv's Python with the A2A SDK, or `None` (after a loud message) when there is none and
 /// none is required (`PES_PYVENV` or `CI` set: then a missing SDK fails the test).
-fn python() -> Option<PathBuf> {
+pub(crate) fn python() -> Option<PathBuf> {
     let explicit = std::env::var_os("PES_PYVENV").filter(|v| !v.is_empty());
     let dir = explicit.clone().map(PathBuf::from).unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -47,13 +47,13 @@ fn python() -> Option<PathBuf> {
 }
 
 /// A remote agent, as a child process.
-struct Agent {
+pub(crate) struct Agent {
     _child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Agent {
-    async fn start(python: &Path, kind: &str, protocol: &str) -> Self {
+    pub(crate) async fn start(python: &Path, kind: &str, protocol: &str) -> Self {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/a2a/agents.py");
         let mut child = Command::new(python)
             .arg(script)
@@ -64,7 +64,7 @@ impl Agent {
                 "--protocol",
                 protocol,
                 "--seconds",
-                "30",
+                "4",
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -4,6 +4,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod a2a_client;
+mod a2a_delegation;
 mod agent;
 mod connections;
 mod contract;

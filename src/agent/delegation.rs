@@ -1,0 +1,254 @@
+//! A call of `delegate_to_agent`: the message goes to the remote agent once, the remote task is
+//! recorded (an `A2A_TASK_UPDATE` under the `TOOL_CALL`, committed) before the call waits, and
+//! every status and artifact the remote reports is committed as it comes. A call resumed after a
+//! crash reads its recorded task back and watches it again: the message is never sent twice. (A
+//! crash between the send and its record is covered too: the message names a context of our
+//! own, and a v1.0 remote is asked for that context's task before anything is sent.)
+//!
+//! This slice waits inside the run (it holds a worker slot while the remote works); a remote
+//! `input-required` ends the call with a tool error that quotes the question.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::changes::Batch;
+use super::journal::Journal;
+use crate::a2a::client::agents::RemoteAgents;
+use crate::a2a::client::rpc::{A2aClient, RemoteEvent, RemoteState, RemoteTask, RpcError};
+use crate::model::{
+    NewObservation, ObservationType, ThreadId, ToolCallRecord, ToolResultRecord, ToolResultStatus,
+};
+
+/// How long one call to the remote may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a task is read again when it cannot be streamed.
+const POLL: Duration = Duration::from_millis(500);
+
+/// What a delegation uses of the run.
+pub(super) struct Delegation<'a> {
+    pub journal: &'a dyn Journal,
+    pub agents: Arc<RemoteAgents>,
+    pub tenant: String,
+    pub thread_id: ThreadId,
+    pub run_id: uuid::Uuid,
+}
+
+/// Run one call to its end and describe it as a tool result.
+pub(super) async fn delegate(
+    d: &Delegation<'_>,
+    call: &ToolCallRecord,
+    args: &Value,
+) -> ToolResultRecord {
+    let (status, output, error) = match run(d, call, args).await {
+        Ok(v) => (ToolResultStatus::Success, v, None),
+        Err(e) => (ToolResultStatus::Error, json!({"error": e}), Some(e)),
+    };
+    ToolResultRecord {
+        tool_call_id: call.id.clone(),
+        name: call.name.clone(),
+        status,
+        output,
+        error,
+    }
+}
+
+/// The call's own record: its `TOOL_CALL` observation and its last recorded remote task.
+struct Recorded {
+    parent: Option<String>,
+    task_id: Option<String>,
+}
+
+async fn recorded(d: &Delegation<'_>, call: &ToolCallRecord) -> Result<Recorded, String> {
+    let seen = d
+        .journal
+        .run_observations(&[ObservationType::ToolCall, ObservationType::A2aTaskUpdate])
+        .await
+        .map_err(|e| format!("its records could not be read: {e}"))?;
+    let mine = |o: &&crate::model::Observation| o.content["toolCallId"] == call.id.as_str();
+    Ok(Recorded {
+        parent: seen
+            .iter()
+            .filter(mine)
+            .rfind(|o| o.kind == ObservationType::ToolCall)
+            .map(|o| o.id.to_string()),
+        task_id: seen
+            .iter()
+            .filter(mine)
+            .filter(|o| o.kind == ObservationType::A2aTaskUpdate)
+            .find_map(|o| o.content["taskId"].as_str().map(str::to_owned)),
+    })
+}
+
+async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<Value, String> {
+    let name = args["agent"].as_str().unwrap_or("");
+    let text = args["message"].as_str().unwrap_or("");
+    let agent = d
+        .agents
+        .get(name)
+        .ok_or_else(|| format!("no remote agent is called `{name}`"))?;
+    let client = agent.client()?;
+    let rec = recorded(d, call).await?;
+    let update = |content: Value| commit_update(d, &rec.parent, call, name, content);
+    // Ours, so a task sent just before a crash can be found again.
+    let context = format!("pes-{}-{}", d.run_id, call.id);
+    let task_id = match rec.task_id {
+        Some(id) => id,
+        None => {
+            let earlier = client
+                .tasks_of_context(&context, CALL_TIMEOUT)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|ts| ts.into_iter().next());
+            let task = match earlier {
+                Some(t) => t,
+                None => client
+                    .send_message(text, &context, Some(&context), None, CALL_TIMEOUT)
+                    .await
+                    .map_err(|e| format!("the remote agent `{name}` did not take the task: {e}"))?,
+            };
+            update(task_json(&task)).await?;
+            task.id
+        }
+    };
+    watch(&client, &task_id, name, &update).await
+}
+
+/// Follow the task to its end, committing what it reports; its result, or why it has none.
+async fn watch<F, Fut>(
+    client: &A2aClient,
+    id: &str,
+    agent: &str,
+    update: &F,
+) -> Result<Value, String>
+where
+    F: Fn(Value) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut artifacts: Vec<Value> = Vec::new();
+    let mut failures = 0u32;
+    loop {
+        let mut events = match client.watch(id, CALL_TIMEOUT).await {
+            Ok(s) => s,
+            Err(e) if e.is_task_not_found() => {
+                return Err(format!(
+                    "the remote agent `{agent}` no longer knows task {id}"
+                ));
+            }
+            Err(e) => {
+                failures += 1;
+                if failures > 20 {
+                    return Err(format!("the remote agent `{agent}` cannot be reached: {e}"));
+                }
+                tokio::time::sleep(POLL * failures.min(10)).await;
+                continue;
+            }
+        };
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(e) => e,
+                Err(RpcError::Transport(_)) => break,
+                Err(e) => return Err(format!("the remote agent `{agent}` failed: {e}")),
+            };
+            failures = 0;
+            let (state, message) = match &event {
+                RemoteEvent::Task(t) => {
+                    artifacts = t.artifacts.iter().flatten().cloned().collect();
+                    update(task_json(t)).await?;
+                    (Some(t.state), t.message.clone())
+                }
+                RemoteEvent::Status { state, message } => {
+                    update(json!({"taskId": id, "state": state, "message": message})).await?;
+                    (Some(*state), message.clone())
+                }
+                RemoteEvent::Artifact { name, parts } => {
+                    artifacts.extend(parts.iter().cloned());
+                    update(json!({"taskId": id, "artifact": {"name": name, "parts": parts}}))
+                        .await?;
+                    (None, None)
+                }
+                RemoteEvent::Message(text) => {
+                    update(json!({"taskId": id, "message": text})).await?;
+                    (None, None)
+                }
+            };
+            if let Some(state) = state
+                && (state.is_terminal() || state.is_interrupted())
+            {
+                return outcome(agent, state, message, &artifacts);
+            }
+        }
+        // The stream ended before the task did: read it as it is, then watch again.
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The tool's result for a settled task.
+fn outcome(
+    agent: &str,
+    state: RemoteState,
+    message: Option<String>,
+    artifacts: &[Value],
+) -> Result<Value, String> {
+    let why = message.unwrap_or_else(|| "no reason given".into());
+    match state {
+        RemoteState::Completed => Ok(match artifacts {
+            [] => Value::String(String::new()),
+            parts if parts.iter().all(Value::is_string) => Value::String(
+                parts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
+            parts => Value::Array(parts.to_vec()),
+        }),
+        RemoteState::InputRequired | RemoteState::AuthRequired => Err(format!(
+            "the remote agent `{agent}` needs input this service cannot give it yet: {why}"
+        )),
+        other => Err(format!(
+            "the remote agent `{agent}` ended the task as {}: {why}",
+            serde_json::to_value(other)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        )),
+    }
+}
+
+fn task_json(t: &RemoteTask) -> Value {
+    json!({"taskId": t.id, "contextId": t.context_id, "state": t.state, "message": t.message})
+}
+
+/// Commit one `A2A_TASK_UPDATE` under the call's `TOOL_CALL`.
+async fn commit_update(
+    d: &Delegation<'_>,
+    parent: &Option<String>,
+    call: &ToolCallRecord,
+    agent: &str,
+    mut content: Value,
+) -> Result<(), String> {
+    content["toolCallId"] = json!(call.id);
+    content["agent"] = json!(agent);
+    let title = match (&content["state"], &content["artifact"]) {
+        (Value::String(s), _) => format!("{agent}: {s}"),
+        (_, Value::Object(_)) => format!("{agent}: artifact"),
+        _ => format!("{agent}: update"),
+    };
+    let obs = NewObservation::new(
+        d.run_id,
+        parent.clone(),
+        ObservationType::A2aTaskUpdate,
+        title,
+        content,
+    );
+    let mut batch = Batch::new(d.tenant.clone(), d.thread_id.clone());
+    batch.observe(obs);
+    d.journal
+        .commit(batch)
+        .await
+        .map_err(|e| format!("the remote task's update could not be committed: {e}"))
+}

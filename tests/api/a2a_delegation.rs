@@ -1,0 +1,188 @@
+//! Runs delegating items to remote agents built with the official Python SDK: the
+//! `delegate_to_agent` tool in the catalogue, the remote's answer as the tool's result, every
+//! remote update committed under the delegating `TOOL_CALL`, a failing remote as a tool error,
+//! a v0.3-only agent, and kill -9 while a remote task is pending: the new process watches the
+//! recorded task again and never sends the message twice.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use pes_server::a2a::client::card;
+use pes_server::a2a::client::rpc::A2aClient;
+use serde_json::{Value, json};
+
+use crate::a2a_client::{Agent, python};
+use crate::fake_llm::{FakeLlm, Reply, plan};
+use crate::helpers::{Backend, spawn_with};
+use crate::process::{Proc, env_for};
+
+fn agents_json(agents: &[(&str, &Agent)]) -> String {
+    let map: serde_json::Map<String, Value> = agents
+        .iter()
+        .map(|(name, a)| {
+            (
+                (*name).to_owned(),
+                json!({"url": format!("{}/.well-known/agent-card.json", a.base)}),
+            )
+        })
+        .collect();
+    Value::Object(map).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_delegates_to_remote_agents() {
+    let Some(python) = python() else { return };
+    let echo = Agent::start(&python, "echo", "1.0").await;
+    let old = Agent::start(&python, "echo", "0.3").await;
+    let failing = Agent::start(&python, "failing", "1.0").await;
+    let llm = FakeLlm::start().await;
+    let agents = agents_json(&[("echo", &echo), ("old", &old), ("failing", &failing)]);
+    let app = spawn_with(Backend::Sqlite, Some(&llm), |c| c.a2a_agents = Some(agents)).await;
+
+    let (_, cat) = app.get("/v1/tools").await;
+    let tool = cat["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "delegate_to_agent")
+        .cloned()
+        .unwrap_or_else(|| panic!("{cat}"));
+    assert_eq!(tool["source"], "a2a");
+    assert_eq!(
+        tool["parameters"]["properties"]["agent"]["enum"],
+        json!(["echo", "failing", "old"])
+    );
+    assert!(
+        tool["description"].as_str().unwrap().contains("echo"),
+        "{tool}"
+    );
+
+    llm.push(
+        "plan",
+        plan(&[("s1", "Ask the remote agents", &["delegate_to_agent"], &[])]),
+    );
+    llm.push(
+        "execute",
+        Reply::ToolCalls(vec![
+            (
+                "delegate_to_agent".into(),
+                json!({"agent": "echo", "message": "hi"}),
+            ),
+            (
+                "delegate_to_agent".into(),
+                json!({"agent": "old", "message": "hello"}),
+            ),
+            (
+                "delegate_to_agent".into(),
+                json!({"agent": "failing", "message": "x"}),
+            ),
+        ]),
+    );
+    let t = app.thread(json!({})).await;
+    let run = app.run_wait(&t, "delegate").await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let obs = app.observations(&t).await;
+    let of = |ty: &str| obs.iter().filter(|o| o["type"] == ty).collect::<Vec<_>>();
+    let execs = of("TOOL_EXECUTION");
+    assert_eq!(execs[0]["content"]["output"], "echo: hi");
+    assert_eq!(
+        execs[1]["content"]["output"], "echo: hello",
+        "a v0.3-only agent"
+    );
+    assert_eq!(execs[2]["content"]["status"], "error");
+    assert!(
+        execs[2]["content"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("ended the task as failed"),
+        "{}",
+        execs[2]
+    );
+    let calls = of("TOOL_CALL");
+    for (i, call) in calls.iter().enumerate() {
+        let all_updates = of("A2A_TASK_UPDATE");
+        let updates: Vec<&Value> = all_updates
+            .iter()
+            .filter(|u| u["content"]["toolCallId"] == call["content"]["toolCallId"])
+            .copied()
+            .collect();
+        assert!(!updates.is_empty(), "call {i}");
+        for u in &updates {
+            assert_eq!(
+                u["parentId"], call["id"],
+                "updates nest under the TOOL_CALL"
+            );
+        }
+        assert!(updates[0]["content"]["taskId"].is_string());
+    }
+    app.stop().await;
+}
+
+/// kill -9 while the remote task works: the recorded task is watched again by the next process
+/// and the message is never sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_delegation_survives_kill_9_without_being_sent_again() {
+    let Some(python) = python() else { return };
+    let slow = Agent::start(&python, "slow", "1.0").await;
+    let llm = FakeLlm::start().await;
+    let db = crate::helpers::database_url(Backend::Sqlite).await;
+    let mut env = env_for(&db, &llm.url);
+    env.push(("PES_A2A_AGENTS", agents_json(&[("slow", &slow)])));
+    env.push(("PES_LEASE_SECONDS", "3".into()));
+    env.push(("PES_HEARTBEAT_MS", "200".into()));
+    llm.push(
+        "plan",
+        plan(&[("s1", "Delegate", &["delegate_to_agent"], &[])]),
+    );
+    llm.push(
+        "execute",
+        Reply::ToolCalls(vec![(
+            "delegate_to_agent".into(),
+            json!({"agent": "slow", "message": "work on it"}),
+        )]),
+    );
+    let p1 = Proc::start(&env).await;
+    let (s, _) = p1.post("/v1/threads", json!({"threadId": "t"})).await;
+    assert_eq!(s, 201);
+    let (s, run) = p1.post("/v1/threads/t/runs", json!({"query": "go"})).await;
+    assert_eq!(s, 202);
+    // The remote task is recorded: the call now waits on it.
+    p1.wait_for("/v1/threads/t/observations?type=A2A_TASK_UPDATE", |page| {
+        page["items"].as_array().is_some_and(|i| !i.is_empty())
+    })
+    .await;
+    p1.kill9().await;
+
+    let p2 = Proc::start(&env).await;
+    let run_id = run["runId"].as_str().unwrap();
+    let done = p2
+        .wait_for(&format!("/v1/threads/t/runs/{run_id}"), |r| {
+            r["status"] == "completed"
+        })
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let (_, page) = p2
+        .get("/v1/threads/t/observations?type=TOOL_EXECUTION")
+        .await;
+    let out = &page["items"][0]["content"];
+    assert_eq!(out["status"], "success", "{out}");
+    // The remote saw one task only.
+    let card = card::fetch(
+        &format!("{}/.well-known/agent-card.json", slow.base),
+        &BTreeMap::new(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let client = A2aClient::new(&card, &BTreeMap::new(), Duration::from_secs(10)).unwrap();
+    let (_, calls) = p2.get("/v1/threads/t/observations?type=TOOL_CALL").await;
+    let call_id = calls["items"][0]["content"]["toolCallId"].as_str().unwrap();
+    let context = format!("pes-{run_id}-{call_id}");
+    let tasks = client
+        .tasks_of_context(&context, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(tasks.len(), 1, "sent once: {tasks:?}");
+    p2.kill9().await;
+}

@@ -252,3 +252,67 @@ async fn commit_update(
         .await
         .map_err(|e| format!("the remote task's update could not be committed: {e}"))
 }
+
+/// Ask every remote agent still working on a task of this run to cancel it (the run is being
+/// cancelled): best effort, each bounded in time. Returns the updates to commit with the
+/// cancellation, one per remote task, under its call.
+pub(super) async fn cancel_pending(
+    journal: &dyn Journal,
+    agents: &RemoteAgents,
+    run_id: uuid::Uuid,
+) -> Vec<NewObservation> {
+    let Ok(seen) = journal
+        .run_observations(&[
+            ObservationType::A2aTaskUpdate,
+            ObservationType::ToolExecution,
+        ])
+        .await
+    else {
+        return vec![];
+    };
+    let answered: std::collections::HashSet<&str> = seen
+        .iter()
+        .filter(|o| o.kind == ObservationType::ToolExecution)
+        .filter_map(|o| o.content["toolCallId"].as_str())
+        .collect();
+    // The first update of each unanswered call names its task, agent and parent.
+    let mut pending: Vec<&crate::model::Observation> = Vec::new();
+    for o in seen
+        .iter()
+        .filter(|o| o.kind == ObservationType::A2aTaskUpdate)
+    {
+        let call = o.content["toolCallId"].as_str().unwrap_or("");
+        if answered.contains(call) || pending.iter().any(|p| p.content["toolCallId"] == call) {
+            continue;
+        }
+        if o.content["taskId"].is_string() {
+            pending.push(o);
+        }
+    }
+    let mut out = Vec::new();
+    for o in pending {
+        let (agent, task) = (
+            o.content["agent"].as_str().unwrap_or(""),
+            o.content["taskId"].as_str().unwrap_or(""),
+        );
+        let Some(client) = agents.get(agent).and_then(|a| a.client().ok()) else {
+            continue;
+        };
+        let (state, message) = match client.cancel_task(task, Duration::from_secs(5)).await {
+            Ok(t) => (json!(t.state), Value::Null),
+            Err(e) => (
+                Value::Null,
+                json!(format!("cancelling the remote task failed: {e}")),
+            ),
+        };
+        out.push(NewObservation::new(
+            run_id,
+            o.parent_id.clone(),
+            ObservationType::A2aTaskUpdate,
+            format!("{agent}: cancel requested"),
+            json!({"toolCallId": o.content["toolCallId"], "agent": agent, "taskId": task,
+                   "state": state, "message": message, "cancelRequested": true}),
+        ));
+    }
+    out
+}

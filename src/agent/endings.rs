@@ -63,6 +63,12 @@ impl Engine {
     /// Cancelled: the item in progress goes back to pending (its journal kept), the run ends.
     pub(super) async fn commit_cancelled(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
         let mut b = ctx.batch();
+        // Remote agents still working for this run are asked to stop too.
+        if let Some(agents) = &self.remote_agents {
+            for o in super::delegation::cancel_pending(ctx.journal, agents, ctx.run.run_id).await {
+                b.observe(o);
+            }
+        }
         for i in 0..ctx.items.len() {
             let previous = ctx.items[i].status;
             if matches!(previous, ItemStatus::InProgress | ItemStatus::Waiting) {

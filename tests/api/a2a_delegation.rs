@@ -186,3 +186,72 @@ async fn a_pending_delegation_survives_kill_9_without_being_sent_again() {
     assert_eq!(tasks.len(), 1, "sent once: {tasks:?}");
     p2.kill9().await;
 }
+
+/// Cancelling our run cancels the remote task it waits on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_run_cancels_the_remote_task() {
+    let Some(python) = python() else { return };
+    let slow = Agent::start(&python, "slow", "1.0").await;
+    let llm = FakeLlm::start().await;
+    let agents = agents_json(&[("slow", &slow)]);
+    let app = spawn_with(Backend::Postgres, Some(&llm), |c| {
+        c.a2a_agents = Some(agents)
+    })
+    .await;
+    llm.push(
+        "plan",
+        plan(&[("s1", "Delegate", &["delegate_to_agent"], &[])]),
+    );
+    llm.push(
+        "execute",
+        Reply::ToolCalls(vec![(
+            "delegate_to_agent".into(),
+            json!({"agent": "slow", "message": "work"}),
+        )]),
+    );
+    let t = app.thread(json!({})).await;
+    let (st, run) = app
+        .post(&format!("/v1/threads/{t}/runs"), json!({"query": "go"}))
+        .await;
+    assert_eq!(st, 202, "{run}");
+    let run_id = run["runId"].as_str().unwrap().to_owned();
+    let task_id = loop {
+        let obs = app.observations(&t).await;
+        if let Some(u) = obs.iter().find(|o| o["type"] == "A2A_TASK_UPDATE") {
+            break u["content"]["taskId"].as_str().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (st, _) = app
+        .post(&format!("/v1/threads/{t}/runs/{run_id}/cancel"), json!({}))
+        .await;
+    assert_eq!(st, 202);
+    let done = app
+        .wait_run(&t, &run_id, |r| r["status"] == "cancelled")
+        .await;
+    assert_eq!(done["status"], "cancelled");
+    let card = card::fetch(
+        &format!("{}/.well-known/agent-card.json", slow.base),
+        &BTreeMap::new(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let client = A2aClient::new(&card, &BTreeMap::new(), Duration::from_secs(10)).unwrap();
+    let remote = client
+        .get_task(&task_id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        remote.state,
+        pes_server::a2a::client::rpc::RemoteState::Canceled,
+        "{remote:?}"
+    );
+    let obs = app.observations(&t).await;
+    assert!(
+        obs.iter()
+            .any(|o| o["type"] == "A2A_TASK_UPDATE" && o["content"]["cancelRequested"] == true),
+        "the cancel is in the tree"
+    );
+    app.stop().await;
+}

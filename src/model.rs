@@ -304,6 +304,9 @@ string_enum! {
         Approval => "approval",
         /// Answer a question (`ask_user`).
         Input => "input",
+        /// Answer a remote agent's question (its task is `input-required`); the answer is
+        /// forwarded to it.
+        RemoteInput => "remote_input",
     }
 }
 

@@ -19,7 +19,8 @@ use super::journal::Journal;
 use crate::a2a::client::agents::RemoteAgents;
 use crate::a2a::client::rpc::{A2aClient, RemoteEvent, RemoteState, RemoteTask, RpcError};
 use crate::model::{
-    NewObservation, ObservationType, ThreadId, ToolCallRecord, ToolResultRecord, ToolResultStatus,
+    NewObservation, ObservationType, ResumeDecision, Suspension, SuspensionStatus, ThreadId,
+    ToolCallRecord, ToolResultRecord, ToolResultStatus,
 };
 
 /// How long one call to the remote may take.
@@ -29,6 +30,8 @@ const POLL: Duration = Duration::from_millis(500);
 
 /// What a delegation uses of the run.
 pub(super) struct Delegation<'a> {
+    /// The suspensions of this call's remote questions (ids `<toolCallId>:remote:<n>`).
+    pub decisions: Vec<Suspension>,
     pub journal: &'a dyn Journal,
     pub agents: Arc<RemoteAgents>,
     pub tenant: String,
@@ -36,29 +39,52 @@ pub(super) struct Delegation<'a> {
     pub run_id: uuid::Uuid,
 }
 
-/// Run one call to its end and describe it as a tool result.
-pub(super) async fn delegate(
-    d: &Delegation<'_>,
-    call: &ToolCallRecord,
-    args: &Value,
-) -> ToolResultRecord {
+/// How a delegation ended.
+pub(super) enum Delegated {
+    /// With the remote's result, or a tool error.
+    Done(ToolResultRecord),
+    /// The remote asks a question: the call waits for a person's answer on this call
+    /// (`<toolCallId>:remote:<n>`, arguments `{agent, taskId, question}`).
+    NeedsInput(ToolCallRecord),
+}
+
+/// Run one call until it ends or its remote agent asks a question.
+pub(super) async fn delegate(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Delegated {
     let (status, output, error) = match run(d, call, args).await {
-        Ok(v) => (ToolResultStatus::Success, v, None),
+        Ok(Settled::Result(v)) => (ToolResultStatus::Success, v, None),
+        Ok(Settled::Asks { task_id, question }) => {
+            let round = d.decisions.len() + 1;
+            return Delegated::NeedsInput(ToolCallRecord {
+                id: format!("{}:remote:{round}", call.id),
+                name: call.name.clone(),
+                arguments: json!({"agent": args["agent"], "taskId": task_id, "question": question}),
+            });
+        }
         Err(e) => (ToolResultStatus::Error, json!({"error": e}), Some(e)),
     };
-    ToolResultRecord {
+    Delegated::Done(ToolResultRecord {
         tool_call_id: call.id.clone(),
         name: call.name.clone(),
         status,
         output,
         error,
-    }
+    })
 }
 
-/// The call's own record: its `TOOL_CALL` observation and its last recorded remote task.
+/// How a remote task settled.
+enum Settled {
+    /// Completed: its result.
+    Result(Value),
+    /// It asks its caller.
+    Asks { task_id: String, question: String },
+}
+
+/// The call's own record: its `TOOL_CALL` observation, its recorded remote task, and the
+/// person's answers already forwarded (by suspension id).
 struct Recorded {
     parent: Option<String>,
     task_id: Option<String>,
+    forwarded: Vec<String>,
 }
 
 async fn recorded(d: &Delegation<'_>, call: &ToolCallRecord) -> Result<Recorded, String> {
@@ -79,10 +105,15 @@ async fn recorded(d: &Delegation<'_>, call: &ToolCallRecord) -> Result<Recorded,
             .filter(mine)
             .filter(|o| o.kind == ObservationType::A2aTaskUpdate)
             .find_map(|o| o.content["taskId"].as_str().map(str::to_owned)),
+        forwarded: seen
+            .iter()
+            .filter(mine)
+            .filter_map(|o| o.content["forwarded"].as_str().map(str::to_owned))
+            .collect(),
     })
 }
 
-async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<Value, String> {
+async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<Settled, String> {
     let name = args["agent"].as_str().unwrap_or("");
     let text = args["message"].as_str().unwrap_or("");
     let agent = d
@@ -114,7 +145,55 @@ async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<
             task.id
         }
     };
+    // A person answered the remote's question: forward the answer (once), or give up.
+    for s in &d.decisions {
+        let sid = s.suspension_id.to_string();
+        if rec.forwarded.contains(&sid) || s.status == SuspensionStatus::Pending {
+            continue;
+        }
+        let answer = match (&s.status, &s.decision) {
+            (SuspensionStatus::Resolved, Some(ResumeDecision::Respond { response, .. })) => {
+                match response {
+                    Value::String(t) => t.clone(),
+                    other => other.to_string(),
+                }
+            }
+            _ => {
+                let _ = client.cancel_task(&task_id, CALL_TIMEOUT).await;
+                update(json!({"taskId": task_id, "forwarded": sid, "declined": true})).await?;
+                return Err(format!(
+                    "a person declined to answer the remote agent `{name}`: {}",
+                    decline_reason(s)
+                ));
+            }
+        };
+        let sent = client
+            .send_message(&answer, &sid, Some(&context), Some(&task_id), CALL_TIMEOUT)
+            .await
+            .map_err(|e| format!("the answer could not be sent to `{name}`: {e}"))?;
+        update(json!({"taskId": task_id, "forwarded": sid, "state": sent.state})).await?;
+        // The remote may still show the question until it reads the answer.
+        let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            match client.get_task(&task_id, CALL_TIMEOUT).await {
+                Ok(t) if t.state.is_interrupted() => tokio::time::sleep(POLL / 5).await,
+                _ => break,
+            }
+        }
+    }
     watch(&client, &task_id, name, &update).await
+}
+
+fn decline_reason(s: &Suspension) -> String {
+    match &s.decision {
+        Some(ResumeDecision::Reject { reason }) => {
+            reason.clone().unwrap_or_else(|| "no reason given".into())
+        }
+        _ => match s.status {
+            SuspensionStatus::Expired => "no one answered in time".into(),
+            _ => "the question was withdrawn".into(),
+        },
+    }
 }
 
 /// Follow the task to its end, committing what it reports; its result, or why it has none.
@@ -123,7 +202,7 @@ async fn watch<F, Fut>(
     id: &str,
     agent: &str,
     update: &F,
-) -> Result<Value, String>
+) -> Result<Settled, String>
 where
     F: Fn(Value) -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
@@ -176,9 +255,17 @@ where
                 }
             };
             if let Some(state) = state
+                && state == RemoteState::InputRequired
+            {
+                return Ok(Settled::Asks {
+                    task_id: id.to_owned(),
+                    question: message.unwrap_or_else(|| "(the remote agent asks for input)".into()),
+                });
+            }
+            if let Some(state) = state
                 && (state.is_terminal() || state.is_interrupted())
             {
-                return outcome(agent, state, message, &artifacts);
+                return outcome(agent, state, message, &artifacts).map(Settled::Result);
             }
         }
         // The stream ended before the task did: read it as it is, then watch again.

@@ -93,7 +93,7 @@ impl Engine {
             .cloned()
             .collect();
         let (allowed, question, input_schema) = match kind {
-            SuspensionKind::Input => (
+            SuspensionKind::Input | SuspensionKind::RemoteInput => (
                 vec![Decision::Respond, Decision::Reject],
                 call.arguments
                     .get("question")

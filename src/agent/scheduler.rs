@@ -43,6 +43,8 @@ pub(super) enum Io {
         crate::model::ToolResultRecord,
         crate::model::Usage,
     ),
+    /// A delegation whose remote agent asks a question: the call to suspend on.
+    RemoteInput(crate::model::ToolCallRecord),
     /// A flowchart call paused at a `tool` stage for a person.
     FlowPaused(crate::flowchart::interpreter::Paused),
 }
@@ -343,6 +345,10 @@ impl Engine {
                     && self.remote_agents.is_some() =>
             {
                 let d = super::delegation::Delegation {
+                    decisions: super::flowcharts::RunFlowHost::decisions_of(
+                        &ctx.suspensions,
+                        &call,
+                    ),
                     journal: ctx.journal,
                     agents: self.remote_agents.clone().expect("checked"),
                     tenant: ctx.tenant.clone(),
@@ -351,11 +357,20 @@ impl Engine {
                 };
                 let tools = &self.tools;
                 Box::pin(async move {
-                    let result = match tools.validate(&call.name, &args) {
-                        Err(e) => super::tool_calls::error_record(&call, e.to_string()),
+                    let outcome = match tools.validate(&call.name, &args) {
+                        Err(e) => super::delegation::Delegated::Done(
+                            super::tool_calls::error_record(&call, e.to_string()),
+                        ),
                         Ok(()) => super::delegation::delegate(&d, &call, &args).await,
                     };
-                    (item, Io::Tool(call, result))
+                    match outcome {
+                        super::delegation::Delegated::Done(result) => {
+                            (item, Io::Tool(call, result))
+                        }
+                        super::delegation::Delegated::NeedsInput(question) => {
+                            (item, Io::RemoteInput(question))
+                        }
+                    }
                 })
             }
             Next::Invoke(call, args) => {
@@ -398,6 +413,16 @@ impl Engine {
             Io::FlowTool(call, result, usage) => {
                 ctx.usage.add(&usage);
                 self.journal_result(ctx, item, &call, result, vec![], vec![]);
+                Ok(())
+            }
+            Io::RemoteInput(question) => {
+                // The delegation stays unanswered; the person's answer goes to the remote agent.
+                self.suspend(
+                    ctx,
+                    item,
+                    &question,
+                    crate::model::SuspensionKind::RemoteInput,
+                );
                 Ok(())
             }
             Io::FlowPaused(p) => {

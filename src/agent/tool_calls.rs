@@ -80,7 +80,8 @@ impl Engine {
         }
         // A flowchart call paused at one of its stages waits for that decision.
         let paused_at = format!("{}:", call.id);
-        if ctx.flowcharts.contains_key(&call.name)
+        if (ctx.flowcharts.contains_key(&call.name)
+            || call.name == crate::a2a::client::agents::DELEGATE_TOOL)
             && ctx.suspensions.iter().any(|s| {
                 s.status == SuspensionStatus::Pending && s.tool_call.id.starts_with(&paused_at)
             })

@@ -255,3 +255,65 @@ async fn cancelling_the_run_cancels_the_remote_task() {
     );
     app.stop().await;
 }
+
+/// A remote `input-required` becomes our `remote_input` suspension; the person's answer is
+/// forwarded to the remote, which completes; a rejection cancels the remote task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_question_is_asked_here_and_the_answer_forwarded() {
+    let Some(python) = python() else { return };
+    let input = Agent::start(&python, "input", "1.0").await;
+    let llm = FakeLlm::start().await;
+    let agents = agents_json(&[("greeter", &input)]);
+    let app = spawn_with(Backend::Sqlite, Some(&llm), |c| c.a2a_agents = Some(agents)).await;
+    for answer in ["respond", "reject"] {
+        llm.push(
+            "plan",
+            plan(&[("s1", "Greet", &["delegate_to_agent"], &[])]),
+        );
+        llm.push(
+            "execute",
+            Reply::ToolCalls(vec![(
+                "delegate_to_agent".into(),
+                json!({"agent": "greeter", "message": "greet the user"}),
+            )]),
+        );
+        let t = app.thread(json!({})).await;
+        let run = app.run_wait(&t, "greet").await;
+        assert_eq!(run["status"], "suspended", "{run}");
+        let s = &run["suspension"];
+        assert_eq!(s["kind"], "remote_input", "{s}");
+        assert_eq!(s["question"], "What is your name?");
+        assert_eq!(s["allowedDecisions"], json!(["respond", "reject"]));
+        assert_eq!(s["toolCall"]["arguments"]["agent"], "greeter");
+        let sid = s["suspensionId"].as_str().unwrap();
+        let body = if answer == "respond" {
+            json!({"decision": "respond", "response": "Ada"})
+        } else {
+            json!({"decision": "reject", "reason": "private"})
+        };
+        let (st, b) = app
+            .post(&format!("/v1/suspensions/{sid}/resume"), body)
+            .await;
+        assert_eq!(st, 202, "{b}");
+        let done = app
+            .wait_run(&t, run["runId"].as_str().unwrap(), |r| {
+                r["status"] == "completed"
+            })
+            .await;
+        assert_eq!(done["status"], "completed", "{done}");
+        let obs = app.observations(&t).await;
+        let exec = obs.iter().find(|o| o["type"] == "TOOL_EXECUTION").unwrap();
+        if answer == "respond" {
+            assert_eq!(exec["content"]["output"], "hello, Ada", "{exec}");
+            assert!(
+                obs.iter()
+                    .any(|o| o["type"] == "A2A_TASK_UPDATE" && o["content"]["forwarded"] == sid),
+                "the forward is in the tree"
+            );
+        } else {
+            let e = exec["content"]["error"].as_str().unwrap();
+            assert!(e.contains("declined") && e.contains("private"), "{e}");
+        }
+    }
+    app.stop().await;
+}

@@ -155,9 +155,11 @@ async fn call(
         }
         Method::SendStreamingMessage => {
             let p: SendMessageParams = params(req.params)?;
-            let run = send(state, tenant, p).await?.run;
+            let sent = send(state, tenant, p).await?;
+            // From where the message took effect: a new task's every update, a resumed one's
+            // since the answer.
             Ok(Answer::Stream(
-                task_events(state, run, None, req.id, version).await?,
+                task_events(state, sent.run, Some(sent.after), req.id, version).await?,
             ))
         }
         Method::GetTask => {
@@ -265,6 +267,9 @@ async fn find_task(state: &AppState, tenant: &str, task_id: &str) -> Result<Run,
 struct Sent {
     /// The new run, or the resumed one (queued again).
     run: Run,
+    /// The last observation before the message took effect: the new run's `start_seq`, or the
+    /// `AGENT_RESUMED` the answer committed.
+    after: i64,
 }
 
 /// What a message says, as one text (its text parts, then its data parts as JSON), and its
@@ -344,7 +349,10 @@ async fn send(state: &AppState, tenant: &str, p: SendMessageParams) -> Result<Se
     let (run, _) = enqueue(state, tenant.to_owned(), thread_id, body)
         .await
         .map_err(api_error)?;
-    Ok(Sent { run })
+    Ok(Sent {
+        after: run.start_seq,
+        run,
+    })
 }
 
 /// A message to an existing task: it answers the task's oldest pending question with
@@ -393,7 +401,13 @@ async fn answer(
         .resume(tenant, s.suspension_id, resolution)
         .await
     {
-        Ok(done) => Ok(Sent { run: done.run }),
+        Ok(done) => Ok(Sent {
+            after: done
+                .observations
+                .last()
+                .map_or(done.run.start_seq, |o| o.seq),
+            run: done.run,
+        }),
         Err(StoreError::Conflict(detail)) => Err(RpcError::unsupported(format!(
             "task {task_id} no longer waits for this input: {detail}"
         ))

@@ -76,7 +76,17 @@ pub async fn task_events(
             .id(id.to_string())
             .data(success(rpc_id, item.to_wire(version)).to_string())
     };
-    let first = frame(point, &StreamResponse::Task(fold.task()), &rpc_id);
+    // The task as of `point`: its metadata says where the updates that follow start.
+    let mut task = fold.task();
+    if let Some(pes) = task
+        .metadata
+        .as_mut()
+        .and_then(|m| m.get_mut("pes"))
+        .and_then(Value::as_object_mut)
+    {
+        pes.insert("seq".into(), point.into());
+    }
+    let first = frame(point, &StreamResponse::Task(task), &rpc_id);
     let head = futures::stream::iter([Ok::<_, Infallible>(first)]);
     if fold.finished() {
         return Ok(sse(state, head.boxed()));

@@ -396,8 +396,8 @@ mod tests {
             }
         }
         // limit+cursor ×3, observations 5, events 4 + Last-Event-ID, suspensions 1, flowchart
-        // version 1.
-        assert_eq!(queries, 18);
+        // version 1, /a2a's A2A-Version and Last-Event-ID.
+        assert_eq!(queries, 20);
         let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
         assert_eq!(limit["name"], "limit");
         assert_eq!(limit["in"], "query");
@@ -410,7 +410,7 @@ mod tests {
         let doc = document();
         assert_eq!(doc["security"], json!([{"bearer": []}]));
         for (path, method, op) in operations(&doc) {
-            if path.starts_with("/v1/") {
+            if path.starts_with("/v1/") || path == super::A2A_PATH {
                 assert!(
                     op.get("security").is_none(),
                     "{method} {path} overrides the bearer"
@@ -422,7 +422,14 @@ mod tests {
                 assert!(op["responses"].get("401").is_none());
             }
         }
-        for open in ["/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"] {
+        for open in [
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/openapi.json",
+            "/docs",
+            "/.well-known/agent-card.json",
+        ] {
             assert!(doc["paths"][open]["get"].is_object(), "{open}");
         }
     }
@@ -433,6 +440,24 @@ mod tests {
         let mut bodies = 0;
         for (path, method, op) in operations(&doc) {
             let mut statuses = vec!["414", "431"];
+            if path == super::A2A_PATH {
+                // JSON-RPC: what it cannot parse is a JSON-RPC error at 400, not a problem.
+                let bad = response(&doc, &op, "400").unwrap();
+                assert_eq!(
+                    bad["content"]["application/json"]["schema"]["$ref"],
+                    "#/components/schemas/JsonRpcResponse"
+                );
+                for status in ["408", "413"] {
+                    assert!(response(&doc, &op, status).is_some(), "/a2a lacks {status}");
+                }
+                for status in ["415", "422"] {
+                    assert!(
+                        response(&doc, &op, status).is_none(),
+                        "/a2a never answers {status}"
+                    );
+                }
+                continue;
+            }
             if op.get("requestBody").is_some() {
                 bodies += 1;
                 statuses.extend(["400", "408", "413", "415", "422"]);

@@ -3,6 +3,7 @@
 // Test servers and clients are tasks of the test itself.
 #![allow(clippy::disallowed_methods)]
 
+mod a2a_server;
 mod agent;
 mod connections;
 mod contract;

@@ -134,7 +134,7 @@ async fn call(
     {
         return Err(RpcError::version_not_supported(raw));
     }
-    reject_nul(&req.params).map_err(|e| RpcError::invalid_params(e))?;
+    reject_nul(&req.params).map_err(RpcError::invalid_params)?;
     match method {
         Method::SendMessage => {
             let p: SendMessageParams = params(req.params)?;

@@ -295,6 +295,29 @@ async fn the_card_resolves_and_a_blocking_send_completes_with_the_answer(backend
     assert_eq!(rest["tasks"][0]["id"], id);
     assert!(rest.get("nextPageToken").is_none_or(|t| t == ""));
 
+    // Filters: by state, and by the time of the last change.
+    let completed = sdk.one(&["list", "--status", "TASK_STATE_COMPLETED"]).await;
+    assert_eq!(completed["totalSize"], 2, "{completed}");
+    let working = sdk.one(&["list", "--status", "TASK_STATE_WORKING"]).await;
+    assert!(
+        working.get("tasks").is_none_or(|t| t == &json!([])),
+        "{working}"
+    );
+    let later = |at: &str| call("ListTasks", json!({"statusTimestampAfter": at}));
+    let (_, v) = rpc(&app, &later("2999-01-01T00:00:00Z"), &[]).await;
+    assert_eq!(
+        (
+            v["result"]["totalSize"].as_i64(),
+            v["result"]["nextPageToken"].as_str()
+        ),
+        (Some(0), Some("")),
+        "{v}"
+    );
+    let (_, v) = rpc(&app, &later("2000-01-01T00:00:00Z"), &[]).await;
+    assert_eq!(v["result"]["totalSize"], 2, "{v}");
+    let (_, v) = rpc(&app, &later("yesterday"), &[]).await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+
     // The v0.3 method names, through the SDK's v0.3 transport.
     let old = sdk
         .one(&["send", "--protocol", "0.3", "--text", "what is 5+5?"])

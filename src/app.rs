@@ -213,6 +213,15 @@ impl App {
             .await
             .with_context(|| format!("binding {}", config.bind))?;
         let addr = listener.local_addr()?;
+        let mut config = config;
+        match config.public_url.as_deref().map(str::trim) {
+            // The card names the address actually bound (port 0 picks one).
+            None => config.public_url = Some(format!("http://{addr}")),
+            Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
+                anyhow::bail!("PES_PUBLIC_URL must be an http:// or https:// URL (got `{u}`)")
+            }
+            Some(_) => {}
+        }
         let bus = EventBus::new();
         let commands = RunCommands::new(store.clone(), bus.clone());
         let hard_stop = CancellationToken::new();

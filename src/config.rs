@@ -100,6 +100,12 @@ pub struct Config {
     #[arg(long, env = "PES_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
 
+    /// The URL other agents reach this service at (scheme, host, port, optional path prefix),
+    /// for the A2A agent card (`<PES_PUBLIC_URL>/a2a`); default `http://<the bound address>`. Set
+    /// it when binding `0.0.0.0` or serving behind a proxy.
+    #[arg(long, env = "PES_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
     /// Runs one process drives at once (0: serve the API only, run no agents).
     #[arg(long, env = "PES_WORKER_CONCURRENCY", default_value_t = 64)]
     pub worker_concurrency: usize,
@@ -342,6 +348,7 @@ impl Config {
             &mut self.llm_api_key,
             &mut self.llm_model,
             &mut self.api_keys,
+            &mut self.public_url,
             &mut self.mcp_servers,
             &mut self.a2a_agents,
             &mut self.http_tool_allow,
@@ -395,6 +402,14 @@ impl Config {
         match self.heartbeat_ms {
             Some(ms) => Duration::from_millis(ms.max(10)).min(lease / 2),
             None => lease / 3,
+        }
+    }
+
+    /// The public base URL without a trailing slash (`PES_PUBLIC_URL`, else `http://<PES_BIND>`).
+    pub fn public_url(&self) -> String {
+        match &self.public_url {
+            Some(u) => u.trim().trim_end_matches('/').to_owned(),
+            None => format!("http://{}", self.bind),
         }
     }
 

@@ -1,6 +1,7 @@
 //! pes-server: durable Plan-Execute-Synthesize agents behind an HTTP API.
 //!
 //! Crate map:
+//! - [`a2a`]: the A2A server (agent card, JSON-RPC `POST /a2a`) and the protocol types;
 //! - [`app`]: start-up and shutdown ([`App::build`], [`App::run_until_stopped`]);
 //! - [`config`]: every setting (flag + `PES_*` environment variable);
 //! - [`http`]: routers per resource, problem+json errors, SSE;

@@ -16,6 +16,9 @@ use super::Problem;
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The A2A JSON-RPC endpoint (behind the API keys; its errors are JSON-RPC errors).
+pub const A2A_PATH: &str = "/a2a";
+
 /// The media type of the observation streams.
 pub const EVENT_STREAM: &str = "text/event-stream";
 
@@ -38,7 +41,9 @@ impl Modify for BearerAuth {
         description = "Durable Plan-Execute-Synthesize agents on threads, with an SSE observation stream.\n\n\
 Every error is an RFC 9457 problem (`application/problem+json`, the `Problem` schema) with a stable \
 `code`. When the server has API keys (`PES_API_KEYS`), every `/v1` route needs \
-`Authorization: Bearer <key>`; the health, metrics and documentation routes never do.",
+`Authorization: Bearer <key>`, and so does `POST /a2a` (the A2A agent, whose JSON-RPC errors \
+are JSON-RPC error objects, not problems); the agent card, health, metrics and documentation \
+routes never do.",
         license(name = "Apache-2.0")
     ),
     modifiers(&BearerAuth),
@@ -51,6 +56,7 @@ Every error is an RFC 9457 problem (`application/problem+json`, the `Problem` sc
         (name = "suspensions", description = "Pauses for a person"),
         (name = "tools", description = "The tools threads can enable"),
         (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
+        (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
         (name = "health", description = "Liveness, readiness, metrics")
     )
 )]
@@ -177,6 +183,34 @@ fn event_stream_content() -> Content {
     .expect("a media type object")
 }
 
+/// The description of `/a2a`'s event streams: each event's `data` is a JSON-RPC response.
+fn a2a_stream_content() -> Content {
+    serde_json::from_value(json!({
+        "schema": {
+            "type": "string",
+            "description": "Server-Sent Events, one per task update: `id: <seq>` (the observation \
+                it comes from; the first event, the task itself, has the seq it was read at), \
+                `data: <a JSON-RPC response>` whose `result` is a v1.0 `StreamResponse` \
+                (`{\"task\"}`, `{\"statusUpdate\"}`, `{\"artifactUpdate\"}`) or, for the v0.3 \
+                methods, the bare v0.3 object with its `kind`. The stream ends when the task \
+                ends or needs input.",
+        },
+        "x-itemSchema": {
+            "type": "object",
+            "required": ["id", "data"],
+            "properties": {
+                "id": {"type": "string"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"$ref": "#/components/schemas/JsonRpcResponse"},
+                },
+            },
+        },
+    }))
+    .expect("a media type object")
+}
+
 /// Add the shared parts to every operation of `api` (see the module documentation).
 pub(super) fn add_shared_parts(api: &mut Document) {
     let components = api.components.get_or_insert_with(Default::default);
@@ -186,7 +220,10 @@ pub(super) fn add_shared_parts(api: &mut Document) {
             .insert(shared.0.to_owned(), RefOr::T(shared_response(shared)));
     }
     for (path, item) in api.paths.paths.iter_mut() {
-        let guarded = path.starts_with("/v1/");
+        let guarded = path.starts_with("/v1/") || path == A2A_PATH;
+        // JSON-RPC reads any body it can parse and answers what it cannot as a JSON-RPC error
+        // (documented by the route): no content-type or body-shape problems.
+        let json_rpc = path == A2A_PATH;
         let ops = [
             &mut item.get,
             &mut item.put,
@@ -204,7 +241,11 @@ pub(super) fn add_shared_parts(api: &mut Document) {
                 // The open routes need no key, whatever the document's default says.
                 op.security = Some(vec![]);
             }
-            if op.request_body.is_some() {
+            if json_rpc {
+                for shared in [REQUEST_TIMEOUT, PAYLOAD_TOO_LARGE] {
+                    add(op, shared);
+                }
+            } else if op.request_body.is_some() {
                 for shared in [
                     MALFORMED_JSON,
                     REQUEST_TIMEOUT,
@@ -229,7 +270,11 @@ pub(super) fn add_shared_parts(api: &mut Document) {
                 if let RefOr::T(response) = response
                     && let Some(content) = response.content.get_mut(EVENT_STREAM)
                 {
-                    *content = event_stream_content();
+                    *content = if json_rpc {
+                        a2a_stream_content()
+                    } else {
+                        event_stream_content()
+                    };
                 }
             }
         }
@@ -351,8 +396,8 @@ mod tests {
             }
         }
         // limit+cursor ×3, observations 5, events 4 + Last-Event-ID, suspensions 1, flowchart
-        // version 1.
-        assert_eq!(queries, 18);
+        // version 1, /a2a's A2A-Version and Last-Event-ID.
+        assert_eq!(queries, 20);
         let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
         assert_eq!(limit["name"], "limit");
         assert_eq!(limit["in"], "query");
@@ -365,7 +410,7 @@ mod tests {
         let doc = document();
         assert_eq!(doc["security"], json!([{"bearer": []}]));
         for (path, method, op) in operations(&doc) {
-            if path.starts_with("/v1/") {
+            if path.starts_with("/v1/") || path == super::A2A_PATH {
                 assert!(
                     op.get("security").is_none(),
                     "{method} {path} overrides the bearer"
@@ -377,7 +422,14 @@ mod tests {
                 assert!(op["responses"].get("401").is_none());
             }
         }
-        for open in ["/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"] {
+        for open in [
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/openapi.json",
+            "/docs",
+            "/.well-known/agent-card.json",
+        ] {
             assert!(doc["paths"][open]["get"].is_object(), "{open}");
         }
     }
@@ -388,6 +440,24 @@ mod tests {
         let mut bodies = 0;
         for (path, method, op) in operations(&doc) {
             let mut statuses = vec!["414", "431"];
+            if path == super::A2A_PATH {
+                // JSON-RPC: what it cannot parse is a JSON-RPC error at 400, not a problem.
+                let bad = response(&doc, &op, "400").unwrap();
+                assert_eq!(
+                    bad["content"]["application/json"]["schema"]["$ref"],
+                    "#/components/schemas/JsonRpcResponse"
+                );
+                for status in ["408", "413"] {
+                    assert!(response(&doc, &op, status).is_some(), "/a2a lacks {status}");
+                }
+                for status in ["415", "422"] {
+                    assert!(
+                        response(&doc, &op, status).is_none(),
+                        "/a2a never answers {status}"
+                    );
+                }
+                continue;
+            }
             if op.get("requestBody").is_some() {
                 bodies += 1;
                 statuses.extend(["400", "408", "413", "415", "422"]);

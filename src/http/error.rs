@@ -253,17 +253,21 @@ impl From<JsonRejection> for ApiError {
             JsonRejection::JsonSyntaxError(e) => {
                 Self::MalformedJson(format!("malformed JSON: {}", e.body_text()))
             }
-            JsonRejection::BytesRejection(e) => {
-                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    Self::PayloadTooLarge
-                } else if let Some(t) = body_timeout_in(&e) {
-                    Self::RequestTimeout(t.seconds())
-                } else {
-                    Self::BadRequest(e.body_text())
-                }
-            }
+            JsonRejection::BytesRejection(e) => from_bytes_rejection(e),
             other => Self::BadRequest(other.body_text()),
         }
+    }
+}
+
+/// The problem a body that could not be read answers: too large (413), too slow (408), or else
+/// a bad request.
+pub(crate) fn from_bytes_rejection(e: axum::extract::rejection::BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge
+    } else if let Some(t) = body_timeout_in(&e) {
+        ApiError::RequestTimeout(t.seconds())
+    } else {
+        ApiError::BadRequest(e.body_text())
     }
 }
 

@@ -166,6 +166,11 @@ pub fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
     }
 }
 
+/// The routes behind the API keys outside `/v1`: A2A's JSON-RPC endpoint.
+fn guarded_routes() -> OpenApiRouter<AppState> {
+    crate::a2a::server::rpc_router()
+}
+
 fn v1_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .merge(threads::router())
@@ -180,6 +185,8 @@ fn v1_routes() -> OpenApiRouter<AppState> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut api) = OpenApiRouter::<AppState>::with_openapi(doc::ApiDoc::openapi())
         .merge(v1_routes())
+        .merge(guarded_routes())
+        .merge(crate::a2a::server::card_router())
         .merge(health::router())
         .split_for_parts();
     health::document_extra_routes(&mut api);
@@ -200,12 +207,15 @@ pub const REQUEST_ID: &str = "x-request-id";
 
 /// The whole HTTP surface. Pure: builds routes, does no I/O.
 pub fn router(state: AppState) -> Router {
-    let v1 = v1_routes().layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        authenticate,
-    ));
+    let v1 = v1_routes()
+        .merge(guarded_routes())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ));
     let (router, _) = OpenApiRouter::new()
         .merge(v1)
+        .merge(crate::a2a::server::card_router())
         .merge(health::router())
         .split_for_parts();
     let api = openapi();

@@ -64,7 +64,7 @@ pub struct CreateRun {
     pub idempotency_key: Option<String>,
 }
 
-async fn enqueue(
+pub(crate) async fn enqueue(
     state: &AppState,
     tenant: String,
     thread_id: ThreadId,

@@ -67,6 +67,15 @@ impl StreamSpec {
     }
 }
 
+/// What a stream of observations yields.
+#[derive(Debug, Clone)]
+pub enum StreamItem {
+    /// The next observation the stream shows.
+    Obs(Box<Observation>),
+    /// The thread was deleted: the stream ends after this.
+    ThreadDeleted,
+}
+
 fn to_event(o: &Observation) -> Event {
     Event::default()
         .id(o.seq.to_string())
@@ -87,7 +96,7 @@ struct Producer {
     /// When the streamed thread was created: a thread deleted and created again under the same
     /// id is another thread, whose log this stream must never show.
     thread_created_at: Option<chrono::DateTime<chrono::Utc>>,
-    pending: VecDeque<Event>,
+    pending: VecDeque<StreamItem>,
     /// A table read under way: `Some(seen)` until a short page ends it, where `seen` is a `seq`
     /// known committed (a bus message that revealed a gap).
     catching_up: Option<Option<i64>>,
@@ -109,7 +118,7 @@ impl Producer {
     /// Queue `o` if the stream shows it; end after the run's end when asked to.
     fn push(&mut self, o: &Observation) {
         if self.spec.matches(o) {
-            self.pending.push_back(to_event(o));
+            self.pending.push_back(StreamItem::Obs(Box::new(o.clone())));
         }
         if self.spec.ends_with(o) {
             self.ended = true;
@@ -118,8 +127,7 @@ impl Producer {
 
     /// Tell the client the thread is gone, then end.
     fn deleted(&mut self) {
-        self.pending
-            .push_back(thread_deleted_event(&self.spec.thread_id));
+        self.pending.push_back(StreamItem::ThreadDeleted);
         self.ended = true;
     }
 
@@ -187,8 +195,8 @@ impl Producer {
         self.checked = false;
     }
 
-    /// The next frame to send, or `None` when the stream is over.
-    async fn next_event(&mut self) -> Option<Event> {
+    /// The next item to send, or `None` when the stream is over.
+    async fn next_item(&mut self) -> Option<StreamItem> {
         loop {
             if let Some(e) = self.pending.pop_front() {
                 return Some(e);
@@ -218,13 +226,15 @@ impl Producer {
     }
 }
 
-/// An SSE response streaming the observations `spec` selects. It subscribes to the bus before
-/// its first table read, so nothing committed in between is missed; it ends with the service's
-/// shutdown token.
-pub fn observation_sse(
+/// The observations `spec` selects, replayed from the table and then live, with no gap and no
+/// duplicate. It subscribes to the bus before its first table read, so nothing committed in
+/// between is missed; it ends after the run's end when `spec.until_run_end`, when the thread is
+/// deleted (after [`StreamItem::ThreadDeleted`]), or with the service's shutdown token. Pulled by
+/// its reader: no task of its own.
+pub fn observation_stream(
     state: &AppState,
     spec: StreamSpec,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
+) -> impl Stream<Item = StreamItem> + Send + use<> {
     let producer = Producer {
         state: state.clone(),
         rx: state.bus.subscribe(&spec.tenant, &spec.thread_id),
@@ -236,11 +246,26 @@ pub fn observation_sse(
         checked: false,
         ended: false,
     };
-    let events = futures::stream::unfold(producer, |mut p| async move {
-        let e = p.next_event().await?;
-        Some((Ok(e), p))
+    futures::stream::unfold(producer, |mut p| async move {
+        let item = p.next_item().await?;
+        Some((item, p))
     })
-    .take_until(state.shutdown.clone().cancelled_owned());
+    .take_until(state.shutdown.clone().cancelled_owned())
+}
+
+/// An SSE response streaming the observations `spec` selects ([`observation_stream`] as
+/// frames: `id: <seq>`, `event: <type>`, `data: <observation>`), with keep-alive comments.
+pub fn observation_sse(
+    state: &AppState,
+    spec: StreamSpec,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
+    let thread_id = spec.thread_id.clone();
+    let events = observation_stream(state, spec).map(move |item| {
+        Ok(match item {
+            StreamItem::Obs(o) => to_event(&o),
+            StreamItem::ThreadDeleted => thread_deleted_event(&thread_id),
+        })
+    });
     let keepalive = Duration::from_secs(state.config.sse_keepalive_seconds.max(1));
     Sse::new(events).keep_alive(KeepAlive::new().interval(keepalive).text("keep-alive"))
 }

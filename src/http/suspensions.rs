@@ -122,7 +122,7 @@ fn already(status: SuspensionStatus) -> ApiError {
 
 /// Check a resume request against its suspension and build the decision it stands for: the one
 /// place a request's loose fields become a [`ResumeDecision`].
-fn decide(
+pub(crate) fn decide(
     state: &AppState,
     s: &Suspension,
     body: ResumeRequest,

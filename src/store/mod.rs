@@ -26,7 +26,7 @@ use uuid::Uuid;
 use crate::flowchart::{FlowchartRecord, FlowchartSpec};
 use crate::model::{
     AgentConfig, Message, MultitaskStrategy, Observation, ObservationType, ResumeDecision, Run,
-    Suspension, SuspensionStatus, Thread, ThreadId,
+    RunStatus, Suspension, SuspensionStatus, Thread, ThreadId,
 };
 
 mod apply;
@@ -43,6 +43,7 @@ mod sql_store;
 pub mod sqlite;
 mod suspensions;
 mod tables;
+mod tenant_runs;
 mod threads;
 
 pub use sql_store::SqlStore;
@@ -131,6 +132,20 @@ pub struct CancelledRun {
     /// its cancel flag set when a worker holds it (the worker cancels at its next safe point).
     pub run: Run,
     pub observations: Vec<Observation>,
+}
+
+/// Which of a tenant's runs [`Store::list_tenant_runs`] lists.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    /// Only the runs of this thread.
+    pub thread_id: Option<ThreadId>,
+    /// Only runs in one of these statuses.
+    pub statuses: Option<Vec<RunStatus>>,
+    /// With `statuses`: keep only the queued runs that have (`true`) or have not (`false`)
+    /// started before (a resumed run waits in the queue again); other statuses are unaffected.
+    pub queued_started: Option<bool>,
+    /// Only runs whose last change (end, start or creation) is after this instant.
+    pub updated_after: Option<DateTime<Utc>>,
 }
 
 /// Filters of the observation log.
@@ -323,6 +338,21 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
         cursor: Option<&PageCursor>,
     ) -> StoreResult<Option<Vec<Run>>>;
+
+    /// A run by its id alone, within `tenant` (an A2A task id names a run, not its thread): the
+    /// primary key, so one row; another tenant's run is `None`.
+    async fn find_run(&self, tenant: &str, run_id: Uuid) -> StoreResult<Option<Run>>;
+
+    /// The tenant's runs that `filter` selects, across threads, newest first (`created_at` desc,
+    /// then id desc), at most `limit` after `cursor`; with the number of runs the filter selects
+    /// in all.
+    async fn list_tenant_runs(
+        &self,
+        tenant: &str,
+        filter: &RunFilter,
+        limit: u32,
+        cursor: Option<&PageCursor>,
+    ) -> StoreResult<(Vec<Run>, u64)>;
 
     /// Cancel a queued, running or suspended run.
     ///

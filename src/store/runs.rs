@@ -21,7 +21,7 @@ const CANCEL_PENDING_SUSPENSIONS: &str = "UPDATE suspensions SET status = 'cance
     resolved_at = {now} WHERE {in run_id 1} AND status = 'pending'";
 
 /// Fill `suspension` of the suspended runs among `runs`.
-async fn attach_suspensions(conn: &mut Conn, runs: &mut [Run]) -> StoreResult<()> {
+pub(super) async fn attach_suspensions(conn: &mut Conn, runs: &mut [Run]) -> StoreResult<()> {
     let ids = rows::suspended_run_ids(runs);
     let pending = if ids.is_empty() {
         Vec::new()

@@ -14,8 +14,8 @@ pub use super::db::SqlStore;
 use super::sql::Dialect;
 use super::{
     AgentSnapshot, Applied, Batch, CancelledRun, Claim, CreatedRun, Fence, NewRun,
-    ObservationQuery, PageCursor, PutFlowchart, Resolution, ResolvedSuspension, Signal, Store,
-    StoreResult, ThreadPatch,
+    ObservationQuery, PageCursor, PutFlowchart, Resolution, ResolvedSuspension, RunFilter, Signal,
+    Store, StoreResult, ThreadPatch,
 };
 use crate::flowchart::{FlowchartRecord, FlowchartSpec};
 use crate::model::{AgentConfig, Message, Observation, Run, Suspension, Thread, ThreadId};
@@ -129,6 +129,20 @@ impl Store for SqlStore {
         cursor: Option<&PageCursor>,
     ) -> StoreResult<Option<Vec<Run>>> {
         self.runs(tenant, thread_id, limit, cursor).await
+    }
+
+    async fn find_run(&self, tenant: &str, run_id: Uuid) -> StoreResult<Option<Run>> {
+        self.run_by_id(tenant, run_id).await
+    }
+
+    async fn list_tenant_runs(
+        &self,
+        tenant: &str,
+        filter: &RunFilter,
+        limit: u32,
+        cursor: Option<&PageCursor>,
+    ) -> StoreResult<(Vec<Run>, u64)> {
+        self.tenant_runs(tenant, filter, limit, cursor).await
     }
 
     async fn cancel_run(

@@ -5,6 +5,7 @@
 
 mod a2a_client;
 mod a2a_delegation;
+mod a2a_server;
 mod agent;
 mod connections;
 mod contract;

@@ -14,8 +14,8 @@ use pes_server::model::{
     ToolResultStatus, ToolValidationMode, Usage, ValidationStatus, new_id,
 };
 use pes_server::store::{
-    Batch, Fence, NewRun, ObservationQuery, Op, PageCursor, Resolution, RunUpdate, Store,
-    StoreError, ThreadPatch,
+    Batch, Fence, NewRun, ObservationQuery, Op, PageCursor, Resolution, RunFilter, RunUpdate,
+    Store, StoreError, ThreadPatch,
 };
 use serde_json::json;
 use tokio::time::Instant;
@@ -1546,6 +1546,75 @@ async fn runs_list_newest_first_with_a_cursor(store: S) {
     assert_eq!(seen, ids);
 }
 
+/// A run found by id alone (an A2A task id), and a tenant's runs across threads (`ListTasks`):
+/// tenant-scoped, newest first, filtered, paged, counted.
+async fn tenant_runs_are_found_by_id_and_listed_across_threads(store: S) {
+    let mut ids = Vec::new();
+    for thread in ["t1", "t2", "t1"] {
+        ids.push(enqueue(&store, A, thread).await.run_id);
+    }
+    let foreign = enqueue(&store, B, "t1").await;
+    let found = store.find_run(A, ids[1]).await.unwrap().unwrap();
+    assert_eq!((found.run_id, found.thread_id.as_str()), (ids[1], "t2"));
+    assert!(store.find_run(A, foreign.run_id).await.unwrap().is_none());
+    assert!(store.find_run(B, ids[0]).await.unwrap().is_none());
+
+    let all = RunFilter::default();
+    let (page, total) = store.list_tenant_runs(A, &all, 2, None).await.unwrap();
+    assert_eq!(total, 3);
+    assert_eq!(
+        page.iter().map(|r| r.run_id).collect::<Vec<_>>(),
+        [ids[2], ids[1]]
+    );
+    let cursor = PageCursor {
+        created_at: page[1].created_at,
+        id: page[1].run_id.to_string(),
+    };
+    let (rest, _) = store
+        .list_tenant_runs(A, &all, 2, Some(&cursor))
+        .await
+        .unwrap();
+    assert_eq!(rest.iter().map(|r| r.run_id).collect::<Vec<_>>(), [ids[0]]);
+
+    let of_t1 = RunFilter {
+        thread_id: Some(tid("t1")),
+        ..Default::default()
+    };
+    let (page, total) = store.list_tenant_runs(A, &of_t1, 0, None).await.unwrap();
+    assert_eq!((page.len(), total), (2, 2));
+
+    // The oldest run of each thread starts; t1's second run stays queued, never started.
+    let claimed = store.claim_runs("w", LEASE, 10).await.unwrap().runs;
+    assert_eq!(claimed.len(), 3, "one run per thread and tenant");
+    let filter = |statuses: Vec<RunStatus>, queued_started: Option<bool>| RunFilter {
+        statuses: Some(statuses),
+        queued_started,
+        ..Default::default()
+    };
+    let ids_of = |runs: Vec<Run>| runs.into_iter().map(|r| r.run_id).collect::<HashSet<_>>();
+    let (fresh, n) = store
+        .list_tenant_runs(A, &filter(vec![RunStatus::Queued], Some(false)), 0, None)
+        .await
+        .unwrap();
+    assert_eq!((ids_of(fresh), n), ([ids[2]].into(), 1));
+    let (working, n) = store
+        .list_tenant_runs(
+            A,
+            &filter(vec![RunStatus::Running, RunStatus::Queued], Some(true)),
+            0,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!((ids_of(working), n), ([ids[0], ids[1]].into(), 2));
+    let later = RunFilter {
+        updated_after: Some(Utc::now() + chrono::Duration::hours(1)),
+        ..Default::default()
+    };
+    let (none, n) = store.list_tenant_runs(A, &later, 0, None).await.unwrap();
+    assert_eq!((none.len(), n), (0, 0));
+}
+
 async fn deleting_a_thread_removes_everything_it_owns(store: S) {
     let (run, f) = running(&store, A, "t").await;
     let s = suspension(A, "t", run.run_id, "step-1");
@@ -2370,6 +2439,7 @@ conformance!(
     agent_snapshot_reflects_items_and_state,
     messages_list_oldest_first_with_a_cursor,
     runs_list_newest_first_with_a_cursor,
+    tenant_runs_are_found_by_id_and_listed_across_threads,
     deleting_a_thread_removes_everything_it_owns,
     thread_status_follows_its_runs,
     mixed_writers_of_one_thread_neither_deadlock_nor_leave_gaps,

@@ -4,6 +4,7 @@
 //! fallbacks for unknown routes and methods, and page cursors. [`serve`] owns the connections the
 //! router is served on (their caps and timeouts).
 
+pub mod a2a;
 pub mod doc;
 pub mod error;
 pub mod flowcharts;
@@ -168,7 +169,7 @@ pub fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
 
 /// The routes behind the API keys outside `/v1`: A2A's JSON-RPC endpoint.
 fn guarded_routes() -> OpenApiRouter<AppState> {
-    crate::a2a::server::rpc_router()
+    a2a::rpc_router()
 }
 
 fn v1_routes() -> OpenApiRouter<AppState> {
@@ -186,7 +187,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut api) = OpenApiRouter::<AppState>::with_openapi(doc::ApiDoc::openapi())
         .merge(v1_routes())
         .merge(guarded_routes())
-        .merge(crate::a2a::server::card_router())
+        .merge(a2a::card_router())
         .merge(health::router())
         .split_for_parts();
     health::document_extra_routes(&mut api);
@@ -215,7 +216,7 @@ pub fn router(state: AppState) -> Router {
         ));
     let (router, _) = OpenApiRouter::new()
         .merge(v1)
-        .merge(crate::a2a::server::card_router())
+        .merge(a2a::card_router())
         .merge(health::router())
         .split_for_parts();
     let api = openapi();

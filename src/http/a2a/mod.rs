@@ -8,11 +8,14 @@
 //!   the message's data or text as the response). Blocking unless the configuration says
 //!   otherwise, like `runs/wait`.
 //! - `SendStreamingMessage` and `SubscribeToTask` stream the task from its observation log
-//!   ([`super::stream`]).
+//!   ([`stream`]).
 //! - `GetTask`, `ListTasks`, `CancelTask` read and cancel runs; another tenant's run is not found.
 //!
 //! Method names of v1.0 and v0.3 are both served; the version of the name decides the shapes of
 //! the answer. An `A2A-Version` header naming a version we do not speak is refused (-32009).
+
+mod card;
+mod stream;
 
 use std::time::Duration;
 
@@ -27,10 +30,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::rpc::{JsonRpcRequest, JsonRpcResponse, Method, Request, RpcError, failure, success};
-use super::stream::task_events;
-use super::tasks::{state_of_run, statuses_of_state, task_of_run};
-use super::types::{
+use crate::a2a::rpc::{
+    JsonRpcRequest, JsonRpcResponse, Method, Request, RpcError, failure, success,
+};
+use crate::a2a::tasks::{state_of_run, statuses_of_state, task_of_run};
+use crate::a2a::types::{
     ListTasksParams, ListTasksResponse, Message, PartContent, Role, SendMessageParams,
     TaskIdParams, VERSION_HEADER, Version,
 };
@@ -41,10 +45,11 @@ use crate::http::{
 };
 use crate::model::{Decision, Run, SuspensionStatus, ThreadId, new_id};
 use crate::store::{Resolution, RunFilter, StoreError};
+use stream::task_events;
 
 /// The card route (open: no key needed).
 pub fn card_router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(super::card::agent_card))
+    OpenApiRouter::new().routes(routes!(card::agent_card))
 }
 
 /// The JSON-RPC route (behind the API keys, like `/v1`).
@@ -476,7 +481,7 @@ async fn list(
     }
     if let Some(s) = p
         .status
-        .filter(|s| *s != super::types::TaskState::Unspecified)
+        .filter(|s| *s != crate::a2a::types::TaskState::Unspecified)
     {
         let (statuses, started) = statuses_of_state(s);
         if statuses.is_empty() {
@@ -558,9 +563,9 @@ mod tests {
         let mut file = Part::text("x");
         file.content = PartContent::Url("http://x/y.png".into());
         let e = read_message(&message(vec![file])).unwrap_err();
-        assert_eq!(e.code, super::super::rpc::codes::CONTENT_TYPE_NOT_SUPPORTED);
+        assert_eq!(e.code, crate::a2a::rpc::codes::CONTENT_TYPE_NOT_SUPPORTED);
         let e = read_message(&message(vec![])).unwrap_err();
-        assert_eq!(e.code, super::super::rpc::codes::INVALID_PARAMS);
+        assert_eq!(e.code, crate::a2a::rpc::codes::INVALID_PARAMS);
         let mut agent = message(vec![Part::text("hi")]);
         agent.role = Role::Agent;
         assert!(read_message(&agent).is_err());

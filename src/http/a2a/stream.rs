@@ -14,9 +14,9 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use serde_json::Value;
 
-use super::rpc::{RpcError, success};
-use super::tasks::TaskFold;
-use super::types::{StreamResponse, Version};
+use crate::a2a::rpc::{RpcError, success};
+use crate::a2a::tasks::TaskFold;
+use crate::a2a::types::{StreamResponse, Version};
 use crate::http::AppState;
 use crate::http::sse::{StreamItem, StreamSpec, observation_stream};
 use crate::model::Run;

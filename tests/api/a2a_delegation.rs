@@ -12,6 +12,7 @@ use pes_server::a2a::client::rpc::A2aClient;
 use serde_json::{Value, json};
 
 use crate::a2a_client::{Agent, python};
+use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
 use crate::helpers::{Backend, spawn_with};
 use crate::process::{Proc, env_for};
@@ -29,15 +30,14 @@ fn agents_json(agents: &[(&str, &Agent)]) -> String {
     Value::Object(map).to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_delegates_to_remote_agents() {
+async fn a_run_delegates_to_remote_agents(backend: Backend) {
     let Some(python) = python() else { return };
     let echo = Agent::start(&python, "echo", "1.0").await;
     let old = Agent::start(&python, "echo", "0.3").await;
     let failing = Agent::start(&python, "failing", "1.0").await;
     let llm = FakeLlm::start().await;
     let agents = agents_json(&[("echo", &echo), ("old", &old), ("failing", &failing)]);
-    let app = spawn_with(Backend::Sqlite, Some(&llm), |c| c.a2a_agents = Some(agents)).await;
+    let app = spawn_with(backend, Some(&llm), |c| c.a2a_agents = Some(agents)).await;
 
     let (_, cat) = app.get("/v1/tools").await;
     let tool = cat["items"]
@@ -120,12 +120,11 @@ async fn a_run_delegates_to_remote_agents() {
 
 /// kill -9 while the remote task works: the recorded task is watched again by the next process
 /// and the message is never sent twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pending_delegation_survives_kill_9_without_being_sent_again() {
+async fn a_pending_delegation_survives_kill_9_without_being_sent_again(backend: Backend) {
     let Some(python) = python() else { return };
     let slow = Agent::start(&python, "slow", "1.0").await;
     let llm = FakeLlm::start().await;
-    let db = crate::helpers::database_url(Backend::Sqlite).await;
+    let db = crate::helpers::database_url(backend).await;
     let mut env = env_for(&db, &llm.url);
     env.push(("PES_A2A_AGENTS", agents_json(&[("slow", &slow)])));
     env.push(("PES_LEASE_SECONDS", "3".into()));
@@ -258,13 +257,12 @@ async fn cancelling_the_run_cancels_the_remote_task() {
 
 /// A remote `input-required` becomes our `remote_input` suspension; the person's answer is
 /// forwarded to the remote, which completes; a rejection cancels the remote task.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_remote_question_is_asked_here_and_the_answer_forwarded() {
+async fn a_remote_question_is_asked_here_and_the_answer_forwarded(backend: Backend) {
     let Some(python) = python() else { return };
     let input = Agent::start(&python, "input", "1.0").await;
     let llm = FakeLlm::start().await;
     let agents = agents_json(&[("greeter", &input)]);
-    let app = spawn_with(Backend::Sqlite, Some(&llm), |c| c.a2a_agents = Some(agents)).await;
+    let app = spawn_with(backend, Some(&llm), |c| c.a2a_agents = Some(agents)).await;
     for answer in ["respond", "reject"] {
         llm.push(
             "plan",
@@ -317,3 +315,13 @@ async fn a_remote_question_is_asked_here_and_the_answer_forwarded() {
     }
     app.stop().await;
 }
+
+both_stores!(delegates, a_run_delegates_to_remote_agents);
+both_stores!(
+    remote_input,
+    a_remote_question_is_asked_here_and_the_answer_forwarded
+);
+both_stores!(
+    kill_9,
+    a_pending_delegation_survives_kill_9_without_being_sent_again
+);

@@ -1,18 +1,12 @@
-//! What our client needs of a remote agent's card, read from either protocol generation: the
-//! v1.0 card lists `supportedInterfaces` (`{url, protocolBinding, protocolVersion}`), the v0.3
-//! card has `url`, `protocolVersion` and `preferredTransport`. Only the JSON-RPC binding is
-//! used.
+//! What our client needs of a remote agent's card, read with the protocol's own card type
+//! (either generation: the v1.0 card lists `supportedInterfaces`, the v0.3 card has `url`,
+//! `protocolVersion` and `preferredTransport`). Only the JSON-RPC binding is used.
 
 use serde_json::Value;
 
-/// The protocol generation a remote agent speaks (method names, the `A2A-Version` header).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// `SendMessage`, `GetTask`, … with `A2A-Version: 1.0`.
-    V1,
-    /// `message/send`, `tasks/get`, … (the card declares only v0.3).
-    V03,
-}
+pub use crate::a2a::types::Version as Protocol;
+
+use crate::a2a::card::AgentCard;
 
 /// A remote agent's card, as far as delegation needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +15,7 @@ pub struct RemoteCard {
     pub description: String,
     /// The JSON-RPC endpoint.
     pub endpoint: String,
+    /// The version spoken there: v1.0 when offered, else v0.3.
     pub protocol: Protocol,
     pub streaming: bool,
     /// `(id, name, description)` of each skill.
@@ -28,63 +23,28 @@ pub struct RemoteCard {
 }
 
 impl RemoteCard {
-    /// Read a card.
+    /// Read a card (of either version: [`AgentCard`] reads both).
     ///
     /// # Errors
-    /// What is missing: a JSON-RPC endpoint, or a name.
+    /// It is not an agent card, or it names no JSON-RPC endpoint of a version we speak.
     pub fn parse(card: &Value) -> Result<Self, String> {
-        let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
-        let name = text(&card["name"]);
-        if name.is_empty() {
-            return Err("the agent card has no name".into());
-        }
-        let jsonrpc = |i: &&Value| {
-            i["protocolBinding"]
-                .as_str()
-                .or_else(|| i["transport"].as_str())
-                .is_none_or(|b| b.eq_ignore_ascii_case("JSONRPC"))
-        };
-        let interfaces: Vec<&Value> = card["supportedInterfaces"]
-            .as_array()
-            .map(|a| a.iter().filter(jsonrpc).collect())
-            .unwrap_or_default();
-        let v1 = interfaces.iter().find(|i| {
-            i["protocolVersion"]
-                .as_str()
-                .is_some_and(|v| v.starts_with('1'))
-        });
-        let (endpoint, protocol) = match (v1, interfaces.first()) {
-            (Some(i), _) => (text(&i["url"]), Protocol::V1),
-            (None, Some(i)) => (text(&i["url"]), version_of(&i["protocolVersion"])),
-            (None, None) => (text(&card["url"]), version_of(&card["protocolVersion"])),
-        };
-        if endpoint.is_empty() {
-            return Err("the agent card names no JSON-RPC endpoint".into());
-        }
-        let skills = card["skills"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|s| (text(&s["id"]), text(&s["name"]), text(&s["description"])))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let card: AgentCard =
+            serde_json::from_value(card.clone()).map_err(|e| format!("not an agent card: {e}"))?;
+        let (interface, protocol) = card
+            .jsonrpc_endpoint()
+            .ok_or("the agent card names no JSON-RPC endpoint of version 1.0 or 0.3")?;
         Ok(Self {
-            name,
-            description: text(&card["description"]),
-            endpoint,
+            endpoint: interface.url,
             protocol,
-            streaming: card["capabilities"]["streaming"].as_bool().unwrap_or(false),
-            skills,
+            streaming: card.capabilities.streaming.unwrap_or(false),
+            skills: card
+                .skills
+                .into_iter()
+                .map(|s| (s.id, s.name, s.description))
+                .collect(),
+            name: card.name,
+            description: card.description,
         })
-    }
-}
-
-/// v1 unless the version says 0.x.
-fn version_of(v: &Value) -> Protocol {
-    match v.as_str() {
-        Some(s) if s.starts_with("0.") => Protocol::V03,
-        _ => Protocol::V1,
     }
 }
 
@@ -128,7 +88,7 @@ mod tests {
     #[test]
     fn both_card_generations_are_read() {
         let v1 = RemoteCard::parse(&json!({
-            "name": "Echo", "description": "Echoes",
+            "name": "Echo", "description": "Echoes", "version": "1",
             "supportedInterfaces": [
                 {"url": "http://h/grpc", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
                 {"url": "http://h/a2a", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
@@ -142,14 +102,17 @@ mod tests {
         assert!(v1.streaming);
         assert_eq!(v1.skills[0].0, "echo");
         let v03 = RemoteCard::parse(&json!({
-            "name": "Old", "url": "http://h/", "protocolVersion": "0.3.0", "preferredTransport": "JSONRPC"
+            "name": "Old", "description": "", "version": "1", "url": "http://h/",
+            "protocolVersion": "0.3.0", "preferredTransport": "JSONRPC"
         }))
         .unwrap();
         assert_eq!(
             (v03.endpoint.as_str(), v03.protocol, v03.streaming),
             ("http://h/", Protocol::V03, false)
         );
-        assert!(RemoteCard::parse(&json!({"name": "x"})).is_err());
+        assert!(
+            RemoteCard::parse(&json!({"name": "x", "description": "", "version": "1"})).is_err()
+        );
         assert!(RemoteCard::parse(&json!({"url": "http://h"})).is_err());
     }
 }

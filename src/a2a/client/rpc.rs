@@ -1,8 +1,9 @@
 //! Talking to one remote agent over A2A JSON-RPC, in the protocol generation its card declares:
 //! v1.0 (`SendMessage`, `GetTask`, … with `A2A-Version: 1.0`; states `TASK_STATE_WORKING`, parts
 //! `{text}`, events `{statusUpdate}`/`{artifactUpdate}`/`{task}`) or v0.3 (`message/send`,
-//! `tasks/get`, …; states `working`, parts `{kind: "text", text}`, events with a `kind`). Whatever
-//! the generation, answers are read into one shape ([`RemoteTask`], [`RemoteEvent`]).
+//! `tasks/get`, …; states `working`, parts `{kind: "text", text}`, events with a `kind`). Answers
+//! are read with the protocol's own types (`crate::a2a::types`, either generation) into the
+//! shape delegation needs ([`RemoteTask`], [`RemoteEvent`]).
 //!
 //! A stream ends when the remote closes it; its end is judged by state (terminal or
 //! `input-required`), never by a `final` flag (v1.0 has none, and v0.3 sets it false on
@@ -16,6 +17,7 @@ use futures::stream::BoxStream;
 use serde_json::{Value, json};
 
 use super::card::{Protocol, RemoteCard};
+use crate::a2a::types::{Message, Part, PartContent, StreamResponse, Task, TaskState};
 
 /// Where a remote task stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -33,25 +35,6 @@ pub enum RemoteState {
 }
 
 impl RemoteState {
-    /// Read a state of either generation (`TASK_STATE_INPUT_REQUIRED`, `input-required`).
-    pub fn parse(s: &str) -> Self {
-        let s = s
-            .trim_start_matches("TASK_STATE_")
-            .to_ascii_lowercase()
-            .replace('_', "-");
-        match s.as_str() {
-            "submitted" => Self::Submitted,
-            "working" => Self::Working,
-            "input-required" => Self::InputRequired,
-            "auth-required" => Self::AuthRequired,
-            "completed" => Self::Completed,
-            "canceled" | "cancelled" => Self::Canceled,
-            "failed" => Self::Failed,
-            "rejected" => Self::Rejected,
-            _ => Self::Unknown,
-        }
-    }
-
     /// The task will change no more.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -383,26 +366,25 @@ fn result_of(body: Value) -> Result<Value, RpcError> {
         .ok_or_else(|| RpcError::Transport("a JSON-RPC answer without result or error".into()))
 }
 
-/// The parts of a message or artifact: text as strings, data as JSON.
-fn parts_of(v: &Value) -> Vec<Value> {
-    v["parts"]
-        .as_array()
-        .map(|ps| {
-            ps.iter()
-                .filter_map(|p| {
-                    p.get("text")
-                        .cloned()
-                        .or_else(|| p.get("data").cloned())
-                        .or_else(|| p.get("file").cloned())
-                })
-                .collect()
+/// The parts of a message or artifact: text as strings, data as JSON, files by their URL or as
+/// a note of their size.
+fn parts_of(parts: &[Part]) -> Vec<Value> {
+    parts
+        .iter()
+        .map(|p| match &p.content {
+            PartContent::Text(t) => Value::String(t.clone()),
+            PartContent::Data(v) => v.clone(),
+            PartContent::Url(u) => json!({"url": u}),
+            PartContent::Raw(b) => {
+                json!({"bytes": format!("{} base64 characters not shown", b.len())})
+            }
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 /// The text of a status message.
-fn message_text(status: &Value) -> Option<String> {
-    let texts: Vec<String> = parts_of(&status["message"])
+fn message_text(message: Option<&Message>) -> Option<String> {
+    let texts: Vec<String> = parts_of(&message?.parts)
         .into_iter()
         .map(|p| match p {
             Value::String(s) => s,
@@ -412,57 +394,58 @@ fn message_text(status: &Value) -> Option<String> {
     (!texts.is_empty()).then(|| texts.join("\n"))
 }
 
-/// A task object of either generation (bare, or under `task`).
-fn task_of(v: &Value) -> Option<RemoteTask> {
-    let t = v.get("task").unwrap_or(v);
-    let id = t["id"].as_str()?;
-    Some(RemoteTask {
-        id: id.to_owned(),
-        context_id: t["contextId"].as_str().unwrap_or("").to_owned(),
-        state: RemoteState::parse(t["status"]["state"].as_str().unwrap_or("")),
-        message: message_text(&t["status"]),
-        artifacts: t["artifacts"]
-            .as_array()
-            .map(|a| a.iter().map(parts_of).collect())
-            .unwrap_or_default(),
-    })
+fn remote_state(s: TaskState) -> RemoteState {
+    match s {
+        TaskState::Submitted => RemoteState::Submitted,
+        TaskState::Working => RemoteState::Working,
+        TaskState::InputRequired => RemoteState::InputRequired,
+        TaskState::AuthRequired => RemoteState::AuthRequired,
+        TaskState::Completed => RemoteState::Completed,
+        TaskState::Canceled => RemoteState::Canceled,
+        TaskState::Failed => RemoteState::Failed,
+        TaskState::Rejected => RemoteState::Rejected,
+        TaskState::Unspecified => RemoteState::Unknown,
+    }
 }
 
-/// One event (a send's result, or a stream's), of either generation.
-pub(crate) fn event_of(v: &Value) -> Option<RemoteEvent> {
-    let kind = v["kind"].as_str();
-    if let Some(s) = v
-        .get("statusUpdate")
-        .or_else(|| (kind == Some("status-update")).then_some(v))
-    {
-        return Some(RemoteEvent::Status {
-            state: RemoteState::parse(s["status"]["state"].as_str().unwrap_or("")),
-            message: message_text(&s["status"]),
-        });
-    }
-    if let Some(a) = v
-        .get("artifactUpdate")
-        .or_else(|| (kind == Some("artifact-update")).then_some(v))
-    {
-        return Some(RemoteEvent::Artifact {
-            name: a["artifact"]["name"].as_str().map(str::to_owned),
-            parts: parts_of(&a["artifact"]),
-        });
-    }
-    if let Some(m) = v
-        .get("message")
-        .filter(|_| v.get("task").is_none() && kind != Some("task"))
-        .or_else(|| (kind == Some("message")).then_some(v))
-    {
-        let texts: Vec<String> = parts_of(m)
+fn remote_task(t: Task) -> RemoteTask {
+    RemoteTask {
+        state: remote_state(t.status.state),
+        message: message_text(t.status.message.as_ref()),
+        artifacts: t
+            .artifacts
+            .unwrap_or_default()
             .iter()
-            .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_owned))
-            .collect();
-        return Some(RemoteEvent::Message(
-            (!texts.is_empty()).then(|| texts.join("\n")),
-        ));
+            .map(|a| parts_of(&a.parts))
+            .collect(),
+        id: t.id,
+        context_id: t.context_id,
     }
-    task_of(v).map(RemoteEvent::Task)
+}
+
+/// A task object of either generation (bare, or under `task`).
+fn task_of(v: &Value) -> Option<RemoteTask> {
+    match event_of(v)? {
+        RemoteEvent::Task(t) => Some(t),
+        _ => None,
+    }
+}
+
+/// One event (a send's result, or a stream's), of either generation, read with the protocol's
+/// own types.
+pub(crate) fn event_of(v: &Value) -> Option<RemoteEvent> {
+    Some(match StreamResponse::from_wire(v).ok()? {
+        StreamResponse::Task(t) => RemoteEvent::Task(remote_task(t)),
+        StreamResponse::StatusUpdate(e) => RemoteEvent::Status {
+            state: remote_state(e.status.state),
+            message: message_text(e.status.message.as_ref()),
+        },
+        StreamResponse::ArtifactUpdate(e) => RemoteEvent::Artifact {
+            name: e.artifact.name.clone(),
+            parts: parts_of(&e.artifact.parts),
+        },
+        StreamResponse::Message(m) => RemoteEvent::Message(message_text(Some(&m))),
+    })
 }
 
 /// The events of a JSON-RPC SSE response: each `data:` block is one JSON-RPC answer.
@@ -524,10 +507,10 @@ mod tests {
 
     #[test]
     fn events_of_both_generations_read_alike() {
-        let v1 = json!({"statusUpdate": {"taskId": "t", "status": {"state": "TASK_STATE_INPUT_REQUIRED",
-            "message": {"role": "ROLE_AGENT", "parts": [{"text": "What is your name?"}]}}}});
-        let v03 = json!({"kind": "status-update", "taskId": "t", "final": false, "status": {"state": "input-required",
-            "message": {"kind": "message", "role": "agent", "parts": [{"kind": "text", "text": "What is your name?"}]}}});
+        let v1 = json!({"statusUpdate": {"taskId": "t", "contextId": "c", "status": {"state": "TASK_STATE_INPUT_REQUIRED",
+            "message": {"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "What is your name?"}]}}}});
+        let v03 = json!({"kind": "status-update", "taskId": "t", "contextId": "c", "final": false, "status": {"state": "input-required",
+            "message": {"kind": "message", "messageId": "m", "role": "agent", "parts": [{"kind": "text", "text": "What is your name?"}]}}});
         for e in [v1, v03] {
             assert_eq!(
                 event_of(&e),
@@ -537,7 +520,7 @@ mod tests {
                 })
             );
         }
-        let art = json!({"artifactUpdate": {"artifact": {"name": "echo", "parts": [{"text": "echo: hi"}, {"data": {"a": 1}}]}}});
+        let art = json!({"artifactUpdate": {"taskId": "t", "contextId": "c", "artifact": {"artifactId": "a", "name": "echo", "parts": [{"text": "echo: hi"}, {"data": {"a": 1}}]}}});
         assert_eq!(
             event_of(&art),
             Some(RemoteEvent::Artifact {
@@ -551,7 +534,7 @@ mod tests {
         };
         assert_eq!((t.id.as_str(), t.state), ("t1", RemoteState::Submitted));
         let old = json!({"kind": "task", "id": "t2", "contextId": "c", "status": {"state": "completed"},
-                         "artifacts": [{"parts": [{"kind": "text", "text": "done"}]}]});
+                         "artifacts": [{"artifactId": "a", "parts": [{"kind": "text", "text": "done"}]}]});
         let Some(RemoteEvent::Task(t)) = event_of(&old) else {
             panic!()
         };

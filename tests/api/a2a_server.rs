@@ -19,33 +19,9 @@ use crate::fake_llm::{FakeLlm, Reply, phase_of, plan};
 use crate::helpers::{Backend, TestApp, database_url, spawn_with};
 use crate::process::{Proc, env_for};
 
-/// The venv's Python with the A2A SDK, or `None` (after a loud message) when there is none and
-/// none is required.
+/// The venv's Python with the Python A2A SDK (see [`crate::helpers::venv_python`]).
 fn python() -> Option<PathBuf> {
-    let explicit = std::env::var_os("PES_PYVENV").filter(|v| !v.is_empty());
-    let dir = explicit.clone().map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("target")
-            .join("pyvenv")
-    });
-    let python = dir.join("bin").join("python");
-    let has_sdk = std::process::Command::new(&python)
-        .args(["-c", "import a2a.client"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if has_sdk {
-        return Some(python);
-    }
-    assert!(
-        explicit.is_none() && std::env::var_os("CI").is_none(),
-        "the Python A2A SDK is missing from {}: run `scripts/pyvenv`",
-        dir.display()
-    );
-    eprintln!(
-        "\n!!! SKIPPED: no Python venv with the A2A SDK at {}.\n!!! Run `scripts/pyvenv` (CI does).\n",
-        dir.display()
-    );
-    None
+    crate::helpers::venv_python("a2a.client", "the Python A2A SDK")
 }
 
 fn client_py() -> String {

@@ -309,3 +309,36 @@ macro_rules! both_stores {
         }
     };
 }
+
+/// The test venv's Python (`PES_PYVENV`, else `target/pyvenv`) when it can import `module`, or
+/// `None` after a loud SKIPPED message when there is none and none is required; where
+/// `PES_PYVENV` or `CI` is set a missing module fails the test (`scripts/pyvenv` makes the venv).
+pub fn venv_python(module: &str, what: &str) -> Option<std::path::PathBuf> {
+    let explicit = std::env::var_os("PES_PYVENV").filter(|v| !v.is_empty());
+    let dir = explicit
+        .clone()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("target")
+                .join("pyvenv")
+        });
+    let python = dir.join("bin").join("python");
+    let found = std::process::Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some(python);
+    }
+    assert!(
+        explicit.is_none() && std::env::var_os("CI").is_none(),
+        "{what} is missing from {}: run `scripts/pyvenv`",
+        dir.display()
+    );
+    eprintln!(
+        "\n!!! SKIPPED: no Python venv with {what} at {}.\n!!! Run `scripts/pyvenv` (CI does).\n",
+        dir.display()
+    );
+    None
+}

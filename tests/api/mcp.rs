@@ -17,33 +17,9 @@ use crate::db::TempDir;
 use crate::fake_llm::{FakeLlm, Reply, plan};
 use crate::helpers::{Backend, TestApp, spawn_with};
 
-/// The venv's Python with the MCP SDK, or `None` (after a loud message) when there is none and
-/// none is required (`PES_PYVENV` or `CI` set: then a missing SDK fails the test).
+/// The venv's Python with the Python MCP SDK (see [`crate::helpers::venv_python`]).
 fn python() -> Option<PathBuf> {
-    let explicit = std::env::var_os("PES_PYVENV").filter(|v| !v.is_empty());
-    let dir = explicit.clone().map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("target")
-            .join("pyvenv")
-    });
-    let python = dir.join("bin").join("python");
-    let has_sdk = std::process::Command::new(&python)
-        .args(["-c", "import mcp"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if has_sdk {
-        return Some(python);
-    }
-    assert!(
-        explicit.is_none() && std::env::var_os("CI").is_none(),
-        "the Python MCP SDK is missing from {}: run `scripts/pyvenv`",
-        dir.display()
-    );
-    eprintln!(
-        "\n!!! SKIPPED: no Python venv with the MCP SDK at {}.\n!!! Run `scripts/pyvenv` (CI does).\n",
-        dir.display()
-    );
-    None
+    crate::helpers::venv_python("mcp", "the Python MCP SDK")
 }
 
 fn server_py() -> String {

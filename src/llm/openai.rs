@@ -225,9 +225,13 @@ fn build_body(req: &ChatRequest, model: &str, inline_schema: bool) -> Value {
             .into();
     }
     if !inline_schema && let Some(fmt) = &req.response_format {
+        // The service's own schemas meet strict mode's rules (a unit test checks each); a schema
+        // an operator wrote (a flowchart's `outputSchema`) may not, and OpenAI refuses such a
+        // schema with `strict: true`: it goes without, and the reply is validated here anyway.
+        let strict = super::strict::strict_mode_violations(&fmt.schema).is_empty();
         body["response_format"] = json!({
             "type": "json_schema",
-            "json_schema": {"name": fmt.name, "strict": true, "schema": fmt.schema},
+            "json_schema": {"name": fmt.name, "strict": strict, "schema": fmt.schema},
         });
     }
     body
@@ -887,5 +891,27 @@ mod tests {
             "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap(),
         );
         assert_eq!(retry_after(&h), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn an_operators_schema_outside_strict_rules_goes_without_strict() {
+        let req = |schema: Value| ChatRequest {
+            phase: crate::llm::Phase::Flowchart,
+            model: None,
+            messages: vec![ChatMessage::user("classify")],
+            tools: vec![],
+            response_format: Some(crate::llm::JsonSchemaFormat {
+                name: "pes_flowchart".into(),
+                schema,
+            }),
+        };
+        let loose = json!({"type": "object", "properties": {"answer": {"type": "string"}}});
+        let body = build_body(&req(loose.clone()), "m", false);
+        assert_eq!(body["response_format"]["json_schema"]["strict"], false);
+        assert_eq!(body["response_format"]["json_schema"]["schema"], loose);
+        let tight = json!({"type": "object", "properties": {"answer": {"type": "string"}},
+                           "required": ["answer"], "additionalProperties": false});
+        let body = build_body(&req(tight), "m", false);
+        assert_eq!(body["response_format"]["json_schema"]["strict"], true);
     }
 }

@@ -120,11 +120,16 @@ async fn our_client_speaks_to_sdk_agents_of_both_generations() {
             .await
             .unwrap();
         // Sent without waiting; the task is read back to its end.
+        let deadline = tokio::time::Instant::now() + T;
         let done = loop {
             let t = client.get_task(&task.id, T).await.unwrap();
             if t.state.is_terminal() {
                 break t;
             }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{protocol}: never ended: {t:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         assert_eq!(done.state, RemoteState::Completed, "{protocol}: {done:?}");

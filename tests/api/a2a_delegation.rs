@@ -214,11 +214,16 @@ async fn cancelling_the_run_cancels_the_remote_task() {
         .await;
     assert_eq!(st, 202, "{run}");
     let run_id = run["runId"].as_str().unwrap().to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let task_id = loop {
         let obs = app.observations(&t).await;
         if let Some(u) = obs.iter().find(|o| o["type"] == "A2A_TASK_UPDATE") {
             break u["content"]["taskId"].as_str().unwrap().to_owned();
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the remote task was never recorded"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let (st, _) = app

@@ -575,7 +575,7 @@ mod tests {
     fn plan_schema() -> JsonSchemaFormat {
         JsonSchemaFormat {
             name: "pes_plan".into(),
-            schema: json!({"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}),
+            schema: json!({"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"], "additionalProperties": false}),
         }
     }
 

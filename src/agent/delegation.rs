@@ -30,6 +30,8 @@ const POLL: Duration = Duration::from_millis(500);
 
 /// What a delegation uses of the run.
 pub(super) struct Delegation<'a> {
+    /// The item that delegates.
+    pub item_id: String,
     /// The suspensions of this call's remote questions (ids `<toolCallId>:remote:<n>`).
     pub decisions: Vec<Suspension>,
     pub journal: &'a dyn Journal,
@@ -320,6 +322,7 @@ async fn commit_update(
 ) -> Result<(), String> {
     content["toolCallId"] = json!(call.id);
     content["agent"] = json!(agent);
+    content["itemId"] = json!(d.item_id);
     let title = match (&content["state"], &content["artifact"]) {
         (Value::String(s), _) => format!("{agent}: {s}"),
         (_, Value::Object(_)) => format!("{agent}: artifact"),

@@ -345,6 +345,7 @@ impl Engine {
                     && self.remote_agents.is_some() =>
             {
                 let d = super::delegation::Delegation {
+                    item_id: item.clone(),
                     decisions: super::flowcharts::RunFlowHost::decisions_of(
                         &ctx.suspensions,
                         &call,

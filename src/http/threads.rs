@@ -110,7 +110,8 @@ pub struct AgentStateView {
     pub suspension: Option<Value>,
     /// Result of each completed item, by item id.
     pub step_outputs: serde_json::Map<String, Value>,
-    /// Remote-agent tasks in flight (none until A2A delegation exists).
+    /// Remote-agent tasks items wait on: `{itemId, submittedAt, taskIds}`, read from the
+    /// log (a delegation's `A2A_TASK_UPDATE`s without a `TOOL_EXECUTION` yet).
     #[serde(rename = "pendingA2ATasks")]
     pub pending_a2a_tasks: Vec<Value>,
     /// Bumped on every change of the thread-level fields.
@@ -301,6 +302,59 @@ pub async fn delete_thread(
     }
 }
 
+/// The remote tasks a thread's items wait on, by item: `{itemId, submittedAt, taskIds}`.
+async fn pending_remote_tasks(
+    state: &AppState,
+    tenant: &str,
+    id: &ThreadId,
+) -> Result<Vec<Value>, ApiError> {
+    use crate::model::ObservationType as T;
+    let query = crate::store::ObservationQuery {
+        after: 0,
+        limit: 0,
+        types: Some(vec![T::A2aTaskUpdate, T::ToolExecution]),
+        parent_id: None,
+        run_id: None,
+    };
+    let seen = state
+        .store
+        .list_observations(tenant, id, &query)
+        .await?
+        .unwrap_or_default();
+    let answered: std::collections::HashSet<&str> = seen
+        .iter()
+        .filter(|o| o.kind == T::ToolExecution)
+        .filter_map(|o| o.content["toolCallId"].as_str())
+        .collect();
+    // By item, in the order first seen: (submittedAt, taskIds).
+    let mut by_item: Vec<(String, Value, Vec<String>)> = Vec::new();
+    for o in seen.iter().filter(|o| o.kind == T::A2aTaskUpdate) {
+        let (Some(call), Some(task), Some(item)) = (
+            o.content["toolCallId"].as_str(),
+            o.content["taskId"].as_str(),
+            o.content["itemId"].as_str(),
+        ) else {
+            continue;
+        };
+        if answered.contains(call) {
+            continue;
+        }
+        match by_item.iter_mut().find(|(i, _, _)| i == item) {
+            Some((_, _, tasks)) if !tasks.iter().any(|t| t == task) => tasks.push(task.to_owned()),
+            Some(_) => {}
+            None => by_item.push((
+                item.to_owned(),
+                serde_json::json!(o.created_at),
+                vec![task.to_owned()],
+            )),
+        }
+    }
+    Ok(by_item
+        .into_iter()
+        .map(|(item, at, tasks)| serde_json::json!({"itemId": item, "submittedAt": at, "taskIds": tasks}))
+        .collect())
+}
+
 /// The agent state of a thread (`PESAgentStateData`).
 #[utoipa::path(get, path = "/v1/threads/{threadId}/state", tag = "threads",
     params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
@@ -330,6 +384,16 @@ pub async fn get_state(
             )
         })
         .collect();
+    // Only a thread with work in flight can wait on remote agents.
+    let busy = snap
+        .items
+        .iter()
+        .any(|i| matches!(i.status, ItemStatus::InProgress | ItemStatus::Waiting));
+    let pending_a2a_tasks = if busy {
+        pending_remote_tasks(&state, &tenant, &id).await?
+    } else {
+        vec![]
+    };
     let suspension = snap
         .pending_suspension
         .as_ref()
@@ -349,7 +413,7 @@ pub async fn get_state(
         is_paused: suspension.is_some(),
         suspension,
         step_outputs,
-        pending_a2a_tasks: vec![],
+        pending_a2a_tasks,
         version: snap.state.version,
         todo_list: snap.items,
     }))

@@ -226,6 +226,15 @@ async fn cancelling_the_run_cancels_the_remote_task() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    // While it waits, the thread's state names the remote task its item waits on.
+    let (_, state) = app.get(&format!("/v1/threads/{t}/state")).await;
+    assert_eq!(
+        state["pendingA2ATasks"][0]["itemId"], "s1",
+        "{}",
+        state["pendingA2ATasks"]
+    );
+    assert_eq!(state["pendingA2ATasks"][0]["taskIds"], json!([task_id]));
+    assert!(state["pendingA2ATasks"][0]["submittedAt"].is_string());
     let (st, _) = app
         .post(&format!("/v1/threads/{t}/runs/{run_id}/cancel"), json!({}))
         .await;
@@ -256,6 +265,12 @@ async fn cancelling_the_run_cancels_the_remote_task() {
         obs.iter()
             .any(|o| o["type"] == "A2A_TASK_UPDATE" && o["content"]["cancelRequested"] == true),
         "the cancel is in the tree"
+    );
+    let (_, state) = app.get(&format!("/v1/threads/{t}/state")).await;
+    assert_eq!(
+        state["pendingA2ATasks"],
+        json!([]),
+        "nothing waits any more"
     );
     app.stop().await;
 }

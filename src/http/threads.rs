@@ -309,18 +309,29 @@ async fn pending_remote_tasks(
     id: &ThreadId,
 ) -> Result<Vec<Value>, ApiError> {
     use crate::model::ObservationType as T;
-    let query = crate::store::ObservationQuery {
-        after: 0,
-        limit: 0,
-        types: Some(vec![T::A2aTaskUpdate, T::ToolExecution]),
-        parent_id: None,
-        run_id: None,
+    let read = |types: Vec<T>| {
+        let query = crate::store::ObservationQuery {
+            after: 0,
+            limit: 0,
+            types: Some(types),
+            parent_id: None,
+            run_id: None,
+        };
+        async move {
+            state
+                .store
+                .list_observations(tenant, id, &query)
+                .await
+                .map(Option::unwrap_or_default)
+        }
     };
-    let seen = state
-        .store
-        .list_observations(tenant, id, &query)
-        .await?
-        .unwrap_or_default();
+    // Most threads never delegate: their tool results are not read at all.
+    let updates = read(vec![T::A2aTaskUpdate]).await?;
+    if updates.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut seen = read(vec![T::ToolExecution]).await?;
+    seen.extend(updates);
     let answered: std::collections::HashSet<&str> = seen
         .iter()
         .filter(|o| o.kind == T::ToolExecution)

@@ -194,18 +194,21 @@ impl SqlStore {
         thread_id: &ThreadId,
         run_id: Uuid,
     ) -> StoreResult<Option<Run>> {
-        // Two plain reads (a run read just as its suspension resolves may show no suspension
-        // for that instant; `/wait` and the SSE stream read it again on the next event).
+        self.one_run(
+            q("SELECT * FROM runs WHERE tenant = $1 AND thread_id = $2 AND run_id = $3")
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(run_id),
+        )
+        .await
+    }
+
+    /// The run `select` finds (one row of `runs`), with its pending suspensions. Two plain reads:
+    /// a run read just as its suspension resolves may show no suspension for that instant;
+    /// `/wait` and the SSE stream read it again on the next event.
+    pub(super) async fn one_run(&self, select: super::sql::Q) -> StoreResult<Option<Run>> {
         let mut conn = self.read().await?;
-        let Some(row) = conn
-            .opt(
-                q("SELECT * FROM runs WHERE tenant = $1 AND thread_id = $2 AND run_id = $3")
-                    .bind(tenant)
-                    .bind(thread_id.as_str())
-                    .bind(run_id),
-            )
-            .await?
-        else {
+        let Some(row) = conn.opt(select).await? else {
             return Ok(None);
         };
         let mut run = rows::run_from_row(&row)?;

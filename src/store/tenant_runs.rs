@@ -52,21 +52,12 @@ fn with_args(mut stmt: Q, args: Vec<super::sql::Arg>) -> Q {
 
 impl SqlStore {
     pub(crate) async fn run_by_id(&self, tenant: &str, run_id: Uuid) -> StoreResult<Option<Run>> {
-        let mut conn = self.read().await?;
-        let Some(row) = conn
-            .opt(
-                q("SELECT * FROM runs WHERE run_id = $1 AND tenant = $2")
-                    .bind(run_id)
-                    .bind(tenant),
-            )
-            .await?
-        else {
-            return Ok(None);
-        };
-        let mut run = rows::run_from_row(&row)?;
-        attach_suspensions(&mut conn, std::slice::from_mut(&mut run)).await?;
-        conn.commit().await?;
-        Ok(Some(run))
+        self.one_run(
+            q("SELECT * FROM runs WHERE run_id = $1 AND tenant = $2")
+                .bind(run_id)
+                .bind(tenant),
+        )
+        .await
     }
 
     pub(crate) async fn tenant_runs(

@@ -197,6 +197,8 @@ impl App {
                 max_team_depth: config.max_team_depth,
                 decision_poll: Duration::from_millis(config.decision_poll_ms.max(10)),
                 flowchart_max_steps: config.flowchart_max_steps,
+                a2a_park_after: Duration::from_millis(config.a2a_park_after_ms),
+                a2a_unreachable_for: Duration::from_secs(config.a2a_unreachable_seconds),
                 ..EngineSettings::default()
             },
         );

@@ -286,6 +286,20 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub a2a_card_refresh_seconds: u64,
 
+    /// How long a run may hold a worker slot while every item it has in flight waits on a remote
+    /// agent (milliseconds). Past it the run gives the slot back and a light watcher follows the
+    /// remote tasks; the run stays `running` and takes a slot again when one settles. 0 hands
+    /// over at once.
+    #[arg(long, env = "PES_A2A_PARK_AFTER_MS", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    pub a2a_park_after_ms: u64,
+
+    /// How long a remote agent may stay unreachable (its task can be neither streamed nor
+    /// read) before a delegation to it fails with a tool error the model sees, in seconds.
+    #[arg(long, env = "PES_A2A_UNREACHABLE_SECONDS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub a2a_unreachable_seconds: u64,
+
     /// MCP servers to connect (operator only, never the API): inline JSON or the path of a JSON
     /// file, `{"<server>": {"url", "headers"?} | {"command", "args"?, "env"?}}`. Their tools are
     /// `<server>__<tool>`.

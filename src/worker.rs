@@ -84,6 +84,8 @@ pub struct Worker {
     drain: CancellationToken,
     /// Cancelled when in-flight runs must stop (after the shutdown grace period).
     hard_stop: CancellationToken,
+    /// The watchers of parked runs (they hold leases but no slot).
+    watchers: TaskTracker,
 }
 
 struct WorkerJournal {
@@ -193,6 +195,7 @@ impl Worker {
             metrics: Arc::new(WorkerMetrics::default()),
             drain,
             hard_stop,
+            watchers: TaskTracker::new(),
         }
     }
 
@@ -240,10 +243,15 @@ impl Worker {
             () = claiming => {}
             () = &mut beats => {}
         }
-        // Runs in flight keep their leases until they end.
+        // Runs in flight keep their leases until they end; watchers give theirs back.
         tracker.close();
         tokio::select! {
             () = tracker.wait() => {}
+            () = &mut beats => {}
+        }
+        self.watchers.close();
+        tokio::select! {
+            () = self.watchers.wait() => {}
             () = &mut beats => {}
         }
         beats_stop.cancel();
@@ -375,10 +383,29 @@ impl Worker {
             decided,
             metrics: self.metrics.clone(),
         };
+        let (tenant, thread_id) = (input.run.tenant.clone(), input.run.thread_id.clone());
         let result = tokio::select! {
             r = self.engine.drive(input, &journal, &signals) => r,
             _ = lost.cancelled() => Err(EngineError::LeaseLost),
         };
+        if let Ok(RunEnd::WaitingRemote) = result {
+            // The slot is given back; the lease (and the run's place in the registry, so
+            // heartbeats, cancels and decisions still reach it) goes to a watcher.
+            info!("every item waits on a remote agent: the run gives its slot back");
+            let me = self.clone();
+            let parked = Parked {
+                journal,
+                signals,
+                lost,
+                fence,
+                tenant,
+                thread_id,
+            };
+            let span = tracing::Span::current();
+            self.watchers
+                .spawn(async move { me.follow_remote(parked).await }.instrument(span));
+            return Outcome::Ran(run_id, RunEnd::WaitingRemote);
+        }
         self.commands.runs().remove(run_id);
         match result {
             Ok(end) => {
@@ -405,6 +432,66 @@ impl Worker {
                 Outcome::Stopped(run_id)
             }
         }
+    }
+
+    /// Follow the remote tasks a parked run waits on, holding its lease but no slot, until one
+    /// settles, a person decides on one of its suspensions, someone cancels it, the process
+    /// shuts down or the lease is lost; then (but for the last) hand the run back to the queue,
+    /// still `running`, for the next claim to continue it.
+    async fn follow_remote(&self, p: Parked) {
+        let run_id = p.fence.run_id;
+        // The decisions the run's other items wait on, should their push be lost.
+        let waiting: Vec<Uuid> = match self
+            .store
+            .list_suspensions(&p.tenant, &p.thread_id, false)
+            .await
+        {
+            Ok(s) => s
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|s| s.run_id == run_id)
+                .map(|s| s.suspension_id)
+                .collect(),
+            Err(_) => vec![],
+        };
+        let poll = self.engine.decision_poll();
+        let decided = async {
+            loop {
+                tokio::select! {
+                    () = p.journal.decided.notified() => return,
+                    () = tokio::time::sleep(poll), if !waiting.is_empty() => {
+                        if p.journal.decided(&waiting).await.is_ok_and(|d| !d.is_empty()) {
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        let why = tokio::select! {
+            r = self.engine.watch_remote(&p.journal, &p.tenant, &p.thread_id, run_id) => match r {
+                Ok(()) => "a remote task settled",
+                Err(e) => {
+                    warn!(error = %e, "following the remote tasks failed; the run looks again");
+                    "an error"
+                }
+            },
+            () = decided => "a decision arrived",
+            () = p.signals.cancel.cancelled() => "a cancel was requested",
+            () = self.drain.cancelled() => "shutdown",
+            () = p.lost.cancelled() => {
+                self.commands.runs().remove(run_id);
+                self.metrics.leases_lost.fetch_add(1, Ordering::Relaxed);
+                warn!("lease lost while waiting on remote agents");
+                return;
+            }
+        };
+        // Out of the registry first: a heartbeat after the requeue would renew the lease.
+        self.commands.runs().remove(run_id);
+        match self.store.requeue_run(p.fence).await {
+            Ok(()) => info!(%why, "the run goes back to the queue"),
+            Err(e) => warn!(error = %e, %why, "requeueing the run failed; its lease will expire"),
+        }
+        self.commands.wake_worker();
     }
 
     /// Renew the leases of every run this worker drives, in one statement, every `heartbeat`
@@ -465,6 +552,17 @@ impl Worker {
             suspensions,
         }))
     }
+}
+
+/// A run parked on remote agents, as the watcher holds it.
+struct Parked {
+    journal: WorkerJournal,
+    signals: Signals,
+    /// Fired by the heartbeat if the lease is lost.
+    lost: CancellationToken,
+    fence: Fence,
+    tenant: String,
+    thread_id: crate::model::ThreadId,
 }
 
 /// Past a lease's expiry, before the worker looks: the store claims leases that expired strictly

@@ -89,6 +89,12 @@ pub struct EngineSettings {
     pub decision_poll: std::time::Duration,
     /// Stages one flowchart call may execute, sub-flows included (`PES_FLOWCHART_MAX_STEPS`).
     pub flowchart_max_steps: u32,
+    /// How long a run holds its worker slot while all it has in flight waits on remote agents
+    /// before it parks (`PES_A2A_PARK_AFTER_MS`): see [`RunEnd::WaitingRemote`].
+    pub a2a_park_after: std::time::Duration,
+    /// How long a remote agent may stay unreachable before a delegation to it fails with a
+    /// tool error (`PES_A2A_UNREACHABLE_SECONDS`).
+    pub a2a_unreachable_for: std::time::Duration,
 }
 
 impl Default for EngineSettings {
@@ -106,6 +112,8 @@ impl Default for EngineSettings {
             max_team_depth: 2,
             decision_poll: std::time::Duration::from_secs(5),
             flowchart_max_steps: 1000,
+            a2a_park_after: std::time::Duration::from_secs(2),
+            a2a_unreachable_for: std::time::Duration::from_secs(120),
         }
     }
 }
@@ -131,6 +139,12 @@ pub enum RunEnd {
     Failed,
     Cancelled,
     Suspended,
+    /// Every item in flight waits on a remote agent's task (already recorded), and nothing else
+    /// can start: the run gives its worker slot back but keeps its lease, still `running`.
+    /// [`Engine::watch_remote`] follows the tasks without a slot; when one settles (or a person
+    /// decides, or someone cancels) the run is handed back to the queue and continues where it
+    /// was, reading the settled result from its log.
+    WaitingRemote,
 }
 
 /// Everything the engine needs to drive one run, loaded by the worker.
@@ -194,6 +208,11 @@ impl Engine {
     /// The tool registry (the HTTP layer validates `requireApproval` and edited arguments with it).
     pub fn tools(&self) -> &ToolRegistry {
         &self.tools
+    }
+
+    /// How often a run waiting on people re-reads their decisions, should a push be lost.
+    pub fn decision_poll(&self) -> std::time::Duration {
+        self.settings.decision_poll
     }
 
     /// Names of the configured providers.

@@ -11,6 +11,7 @@
 
 use std::collections::HashSet;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -115,6 +116,10 @@ impl Engine {
         // When to look for decisions on the suspensions some items wait on, should their push
         // have been lost.
         let mut look_at: Option<tokio::time::Instant> = None;
+        // Items whose delegation only waits on its recorded remote task; when every item in
+        // flight is one, the run parks (after `a2a_park_after`) and gives its slot back.
+        let watching = Arc::new(super::delegation::Watching::default());
+        let mut park_at: Option<tokio::time::Instant> = None;
         let journal = ctx.journal;
         'run: loop {
             loop {
@@ -133,8 +138,18 @@ impl Engine {
                         flush_at = Some(tokio::time::Instant::now() + FLUSH_SLOW_TOOL_AFTER);
                     }
                     for (item, step) in started {
-                        inflight.push(self.start_io(ctx, item, step));
+                        inflight.push(self.start_io(ctx, item, step, &watching));
                     }
+                }
+                let only_remote = watching.all(busy.iter());
+                if draining && only_remote {
+                    // What the remotes report is followed by the next owner, from the log.
+                    return Err(Halt::Shutdown);
+                }
+                if !only_remote || !ctx.pending.is_empty() {
+                    park_at = None;
+                } else if park_at.is_none() {
+                    park_at = Some(tokio::time::Instant::now() + self.settings.a2a_park_after);
                 }
                 if inflight.is_empty() {
                     if draining {
@@ -162,6 +177,7 @@ impl Engine {
                     done = inflight.next() => {
                         let (item, io) = done.expect("the set is not empty");
                         busy.remove(&item);
+                        watching.remove(&item);
                         let was_tool = matches!(io, Io::Tool(..) | Io::FlowTool(..));
                         self.absorb(ctx, &item, io)?;
                         if was_tool {
@@ -183,6 +199,14 @@ impl Engine {
                     }
                     // Stop starting new steps; the loop above notices.
                     _ = signals.drain.cancelled(), if !draining => {}
+                    // A delegation started to wait: the loop above looks whether all do.
+                    _ = watching.changed.notified() => {}
+                    _ = tokio::time::sleep_until(park_at.unwrap_or(far)), if park_at.is_some() => {
+                        // Nothing here can move until a remote agent answers: give the worker
+                        // slot back (the lease stays), a watcher follows the remote tasks.
+                        ctx.flush().await?;
+                        return Ok(Some(RunEnd::WaitingRemote));
+                    }
                 }
             }
             let waiting = waiting_suspensions(ctx);
@@ -295,7 +319,13 @@ impl Engine {
     }
 
     /// Start the I/O of one step.
-    fn start_io<'f>(&'f self, ctx: &Ctx<'f>, item: String, step: Next) -> InFlight<'f> {
+    fn start_io<'f>(
+        &'f self,
+        ctx: &Ctx<'f>,
+        item: String,
+        step: Next,
+        watching: &Arc<super::delegation::Watching>,
+    ) -> InFlight<'f> {
         let llm = ctx.llm.clone();
         match step {
             Next::Ask(req) => Box::pin(async move {
@@ -355,6 +385,8 @@ impl Engine {
                     tenant: ctx.tenant.clone(),
                     thread_id: ctx.thread_id.clone(),
                     run_id: ctx.run.run_id,
+                    watching: Some(watching.clone()),
+                    unreachable_for: self.settings.a2a_unreachable_for,
                 };
                 let tools = &self.tools;
                 Box::pin(async move {

@@ -59,6 +59,29 @@ impl SqlStore {
             .collect()
     }
 
+    /// A parked run goes back to the queue still `running`: its lease runs out now, so the next
+    /// claim (on any replica) takes it, the way it takes over a run whose worker died.
+    pub(crate) async fn requeue(&self, fence: Fence) -> StoreResult<()> {
+        let mut tx = self.write().await?;
+        let requeued = tx
+            .exec(
+                q(
+                    "UPDATE runs SET lease_owner = NULL, lease_expires_at = {later 3} \
+                   WHERE run_id = $1 AND attempt = $2 AND status = 'running'",
+                )
+                .bind(fence.run_id)
+                .bind(fence.attempt)
+                // A second in the past: claims take leases that expired strictly before now.
+                .bind(super::sql::Arg::Float(-1.0)),
+            )
+            .await?;
+        if requeued == 0 {
+            return Err(StoreError::LeaseLost);
+        }
+        tx.notify(&Signal::RunReady).await?;
+        tx.commit().await
+    }
+
     pub(crate) async fn release(&self, fence: Fence) -> StoreResult<()> {
         let mut tx = self.write().await?;
         let released = tx

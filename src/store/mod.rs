@@ -401,6 +401,14 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError::LeaseLost`] when the fence no longer matches.
     async fn release_run(&self, fence: Fence) -> StoreResult<()>;
 
+    /// Give a run that waited on remote agents (parked, still `running`) back to the queue
+    /// without changing its status: its lease runs out at once, so the next claim, on any
+    /// replica, takes it and the run goes on.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] when the fence no longer holds.
+    async fn requeue_run(&self, fence: Fence) -> StoreResult<()>;
+
     /// Commit a batch under the run's fence, extending its lease.
     ///
     /// # Errors

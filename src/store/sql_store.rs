@@ -182,6 +182,10 @@ impl Store for SqlStore {
         self.release(fence).await
     }
 
+    async fn requeue_run(&self, fence: Fence) -> StoreResult<()> {
+        self.requeue(fence).await
+    }
+
     async fn apply(&self, fence: Fence, lease: Duration, batch: Batch) -> StoreResult<Applied> {
         self.commit_batch(fence, lease, batch).await
     }

@@ -30,6 +30,11 @@ pub(crate) struct Agent {
 
 impl Agent {
     pub(crate) async fn start(python: &Path, kind: &str, protocol: &str) -> Self {
+        Self::start_for(python, kind, protocol, 4).await
+    }
+
+    /// An agent whose `slow` tasks take `seconds`.
+    pub(crate) async fn start_for(python: &Path, kind: &str, protocol: &str, seconds: u32) -> Self {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/a2a/agents.py");
         let mut child = Command::new(python)
             .arg(script)
@@ -40,7 +45,7 @@ impl Agent {
                 "--protocol",
                 protocol,
                 "--seconds",
-                "4",
+                &seconds.to_string(),
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -61,6 +66,11 @@ impl Agent {
             _child: child,
             base,
         }
+    }
+
+    /// SIGKILL the agent: its tasks are gone with it.
+    pub(crate) async fn kill(&mut self) {
+        let _ = self._child.kill().await;
     }
 
     async fn client(&self) -> (A2aClient, card::RemoteCard) {

@@ -129,6 +129,8 @@ async fn a_pending_delegation_survives_kill_9_without_being_sent_again(backend: 
     env.push(("PES_A2A_AGENTS", agents_json(&[("slow", &slow)])));
     env.push(("PES_LEASE_SECONDS", "3".into()));
     env.push(("PES_HEARTBEAT_MS", "200".into()));
+    // Parked at once: the kill finds the run held by its watcher, not by a worker slot.
+    env.push(("PES_A2A_PARK_AFTER_MS", "0".into()));
     llm.push(
         "plan",
         plan(&[("s1", "Delegate", &["delegate_to_agent"], &[])]),
@@ -193,8 +195,10 @@ async fn cancelling_the_run_cancels_the_remote_task() {
     let slow = Agent::start(&python, "slow", "1.0").await;
     let llm = FakeLlm::start().await;
     let agents = agents_json(&[("slow", &slow)]);
+    // Parked at once: the cancel reaches the run through its watcher.
     let app = spawn_with(Backend::Postgres, Some(&llm), |c| {
-        c.a2a_agents = Some(agents)
+        c.a2a_agents = Some(agents);
+        c.a2a_park_after_ms = 0;
     })
     .await;
     llm.push(
@@ -336,7 +340,241 @@ async fn a_remote_question_is_asked_here_and_the_answer_forwarded(backend: Backe
     app.stop().await;
 }
 
+/// With one worker slot, a run whose only item waits on a remote agent gives the slot back: a
+/// second thread's run starts and completes meanwhile, the parked run stays `running`, its
+/// remote's progress is still committed under the call, and it completes once the remote does.
+async fn a_run_waiting_on_a_remote_gives_its_worker_slot_back(backend: Backend) {
+    let Some(python) = python() else { return };
+    let slow = Agent::start_for(&python, "slow", "1.0", 6).await;
+    let llm = FakeLlm::start().await;
+    let agents = agents_json(&[("slow", &slow)]);
+    let app = spawn_with(backend, Some(&llm), |c| {
+        c.a2a_agents = Some(agents);
+        c.worker_concurrency = 1;
+        c.a2a_park_after_ms = 0;
+    })
+    .await;
+    llm.push(
+        "plan",
+        plan(&[("a1", "Delegate", &["delegate_to_agent"], &[])]),
+    );
+    llm.push_item(
+        "a1",
+        Reply::ToolCalls(vec![(
+            "delegate_to_agent".into(),
+            json!({"agent": "slow", "message": "work on it"}),
+        )]),
+    );
+    let ta = app.thread(json!({})).await;
+    let (st, a) = app
+        .post(&format!("/v1/threads/{ta}/runs"), json!({"query": "go"}))
+        .await;
+    assert_eq!(st, 202, "{a}");
+    let a_id = a["runId"].as_str().unwrap().to_owned();
+    app.wait_observation(&ta, |o| o["type"] == "A2A_TASK_UPDATE")
+        .await;
+
+    // The one slot is free again: another thread's run goes through meanwhile.
+    let tb = app.thread(json!({})).await;
+    let b = app.run_wait(&tb, "What is 2+2?").await;
+    assert_eq!(b["status"], "completed", "{b}");
+    let (_, a_now) = app.get(&format!("/v1/threads/{ta}/runs/{a_id}")).await;
+    assert_eq!(
+        a_now["status"], "running",
+        "a parked run stays running: {a_now}"
+    );
+
+    let done = app
+        .wait_run(&ta, &a_id, |r| r["status"] == "completed")
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let obs = app.observations(&ta).await;
+    let exec = obs.iter().find(|o| o["type"] == "TOOL_EXECUTION").unwrap();
+    assert_eq!(exec["content"]["output"], "slow: done after 6 s", "{exec}");
+    let call = obs.iter().find(|o| o["type"] == "TOOL_CALL").unwrap();
+    let updates: Vec<&Value> = obs
+        .iter()
+        .filter(|o| o["type"] == "A2A_TASK_UPDATE")
+        .collect();
+    for u in &updates {
+        assert_eq!(u["parentId"], call["id"], "{u}");
+    }
+    // Progress the remote reported while no worker held the run was committed all the same.
+    for step in ["working: step 2 of 3", "working: step 3 of 3"] {
+        assert!(
+            updates.iter().any(|u| u["content"]["message"] == step),
+            "{step} in {updates:?}"
+        );
+    }
+    let settled: Vec<&&Value> = updates
+        .iter()
+        .filter(|u| u["content"]["settled"].is_object())
+        .collect();
+    assert_eq!(settled.len(), 1, "settled once: {settled:?}");
+    assert_eq!(
+        settled[0]["content"]["settled"]["result"],
+        "slow: done after 6 s"
+    );
+    app.stop().await;
+}
+
+/// A remote agent that dies while a parked run waits on it: after `PES_A2A_UNREACHABLE_SECONDS`
+/// the call fails with a tool error the model reads, and the run goes on to its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_remote_agent_becomes_a_tool_error() {
+    let Some(python) = python() else { return };
+    let mut slow = Agent::start_for(&python, "slow", "1.0", 60).await;
+    let llm = FakeLlm::start().await;
+    let agents = agents_json(&[("slow", &slow)]);
+    let app = spawn_with(Backend::Sqlite, Some(&llm), |c| {
+        c.a2a_agents = Some(agents);
+        c.a2a_park_after_ms = 0;
+        c.a2a_unreachable_seconds = 2;
+    })
+    .await;
+    llm.push(
+        "plan",
+        plan(&[("s1", "Delegate", &["delegate_to_agent"], &[])]),
+    );
+    llm.push_item(
+        "s1",
+        Reply::ToolCalls(vec![(
+            "delegate_to_agent".into(),
+            json!({"agent": "slow", "message": "work"}),
+        )]),
+    );
+    let t = app.thread(json!({})).await;
+    let (st, run) = app
+        .post(&format!("/v1/threads/{t}/runs"), json!({"query": "go"}))
+        .await;
+    assert_eq!(st, 202, "{run}");
+    app.wait_observation(&t, |o| o["type"] == "A2A_TASK_UPDATE")
+        .await;
+    slow.kill().await;
+    let done = app
+        .wait_run(&t, run["runId"].as_str().unwrap(), |r| {
+            r["status"] == "completed"
+        })
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let exec = app
+        .wait_observation(&t, |o| o["type"] == "TOOL_EXECUTION")
+        .await;
+    assert_eq!(exec["content"]["status"], "error", "{exec}");
+    let e = exec["content"]["error"].as_str().unwrap();
+    assert!(e.contains("cannot be reached"), "{e}");
+    app.stop().await;
+}
+
+/// Two replicas with one slot each and three delegating runs: the runs park and wait side by
+/// side; kill -9 of one replica leaves its parked runs to the other, which follows the recorded
+/// tasks to their end. Every message reached its remote exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_parked_runs_and_survive_kill_9() {
+    let Some(python) = python() else { return };
+    let slow = Agent::start_for(&python, "slow", "1.0", 5).await;
+    let llm = FakeLlm::start().await;
+    let db = crate::helpers::database_url(Backend::Postgres).await;
+    let mut env = env_for(&db, &llm.url);
+    env.push(("PES_A2A_AGENTS", agents_json(&[("slow", &slow)])));
+    env.push(("PES_LEASE_SECONDS", "3".into()));
+    env.push(("PES_HEARTBEAT_MS", "200".into()));
+    env.push(("PES_WORKER_CONCURRENCY", "1".into()));
+    env.push(("PES_A2A_PARK_AFTER_MS", "0".into()));
+    let threads = ["r1", "r2", "r3"];
+    for t in threads {
+        let item = format!("{t}-item");
+        llm.push(
+            "plan",
+            plan(&[(&item, "Delegate", &["delegate_to_agent"], &[])]),
+        );
+        llm.push_item(
+            &item,
+            Reply::ToolCalls(vec![(
+                "delegate_to_agent".into(),
+                json!({"agent": "slow", "message": format!("work for {t}")}),
+            )]),
+        );
+    }
+    let p1 = Proc::start(&env).await;
+    let p2 = Proc::start(&env).await;
+    let mut runs = Vec::new();
+    for t in threads {
+        let (s, _) = p1.post("/v1/threads", json!({"threadId": t})).await;
+        assert_eq!(s, 201);
+        let (s, run) = p1
+            .post(&format!("/v1/threads/{t}/runs"), json!({"query": "go"}))
+            .await;
+        assert_eq!(s, 202, "{run}");
+        runs.push(run["runId"].as_str().unwrap().to_owned());
+    }
+    // Three runs wait on the remote at once with two slots in all: they gave their slots back.
+    for t in threads {
+        p2.wait_for(
+            &format!("/v1/threads/{t}/observations?type=A2A_TASK_UPDATE"),
+            |page| page["items"].as_array().is_some_and(|i| !i.is_empty()),
+        )
+        .await;
+    }
+    p1.kill9().await;
+    for (t, run_id) in threads.iter().zip(&runs) {
+        let done = p2
+            .wait_for(&format!("/v1/threads/{t}/runs/{run_id}"), |r| {
+                r["status"] == "completed"
+            })
+            .await;
+        assert_eq!(done["status"], "completed", "{done}");
+        let (_, page) = p2
+            .get(&format!("/v1/threads/{t}/observations?type=TOOL_EXECUTION"))
+            .await;
+        assert_eq!(
+            page["items"][0]["content"]["output"], "slow: done after 5 s",
+            "{page}"
+        );
+    }
+    // All three were sent before any came back: they waited side by side, on two slots.
+    let (mut sent, mut back) = (Vec::new(), Vec::new());
+    for t in threads {
+        let (_, page) = p2
+            .get(&format!(
+                "/v1/threads/{t}/observations?type=A2A_TASK_UPDATE"
+            ))
+            .await;
+        let items = page["items"].as_array().unwrap();
+        sent.push(items[0]["createdAt"].as_str().unwrap().to_owned());
+        let settled = items
+            .iter()
+            .find(|u| u["content"]["settled"].is_object())
+            .unwrap_or_else(|| panic!("{t} settled: {page}"));
+        back.push(settled["createdAt"].as_str().unwrap().to_owned());
+    }
+    let (last_sent, first_back) = (sent.iter().max().unwrap(), back.iter().min().unwrap());
+    assert!(last_sent < first_back, "sent {sent:?}, back {back:?}");
+    let card = card::fetch(
+        &format!("{}/.well-known/agent-card.json", slow.base),
+        &BTreeMap::new(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let client = A2aClient::new(&card, &BTreeMap::new(), Duration::from_secs(10)).unwrap();
+    for (t, run_id) in threads.iter().zip(&runs) {
+        let (_, calls) = p2
+            .get(&format!("/v1/threads/{t}/observations?type=TOOL_CALL"))
+            .await;
+        let call_id = calls["items"][0]["content"]["toolCallId"].as_str().unwrap();
+        let tasks = client
+            .tasks_of_context(&format!("pes-{run_id}-{call_id}"), Duration::from_secs(10))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(tasks.len(), 1, "{t}: sent once: {tasks:?}");
+    }
+    p2.kill9().await;
+}
+
 both_stores!(delegates, a_run_delegates_to_remote_agents);
+both_stores!(parks, a_run_waiting_on_a_remote_gives_its_worker_slot_back);
 both_stores!(
     remote_input,
     a_remote_question_is_asked_here_and_the_answer_forwarded

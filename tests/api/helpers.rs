@@ -177,6 +177,21 @@ impl TestApp {
         }
     }
 
+    /// Poll a thread's log until an observation matches `pred` (with a deadline); that one.
+    pub async fn wait_observation(&self, thread: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(o) = self.observations(thread).await.into_iter().find(&pred) {
+                return o;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no observation of {thread} ever matched"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub async fn stop(self) {
         self.token.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.handle).await;

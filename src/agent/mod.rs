@@ -23,6 +23,9 @@
 //! - `hitl.rs`: suspending an item on a call that needs a person, and applying their decision.
 //! - `synthesizer.rs`: cancelling what can no longer run, and the final answer.
 //! - `endings.rs`: committing a run that failed or was cancelled.
+//! - `flowcharts.rs`: a flowchart call, its steps committed and replayed on resume.
+//! - `delegation/`: a `delegate_to_agent` call (sent once, recorded, watched until it settles),
+//!   and a run parked on remote agents ([`RunEnd::WaitingRemote`]).
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts, their labels, and schemas).
 
 pub mod changes;

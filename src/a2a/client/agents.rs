@@ -1,6 +1,6 @@
 //! The remote agents runs may delegate to: their cards, fetched at start (bounded) and refreshed
 //! in the background, and the `delegate_to_agent` tool the model calls. The call itself is run by
-//! the engine (`agent/delegation.rs`), which records the remote task durably before it waits.
+//! the engine (`agent/delegation/`), which records the remote task durably before it waits.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;

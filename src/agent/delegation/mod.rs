@@ -1,0 +1,265 @@
+//! A call of `delegate_to_agent`: the message goes to the remote agent once, the remote task is
+//! recorded (an `A2A_TASK_UPDATE` under the `TOOL_CALL`, committed) before the call waits, and
+//! every status and artifact the remote reports is committed as it comes. A call resumed after a
+//! crash reads its recorded task back and watches it again: the message is never sent twice. (A
+//! crash between the send and its record is covered too: the message names a context of our
+//! own, and a v1.0 remote is asked for that context's task before anything is sent.)
+//!
+//! How a call settles (the result, a failure, or a question for a person) is committed with the
+//! update that reports it (`settled`), so the call, resumed later, reads it back without asking
+//! the remote again. While every item a run has in flight waits on a remote, the run gives its
+//! worker slot back ([`super::RunEnd::WaitingRemote`]): [`Engine::watch_remote`] follows the
+//! recorded tasks with the same code, until one settles.
+
+mod parked;
+mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::changes::Batch;
+use super::journal::Journal;
+use crate::a2a::client::agents::RemoteAgents;
+use crate::a2a::client::rpc::RemoteTask;
+use crate::model::{
+    NewObservation, ObservationType, ResumeDecision, Suspension, SuspensionStatus, ThreadId,
+    ToolCallRecord, ToolResultRecord, ToolResultStatus,
+};
+
+pub(super) use parked::{Watching, cancel_pending};
+use watch::{Settled, read_settled, settled_json, watch};
+
+/// How long one call to the remote may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a task is read again when it cannot be streamed.
+const POLL: Duration = Duration::from_millis(500);
+
+/// What a delegation uses of the run.
+pub(super) struct Delegation<'a> {
+    /// The item that delegates.
+    pub item_id: String,
+    /// The suspensions of this call's remote questions (ids `<toolCallId>:remote:<n>`).
+    pub decisions: Vec<Suspension>,
+    pub journal: &'a dyn Journal,
+    pub agents: Arc<RemoteAgents>,
+    pub tenant: String,
+    pub thread_id: ThreadId,
+    pub run_id: uuid::Uuid,
+    /// Told when the call only waits on its recorded remote task (none for the watcher).
+    pub watching: Option<Arc<Watching>>,
+    /// How long the remote may be unreachable before the call fails
+    /// (`PES_A2A_UNREACHABLE_SECONDS`).
+    pub unreachable_for: Duration,
+}
+
+/// How a delegation ended.
+pub(super) enum Delegated {
+    /// With the remote's result, or a tool error.
+    Done(ToolResultRecord),
+    /// The remote asks a question: the call waits for a person's answer on this call
+    /// (`<toolCallId>:remote:<n>`, arguments `{agent, taskId, question}`).
+    NeedsInput(ToolCallRecord),
+}
+
+/// Run one call until it ends or its remote agent asks a question.
+pub(super) async fn delegate(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Delegated {
+    let (status, output, error) = match run(d, call, args).await {
+        Ok(Settled::Result(v)) => (ToolResultStatus::Success, v, None),
+        Ok(Settled::Asks { task_id, question }) => {
+            let round = d.decisions.len() + 1;
+            return Delegated::NeedsInput(ToolCallRecord {
+                id: format!("{}:remote:{round}", call.id),
+                name: call.name.clone(),
+                arguments: json!({"agent": args["agent"], "taskId": task_id, "question": question}),
+            });
+        }
+        Err(e) => (ToolResultStatus::Error, json!({"error": e}), Some(e)),
+    };
+    Delegated::Done(ToolResultRecord {
+        tool_call_id: call.id.clone(),
+        name: call.name.clone(),
+        status,
+        output,
+        error,
+    })
+}
+
+/// The call's own record: its `TOOL_CALL` observation, its recorded remote task, and the
+/// person's answers already forwarded (by suspension id).
+struct Recorded {
+    parent: Option<String>,
+    task_id: Option<String>,
+    forwarded: Vec<String>,
+    /// How the task settled, when that came after the last answer forwarded to it.
+    settled: Option<Value>,
+}
+
+async fn recorded(d: &Delegation<'_>, call: &ToolCallRecord) -> Result<Recorded, String> {
+    let seen = d
+        .journal
+        .run_observations(&[ObservationType::ToolCall, ObservationType::A2aTaskUpdate])
+        .await
+        .map_err(|e| format!("its records could not be read: {e}"))?;
+    let mine = |o: &&crate::model::Observation| o.content["toolCallId"] == call.id.as_str();
+    let mut settled = None;
+    for o in seen.iter().filter(mine) {
+        if o.content["forwarded"].is_string() {
+            settled = None;
+        }
+        if o.content["settled"].is_object() {
+            settled = Some(o.content["settled"].clone());
+        }
+    }
+    Ok(Recorded {
+        settled,
+        parent: seen
+            .iter()
+            .filter(mine)
+            .rfind(|o| o.kind == ObservationType::ToolCall)
+            .map(|o| o.id.to_string()),
+        task_id: seen
+            .iter()
+            .filter(mine)
+            .filter(|o| o.kind == ObservationType::A2aTaskUpdate)
+            .find_map(|o| o.content["taskId"].as_str().map(str::to_owned)),
+        forwarded: seen
+            .iter()
+            .filter(mine)
+            .filter_map(|o| o.content["forwarded"].as_str().map(str::to_owned))
+            .collect(),
+    })
+}
+
+async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<Settled, String> {
+    let name = args["agent"].as_str().unwrap_or("");
+    let text = args["message"].as_str().unwrap_or("");
+    let agent = d
+        .agents
+        .get(name)
+        .ok_or_else(|| format!("no remote agent is called `{name}`"))?;
+    let client = agent.client()?;
+    let rec = recorded(d, call).await?;
+    let update = |content: Value| commit_update(d, &rec.parent, call, name, content);
+    // Ours, so a task sent just before a crash can be found again.
+    let context = format!("pes-{}-{}", d.run_id, call.id);
+    let task_id = match rec.task_id {
+        Some(id) => id,
+        None => {
+            let earlier = client
+                .tasks_of_context(&context, CALL_TIMEOUT)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|ts| ts.into_iter().next());
+            let task = match earlier {
+                Some(t) => t,
+                None => client
+                    .send_message(text, &context, Some(&context), None, CALL_TIMEOUT)
+                    .await
+                    .map_err(|e| format!("the remote agent `{name}` did not take the task: {e}"))?,
+            };
+            update(task_json(&task)).await?;
+            task.id
+        }
+    };
+    // A person answered the remote's question: forward the answer (once), or give up.
+    let mut forwarded_now = false;
+    for s in &d.decisions {
+        let sid = s.suspension_id.to_string();
+        if rec.forwarded.contains(&sid) || s.status == SuspensionStatus::Pending {
+            continue;
+        }
+        let answer = match (&s.status, &s.decision) {
+            (SuspensionStatus::Resolved, Some(ResumeDecision::Respond { response, .. })) => {
+                match response {
+                    Value::String(t) => t.clone(),
+                    other => other.to_string(),
+                }
+            }
+            _ => {
+                let _ = client.cancel_task(&task_id, CALL_TIMEOUT).await;
+                let declined = Err(format!(
+                    "a person declined to answer the remote agent `{name}`: {}",
+                    decline_reason(s)
+                ));
+                update(
+                    json!({"taskId": task_id, "forwarded": sid, "declined": true,
+                              "settled": settled_json(&declined)}),
+                )
+                .await?;
+                return declined;
+            }
+        };
+        let sent = client
+            .send_message(&answer, &sid, Some(&context), Some(&task_id), CALL_TIMEOUT)
+            .await
+            .map_err(|e| format!("the answer could not be sent to `{name}`: {e}"))?;
+        update(json!({"taskId": task_id, "forwarded": sid, "state": sent.state})).await?;
+        forwarded_now = true;
+        // The remote may still show the question until it reads the answer.
+        let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            match client.get_task(&task_id, CALL_TIMEOUT).await {
+                Ok(t) if t.state.is_interrupted() => tokio::time::sleep(POLL / 5).await,
+                _ => break,
+            }
+        }
+    }
+    if !forwarded_now && let Some(settled) = rec.settled {
+        // Settled while the run was parked, or just before a crash: nothing to ask the remote.
+        return read_settled(&settled, &task_id);
+    }
+    if let Some(w) = &d.watching {
+        w.insert(&d.item_id);
+    }
+    watch(&client, &task_id, name, d.unreachable_for, &update).await
+}
+
+fn decline_reason(s: &Suspension) -> String {
+    match &s.decision {
+        Some(ResumeDecision::Reject { reason }) => {
+            reason.clone().unwrap_or_else(|| "no reason given".into())
+        }
+        _ => match s.status {
+            SuspensionStatus::Expired => "no one answered in time".into(),
+            _ => "the question was withdrawn".into(),
+        },
+    }
+}
+
+fn task_json(t: &RemoteTask) -> Value {
+    json!({"taskId": t.id, "contextId": t.context_id, "state": t.state, "message": t.message})
+}
+
+/// Commit one `A2A_TASK_UPDATE` under the call's `TOOL_CALL`.
+async fn commit_update(
+    d: &Delegation<'_>,
+    parent: &Option<String>,
+    call: &ToolCallRecord,
+    agent: &str,
+    mut content: Value,
+) -> Result<(), String> {
+    content["toolCallId"] = json!(call.id);
+    content["agent"] = json!(agent);
+    content["itemId"] = json!(d.item_id);
+    let title = match (&content["state"], &content["artifact"]) {
+        (Value::String(s), _) => format!("{agent}: {s}"),
+        (_, Value::Object(_)) => format!("{agent}: artifact"),
+        _ => format!("{agent}: update"),
+    };
+    let obs = NewObservation::new(
+        d.run_id,
+        parent.clone(),
+        ObservationType::A2aTaskUpdate,
+        title,
+        content,
+    );
+    let mut batch = Batch::new(d.tenant.clone(), d.thread_id.clone());
+    batch.observe(obs);
+    d.journal
+        .commit(batch)
+        .await
+        .map_err(|e| format!("the remote task's update could not be committed: {e}"))
+}

@@ -174,6 +174,7 @@ async fn enqueue(store: &S, thread: &str) -> Run {
             strategy: MultitaskStrategy::Enqueue,
             idempotency_key: None,
             create_thread: true,
+            trace_context: None,
         })
         .await
         .unwrap()

@@ -57,6 +57,7 @@ fn new_run(tenant: &str, thread: &str, query: &str) -> NewRun {
         strategy: MultitaskStrategy::Enqueue,
         idempotency_key: None,
         create_thread: true,
+        trace_context: None,
     }
 }
 
@@ -1811,6 +1812,7 @@ fn resolution(decision: serde_json::Value) -> Resolution {
     Resolution {
         status: SuspensionStatus::Resolved,
         decision: serde_json::from_value(decision).expect("a decision in its stored shape"),
+        trace_context: None,
     }
 }
 
@@ -1820,6 +1822,7 @@ fn expiry() -> Resolution {
         decision: ResumeDecision::Reject {
             reason: Some("expired".into()),
         },
+        trace_context: None,
     }
 }
 
@@ -2066,6 +2069,7 @@ async fn resolving_a_suspension_that_is_no_longer_pending_conflicts(store: S) {
         let r = Resolution {
             status,
             decision: ResumeDecision::Approve { reason: None },
+            trace_context: None,
         };
         let err = store
             .resolve_suspension(A, pending.suspension_id, r)

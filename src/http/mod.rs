@@ -247,7 +247,11 @@ fn request_span(req: &Request) -> tracing::Span {
 /// `debug` as the default handler does.
 fn on_response(res: &Response, latency: std::time::Duration, span: &tracing::Span) {
     if crate::telemetry::otel::active() {
-        span.record("http.response.status_code", res.status().as_u16());
+        // As i64: unsigned integers are exported as text.
+        span.record(
+            "http.response.status_code",
+            i64::from(res.status().as_u16()),
+        );
         if res.status().is_server_error() {
             span.record("otel.status_code", "ERROR");
         }

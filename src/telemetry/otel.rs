@@ -242,7 +242,10 @@ impl TraceContext {
             .iter()
             .filter_map(|k| Some(((*k).to_owned(), headers.get(*k)?.to_str().ok()?.to_owned())))
             .collect();
-        let cx = TraceContextPropagator::new().extract(&carrier);
+        // Extracted onto an empty context: on the current one, a missing or bad header would
+        // yield the current span's context instead of nothing.
+        let cx = TraceContextPropagator::new()
+            .extract_with_context(&opentelemetry::Context::new(), &carrier);
         Self::of(&cx)
     }
 
@@ -296,7 +299,7 @@ impl TraceContext {
         if let Some(s) = &self.tracestate {
             carrier.insert("tracestate".to_owned(), s.clone());
         }
-        TraceContextPropagator::new().extract(&carrier)
+        TraceContextPropagator::new().extract_with_context(&opentelemetry::Context::new(), &carrier)
     }
 }
 

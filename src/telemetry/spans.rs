@@ -74,8 +74,9 @@ pub fn chat(provider: &'static str, model: &str) -> Span {
 pub fn chat_done(span: &Span, result: &Result<ChatResponse, LlmError>) {
     match result {
         Ok(r) => {
-            span.record("gen_ai.usage.input_tokens", r.usage.prompt_tokens);
-            span.record("gen_ai.usage.output_tokens", r.usage.completion_tokens);
+            // As i64: the exporter keeps unsigned integers only as text.
+            span.record("gen_ai.usage.input_tokens", int(r.usage.prompt_tokens));
+            span.record("gen_ai.usage.output_tokens", int(r.usage.completion_tokens));
             if otel::active()
                 && let Some(reason) = &r.finish_reason
             {
@@ -90,6 +91,11 @@ pub fn chat_done(span: &Span, result: &Result<ChatResponse, LlmError>) {
             span.record("otel.status_code", "ERROR");
         }
     }
+}
+
+/// `n` as an attribute value: `tracing-opentelemetry` exports unsigned integers as text.
+fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// One tool call (`call_id` is the model's id for it).

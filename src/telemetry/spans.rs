@@ -119,7 +119,7 @@ pub fn failed(span: &Span, error_type: &str) {
 }
 
 /// Run `fut` inside `span`; when it ends, `done` gets its output and the time it took (to count
-/// it); when it is dropped unfinished, `done_cancelled` gets the time instead.
+/// it); when it is dropped unfinished, `cancelled` gets the time instead.
 pub async fn timed<F: Future>(
     span: Span,
     fut: F,

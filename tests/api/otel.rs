@@ -176,6 +176,39 @@ fn named<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {
     spans.iter().filter(|s| s.name == name).collect()
 }
 
+/// The spans as an indented tree (children by start order is not kept: by name), for messages.
+fn tree(spans: &[Span]) -> String {
+    fn walk(spans: &[Span], parent: &str, depth: usize, out: &mut String) {
+        let mut kids: Vec<&Span> = spans.iter().filter(|s| s.parent == parent).collect();
+        kids.sort_by(|a, b| a.name.cmp(&b.name));
+        for s in kids {
+            let extra = ["item_id", "gen_ai.tool.call.id", "attempt"]
+                .iter()
+                .filter_map(|k| Some(format!(" {k}={}", s.attrs.get(*k)?)))
+                .collect::<String>();
+            out.push_str(&format!("{}{}{extra}\n", "  ".repeat(depth), s.name));
+            walk(spans, &s.id, depth + 1, out);
+        }
+    }
+    let ids: std::collections::HashSet<&str> = spans.iter().map(|s| s.id.as_str()).collect();
+    let mut out = String::new();
+    let mut roots: Vec<&str> = spans
+        .iter()
+        .filter(|s| !ids.contains(s.parent.as_str()))
+        .map(|s| s.parent.as_str())
+        .collect();
+    roots.sort_unstable();
+    roots.dedup();
+    for r in roots {
+        out.push_str(&format!(
+            "(parent {})\n",
+            if r.is_empty() { "none" } else { r }
+        ));
+        walk(spans, r, 1, &mut out);
+    }
+    out
+}
+
 fn traceparent(trace: &str, span: &str) -> String {
     format!("00-{trace}-{span}-01")
 }
@@ -221,7 +254,8 @@ async fn a_runs_spans_form_one_tree_in_the_callers_trace(backend: Backend) {
     let spans = collector
         .wait_for(|s| s.iter().any(|x| x.name == "invoke_agent pes"))
         .await;
-
+    // The tree, for the reader of a failure (`--no-capture` shows it).
+    println!("{}", tree(&spans));
     assert!(
         spans.iter().all(|s| s.trace == TRACE),
         "one trace: {spans:#?}"

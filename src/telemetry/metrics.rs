@@ -133,7 +133,7 @@ enum Kind {
     Histogram,
 }
 
-/// Statuses of [`RUNS`]; every one is shown from the start, at zero.
+/// Statuses of `pes_runs_total`; every one is shown from the start, at zero.
 pub const RUN_ENDS: &[&str] = &["completed", "failed", "cancelled", "suspended", "released"];
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);

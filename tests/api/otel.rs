@@ -517,3 +517,48 @@ async fn a_run_recovered_after_kill_9_continues_its_trace(backend: Backend) {
     p2.kill9().await;
 }
 both_stores!(recovered, a_run_recovered_after_kill_9_continues_its_trace);
+
+/// A collector that takes connections and never answers: runs go at their usual pace (spans
+/// leave from the SDK's own thread), and a SIGTERM still ends the process, its last export cut
+/// off by the export timeout.
+async fn a_stalled_collector_never_slows_a_run(backend: Backend) {
+    let stalled = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", stalled.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = stalled.accept().await {
+            open.push(socket);
+        }
+    });
+    let llm = FakeLlm::start().await;
+    let db = crate::helpers::database_url(backend).await;
+    let mut env = env_for(&db, &llm.url);
+    env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", url));
+    env.push(("OTEL_BSP_SCHEDULE_DELAY", "10".into()));
+    env.push(("OTEL_EXPORTER_OTLP_TIMEOUT", "1000".into()));
+    let p = Proc::start(&env).await;
+    let started = tokio::time::Instant::now();
+    for i in 0..3 {
+        let (s, run) = p
+            .post(
+                &format!("/v1/threads/s{i}/runs/wait"),
+                json!({"query": "what is 2+2?", "ifNotExists": "create"}),
+            )
+            .await;
+        assert_eq!((s, &run["status"]), (200, &json!("completed")), "{run}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "three runs took {:?}",
+        started.elapsed()
+    );
+    let stopping = tokio::time::Instant::now();
+    assert!(p.terminate().await.success());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(15),
+        "shutdown waited {:?} for the collector",
+        stopping.elapsed()
+    );
+    held.abort();
+}
+both_stores!(stalled_collector, a_stalled_collector_never_slows_a_run);

@@ -238,7 +238,7 @@ fn request_span(req: &Request) -> tracing::Span {
         span.record("otel.kind", "server");
         span.record("http.request.method", req.method().as_str());
         span.record("http.route", route.as_str());
-        crate::telemetry::otel::continue_request(&span, req.headers());
+        crate::telemetry::context::continue_request(&span, req.headers());
     }
     span
 }

@@ -6,9 +6,11 @@
 //!   service logs one warning with the cause and then retries quietly).
 //! - Traces ([`otel`]): the same `tracing` spans, exported over OTLP when the standard `OTEL_*`
 //!   variables ask for it, with their own filter (the log filter does not hide spans from a
-//!   collector); [`spans`] makes the spans of runs, model calls and tool calls.
+//!   collector); [`spans`] makes the spans of runs, model calls and tool calls, and [`context`]
+//!   carries a run's trace context from the request that made it to every attempt.
 //! - Metrics ([`metrics`]): the Prometheus series of one service instance.
 
+pub mod context;
 pub mod metrics;
 pub mod otel;
 pub mod spans;
@@ -19,7 +21,8 @@ use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::config::{Config, LogFormat};
 
-pub use otel::{OtelGuard, TraceContext};
+pub use context::TraceContext;
+pub use otel::OtelGuard;
 
 /// The log filter when none is given.
 const DEFAULT_FILTER: &str = "info,rmcp=off";

@@ -14,7 +14,7 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span, info_span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::otel;
+use super::{context, otel};
 use crate::llm::{ChatResponse, LlmError};
 use crate::model::Run;
 
@@ -30,7 +30,7 @@ pub fn invoke_agent(run: &Run) -> Span {
         thread_id = %run.thread_id,
         attempt = run.attempt,
     );
-    otel::continue_trace(&span, run.trace_context.as_deref());
+    context::continue_trace(&span, run.trace_context.as_deref());
     span
 }
 

@@ -22,11 +22,13 @@ use crate::events::{EventBus, replicas};
 use crate::http::serve::ServeSettings;
 use crate::http::{self, AppState};
 use crate::llm::LlmProvider;
+use crate::llm::instrumented::Instrumented;
 use crate::llm::offline::OfflineProvider;
 use crate::llm::openai::{OpenAiConfig, OpenAiProvider};
 use crate::store::Store;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
+use crate::telemetry::metrics::Metrics;
 use crate::tools::ToolRegistry;
 use crate::tools::mcp::McpHub;
 use crate::worker::{Stops, Worker, WorkerSettings};
@@ -127,7 +129,13 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<App> {
         let store = connect_store(&config.database_url, config.database_max_connections).await?;
         store.migrate().await.context("applying migrations")?;
+        let metrics = Metrics::new();
         let (providers, default_provider) = build_providers(&config)?;
+        // Every model call is traced and counted, whatever the provider.
+        let providers: Providers = providers
+            .into_iter()
+            .map(|(name, p)| (name, Instrumented::wrap(p, metrics.clone())))
+            .collect();
         let mcp_servers =
             crate::tools::mcp::parse_servers(config.mcp_servers.as_deref().unwrap_or(""))
                 .map_err(|e| anyhow::anyhow!(e))?;
@@ -202,6 +210,7 @@ impl App {
                 ..EngineSettings::default()
             },
         );
+        let engine = engine.with_metrics(metrics.clone());
         let engine = Arc::new(match remote_agents {
             Some(agents) => engine.with_remote_agents(agents),
             None => engine,
@@ -242,7 +251,8 @@ impl App {
                 drain: shutdown.clone(),
                 hard_stop: hard_stop.clone(),
             },
-        );
+        )
+        .with_metrics(metrics.clone());
         let grace = Duration::from_secs(config.shutdown_grace_seconds);
         let state = AppState {
             store,
@@ -251,7 +261,7 @@ impl App {
             shutdown,
             tracker,
             commands,
-            metrics: worker.metrics(),
+            metrics,
             api_keys: Arc::new(api_keys),
             config: Arc::new(config),
         };
@@ -314,6 +324,7 @@ impl App {
             Duration::from_secs(state.config.memory_trim_seconds),
             shutdown.clone(),
         ));
+        tracker.spawn(metrics_upkeep(state.metrics.clone(), shutdown.clone()));
         let worker_task = tracker.spawn(worker.run(shutdown.clone()));
         let settings = ServeSettings::from_config(&state.config);
         let router = http::router(state);
@@ -334,6 +345,19 @@ impl App {
         tracker.wait().await;
         info!("stopped");
         Ok(())
+    }
+}
+
+/// How often histogram samples are folded into their buckets (the exporter's own default).
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// Keep the metrics' memory flat between scrapes, until `stop` fires.
+async fn metrics_upkeep(metrics: Metrics, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(METRICS_UPKEEP) => metrics.upkeep(),
+        }
     }
 }
 

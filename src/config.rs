@@ -1,5 +1,11 @@
 //! Every setting of the service: a command-line flag and a `PES_*` environment variable each, with
 //! the default and the reason in the doc comment (which is also what `pes-server --help` prints).
+//!
+//! Trace export is the exception: it is configured by the standard OpenTelemetry variables
+//! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_TRACES_EXPORTER`,
+//! `OTEL_SDK_DISABLED`, `OTEL_SERVICE_NAME`, `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_BSP_*`, …), read by
+//! [`crate::telemetry::otel`] and the OpenTelemetry crates, so a deployment configures this service
+//! as it configures every other one; the README's configuration table lists them.
 
 use std::net::SocketAddr;
 use std::time::Duration;

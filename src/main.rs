@@ -8,8 +8,11 @@ use pes_server::{App, telemetry};
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_normalized();
-    telemetry::init(&cli.config);
-    match run(cli).await {
+    let traces = telemetry::init(&cli.config);
+    let result = run(cli).await;
+    // The spans still queued are sent before the process exits.
+    traces.shutdown().await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pes-server: {e:#}");

@@ -930,6 +930,10 @@ pub struct Run {
     /// all come after it.
     #[serde(skip)]
     pub start_seq: i64,
+    /// The W3C trace context the run's spans continue (internal: see
+    /// [`crate::telemetry::TraceContext`]), as stored.
+    #[serde(skip)]
+    pub trace_context: Option<String>,
 }
 
 /// A message of the thread's conversation history, in the order an OpenAI-style reader expects:

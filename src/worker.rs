@@ -7,14 +7,13 @@
 //! the run at once; one that is shut down releases the run so another worker takes it over.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, error, info, warn};
 use uuid::Uuid;
 
 use crate::agent::{Engine, EngineError, Journal, RunEnd, RunInput, Signals};
@@ -22,22 +21,11 @@ use crate::commands::RunCommands;
 use crate::events::EventBus;
 use crate::model::{ResumeDecision, Run, SuspensionStatus};
 use crate::store::{Batch, Fence, Resolution, Store, StoreError};
+use crate::telemetry::metrics::{Metrics, item_ends};
+use crate::telemetry::spans;
 
 /// Conversation messages loaded as the planner's context (the engine keeps its own limit).
 const HISTORY_MESSAGES: u32 = 40;
-
-/// Counters exported on `/metrics`.
-#[derive(Default)]
-pub struct WorkerMetrics {
-    pub runs_claimed: AtomicU64,
-    pub runs_completed: AtomicU64,
-    pub runs_failed: AtomicU64,
-    pub runs_cancelled: AtomicU64,
-    pub runs_suspended: AtomicU64,
-    pub runs_released: AtomicU64,
-    pub leases_lost: AtomicU64,
-    pub commits: AtomicU64,
-}
 
 /// What one call of [`Worker::try_run_next`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +67,7 @@ pub struct Worker {
     commands: RunCommands,
     engine: Arc<Engine>,
     settings: WorkerSettings,
-    metrics: Arc<WorkerMetrics>,
+    metrics: Metrics,
     /// Cancelled when the process starts shutting down: runs stop at their next safe point.
     drain: CancellationToken,
     /// Cancelled when in-flight runs must stop (after the shutdown grace period).
@@ -99,15 +87,19 @@ struct WorkerJournal {
     cancel: CancellationToken,
     /// Poked (through the run registry) when a decision on one of the run's suspensions arrives.
     decided: Arc<Notify>,
-    metrics: Arc<WorkerMetrics>,
+    metrics: Metrics,
 }
 
 #[async_trait]
 impl Journal for WorkerJournal {
     async fn commit(&self, batch: Batch) -> Result<(), EngineError> {
+        let ended = item_ends(&batch);
         match self.store.apply(self.fence, self.lease, batch).await {
             Ok(applied) => {
-                self.metrics.commits.fetch_add(1, Ordering::Relaxed);
+                self.metrics.committed();
+                for (status, took) in ended {
+                    self.metrics.item_ended(status, took);
+                }
                 self.bus.publish(&applied.observations);
                 if applied.cancel_requested {
                     self.cancel.cancel();
@@ -192,15 +184,18 @@ impl Worker {
             commands,
             engine,
             settings,
-            metrics: Arc::new(WorkerMetrics::default()),
+            metrics: Metrics::new(),
             drain,
             hard_stop,
             watchers: TaskTracker::new(),
         }
     }
 
-    pub fn metrics(&self) -> Arc<WorkerMetrics> {
-        self.metrics.clone()
+    /// The same worker, counting what it does in `metrics` (the service's `/metrics`).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Claim one runnable run and drive it until it ends, suspends or stops.
@@ -208,11 +203,12 @@ impl Worker {
     /// # Errors
     /// A store error while claiming.
     pub async fn try_run_next(&self) -> Result<Outcome, StoreError> {
-        match self
+        let claim = self
             .store
-            .claim_run(&self.settings.owner, self.settings.lease)
-            .await?
-        {
+            .claim_runs(&self.settings.owner, self.settings.lease, 1)
+            .await?;
+        self.metrics.lease_takeovers(claim.taken_over);
+        match claim.runs.into_iter().next() {
             None => Ok(Outcome::Idle),
             Some(run) => Ok(self.drive(run).await),
         }
@@ -312,6 +308,7 @@ impl Worker {
             .claim_runs(&self.settings.owner, self.settings.lease, asked)
             .await?;
         let filled = claim.runs.len() >= asked;
+        self.metrics.lease_takeovers(claim.taken_over);
         for run in claim.runs {
             let Some(permit) = permits.pop() else {
                 // The store never returns more than asked; such a run's lease just expires.
@@ -330,18 +327,22 @@ impl Worker {
     }
 
     async fn drive(&self, run: Run) -> Outcome {
-        let run_id = run.run_id;
-        let span = info_span!("run", %run_id, thread_id = %run.thread_id, attempt = run.attempt);
-        self.metrics.runs_claimed.fetch_add(1, Ordering::Relaxed);
+        let span = spans::invoke_agent(&run);
+        let created_at = run.created_at;
+        self.metrics.run_claimed();
         let outcome = self.drive_inner(run).instrument(span).await;
-        match outcome {
-            Outcome::Ran(_, RunEnd::Completed) => &self.metrics.runs_completed,
-            Outcome::Ran(_, RunEnd::Failed) => &self.metrics.runs_failed,
-            Outcome::Ran(_, RunEnd::Cancelled) => &self.metrics.runs_cancelled,
-            Outcome::Ran(_, RunEnd::Suspended) => &self.metrics.runs_suspended,
-            _ => &self.metrics.runs_released,
-        }
-        .fetch_add(1, Ordering::Relaxed);
+        let status = match outcome {
+            Outcome::Ran(_, RunEnd::Completed) => "completed",
+            Outcome::Ran(_, RunEnd::Failed) => "failed",
+            Outcome::Ran(_, RunEnd::Cancelled) => "cancelled",
+            Outcome::Ran(_, RunEnd::Suspended) => "suspended",
+            Outcome::Ran(_, RunEnd::WaitingRemote) => "waiting_remote",
+            _ => "released",
+        };
+        let age = matches!(status, "completed" | "failed" | "cancelled")
+            .then(|| (chrono::Utc::now() - created_at).to_std().ok())
+            .flatten();
+        self.metrics.run_ended(status, age);
         outcome
     }
 
@@ -420,7 +421,7 @@ impl Worker {
                 Outcome::Stopped(run_id)
             }
             Err(EngineError::LeaseLost) => {
-                self.metrics.leases_lost.fetch_add(1, Ordering::Relaxed);
+                self.metrics.lease_lost();
                 warn!("lease lost; another worker owns the run now");
                 Outcome::Stopped(run_id)
             }
@@ -480,7 +481,7 @@ impl Worker {
             () = self.drain.cancelled() => "shutdown",
             () = p.lost.cancelled() => {
                 self.commands.runs().remove(run_id);
-                self.metrics.leases_lost.fetch_add(1, Ordering::Relaxed);
+                self.metrics.lease_lost();
                 warn!("lease lost while waiting on remote agents");
                 return;
             }
@@ -600,6 +601,7 @@ pub async fn sweep_suspensions(commands: RunCommands, every: Duration, stop: Can
                 decision: ResumeDecision::Reject {
                     reason: Some("expired".into()),
                 },
+                trace_context: None,
             };
             match commands.resume(&tenant, id, resolution).await {
                 Ok(done) => {

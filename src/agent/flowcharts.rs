@@ -42,6 +42,8 @@ impl Engine {
 pub(super) struct RunFlowHost<'a> {
     pub journal: &'a dyn Journal,
     pub tools: &'a ToolRegistry,
+    /// Where the calls of its `tool` stages are counted.
+    pub metrics: &'a crate::telemetry::metrics::Metrics,
     pub llm: Arc<dyn LlmProvider>,
     pub model: Option<String>,
     pub tenant: String,
@@ -92,12 +94,31 @@ impl FlowHost for RunFlowHost<'_> {
     }
 
     async fn call_tool(&self, name: &str, args: Value, key: String) -> Result<Value, String> {
+        // A stage's call has no model call id: its idempotency key stands for it.
+        let span = crate::telemetry::spans::execute_tool(name, &key);
         let ctx = ToolContext {
             tenant: self.tenant.clone(),
             thread_id: self.thread_id.to_string(),
             idempotency_key: key,
         };
-        let outcome = self.tools.invoke(name, args, &ctx).await;
+        let tool = if self.tools.contains(name) {
+            name
+        } else {
+            "unknown"
+        };
+        let outcome = crate::telemetry::spans::timed(
+            span.clone(),
+            self.tools.invoke(name, args, &ctx),
+            |o, took| {
+                let outcome = if o.error.is_none() { "ok" } else { "error" };
+                if o.error.is_some() {
+                    crate::telemetry::spans::failed(&span, "tool_error");
+                }
+                self.metrics.tool_call(tool, outcome, took);
+            },
+            |took| self.metrics.tool_call(tool, "cancelled", took),
+        )
+        .await;
         match outcome.error {
             None => Ok(outcome.output),
             Some(e) => Err(e.to_string()),

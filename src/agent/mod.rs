@@ -54,11 +54,13 @@ use std::time::Instant;
 use chrono::Utc;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::llm::LlmProvider;
 use crate::model::{
     Message, MessageRole, ObservationType, Run, RunPhase, Suspension, Thread, new_id,
 };
+use crate::telemetry::spans;
 use crate::tools::ToolRegistry;
 use changes::{AgentSnapshot, Batch, Op, RunUpdate};
 
@@ -180,6 +182,8 @@ pub struct Engine {
     settings: EngineSettings,
     /// The remote agents `delegate_to_agent` reaches, when the operator configured some.
     remote_agents: Option<Arc<crate::a2a::client::agents::RemoteAgents>>,
+    /// Where tool calls are counted.
+    metrics: crate::telemetry::metrics::Metrics,
 }
 
 impl Engine {
@@ -194,7 +198,15 @@ impl Engine {
             tools,
             settings,
             remote_agents: None,
+            metrics: crate::telemetry::metrics::Metrics::new(),
         }
+    }
+
+    /// The same engine, counting its tool calls in `metrics` (the service's `/metrics`).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: crate::telemetry::metrics::Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The same engine, delegating to these remote agents (its registry should hold the
@@ -310,7 +322,7 @@ impl Engine {
             self.start(ctx).await?;
         }
         if ctx.run.phase == RunPhase::Planning {
-            self.plan(ctx).await?;
+            self.plan(ctx).instrument(spans::plan()).await?;
         }
         if ctx.run.phase == RunPhase::Executing {
             ctx.check_signals()?;
@@ -320,7 +332,7 @@ impl Engine {
             self.begin_synthesis(ctx).await?;
         }
         if ctx.run.phase == RunPhase::Synthesizing {
-            self.synthesize(ctx).await?;
+            self.synthesize(ctx).instrument(spans::synthesize()).await?;
         }
         Ok(RunEnd::Completed)
     }

@@ -9,7 +9,7 @@
 //! one place, in one order, and commits exactly as in a one-item run: before every model call and
 //! every tool with side effects, and right after every tool result.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +18,14 @@ use chrono::Utc;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde_json::{Value, json};
+use tracing::{Instrument, Span};
 
 use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatResponse, LlmError};
-use crate::model::{ErrorInfo, ItemStatus, ObservationType, RunStatus, SuspensionStatus};
+use crate::model::{
+    ErrorInfo, ItemStatus, ObservationType, RunStatus, SuspensionStatus, ToolResultStatus,
+};
+use crate::telemetry::spans;
 
 use super::executor::Next;
 use super::journal::{Ctx, Halt, llm_halt};
@@ -93,6 +97,34 @@ async fn take_decisions(ctx: &mut Ctx<'_>, waiting: &[uuid::Uuid]) -> Result<boo
 
 type InFlight<'f> = Pin<Box<dyn Future<Output = (String, Io)> + Send + 'f>>;
 
+/// The span of item `id` in this attempt, made the first time the item has I/O: under its team
+/// item's span when it belongs to a team, else under the attempt's.
+fn item_span(ctx: &Ctx<'_>, open: &mut HashMap<String, Span>, id: &str) -> Span {
+    if let Some(s) = open.get(id) {
+        return s.clone();
+    }
+    let team = ctx
+        .item_idx(id)
+        .and_then(|i| ctx.items[i].parent_item_id.as_ref())
+        .and_then(|t| open.get(t.as_str()).cloned());
+    let span = spans::item(id, team.as_ref());
+    open.insert(id.to_owned(), span.clone());
+    span
+}
+
+/// How a tool call's I/O ended, as the metrics count it.
+fn tool_outcome(io: &Io) -> &'static str {
+    match io {
+        Io::Tool(_, r) | Io::FlowTool(_, r, _) => match r.status {
+            ToolResultStatus::Success | ToolResultStatus::Responded => "ok",
+            ToolResultStatus::Error => "error",
+            ToolResultStatus::Rejected => "rejected",
+        },
+        Io::RemoteInput(_) | Io::FlowPaused(_) => "suspended",
+        Io::Reply(_) | Io::Structured(_) | Io::TeamPlan(_) => "ok",
+    }
+}
+
 impl Engine {
     /// Ready items that execute at once for this run.
     fn parallel_limit(&self, ctx: &Ctx<'_>) -> usize {
@@ -121,6 +153,8 @@ impl Engine {
         let watching = Arc::new(super::delegation::Watching::default());
         let mut park_at: Option<tokio::time::Instant> = None;
         let journal = ctx.journal;
+        // The span of each item with work left in this attempt: its steps' I/O runs inside it.
+        let mut item_spans: HashMap<String, Span> = HashMap::new();
         'run: loop {
             loop {
                 if signals.cancel.is_cancelled() {
@@ -138,7 +172,10 @@ impl Engine {
                         flush_at = Some(tokio::time::Instant::now() + FLUSH_SLOW_TOOL_AFTER);
                     }
                     for (item, step) in started {
-                        inflight.push(self.start_io(ctx, item, step, &watching));
+                        let span = item_span(ctx, &mut item_spans, &item);
+                        // Entered while the step's own spans are made, so they nest under it.
+                        let io = span.in_scope(|| self.start_io(ctx, item, step, &watching));
+                        inflight.push(Box::pin(io.instrument(span)));
                     }
                 }
                 let only_remote = watching.all(busy.iter());
@@ -180,6 +217,9 @@ impl Engine {
                         watching.remove(&item);
                         let was_tool = matches!(io, Io::Tool(..) | Io::FlowTool(..));
                         self.absorb(ctx, &item, io)?;
+                        if ctx.item_idx(&item).is_none_or(|i| !self.needs_attention(&ctx.items[i])) {
+                            item_spans.remove(&item);
+                        }
                         if was_tool {
                             // A tool's result is journaled before anything else happens.
                             ctx.flush().await?;
@@ -318,8 +358,44 @@ impl Engine {
         })
     }
 
-    /// Start the I/O of one step.
+    /// Start the I/O of one step. A tool call runs in its `execute_tool` span and is counted
+    /// by tool and outcome (a name no tool has is counted as `unknown`).
     fn start_io<'f>(
+        &'f self,
+        ctx: &Ctx<'f>,
+        item: String,
+        step: Next,
+        watching: &Arc<super::delegation::Watching>,
+    ) -> InFlight<'f> {
+        let Next::Invoke(call, _) = &step else {
+            return self.start_step(ctx, item, step, watching);
+        };
+        let span = spans::execute_tool(&call.name, &call.id);
+        let known = self.tools.contains(&call.name) || ctx.flowcharts.contains_key(&call.name);
+        let tool = if known {
+            call.name.clone()
+        } else {
+            "unknown".to_owned()
+        };
+        let (metrics, metrics_too, tool_too) =
+            (self.metrics.clone(), self.metrics.clone(), tool.clone());
+        let fut = span.in_scope(|| self.start_step(ctx, item, step, watching));
+        Box::pin(spans::timed(
+            span.clone(),
+            fut,
+            move |(_, io), took| {
+                let outcome = tool_outcome(io);
+                if outcome == "error" {
+                    spans::failed(&span, "tool_error");
+                }
+                metrics.tool_call(&tool, outcome, took);
+            },
+            move |took| metrics_too.tool_call(&tool_too, "cancelled", took),
+        ))
+    }
+
+    /// Start the I/O of one step, untraced.
+    fn start_step<'f>(
         &'f self,
         ctx: &Ctx<'f>,
         item: String,
@@ -345,6 +421,7 @@ impl Engine {
                 let host = super::flowcharts::RunFlowHost {
                     journal: ctx.journal,
                     tools: &self.tools,
+                    metrics: &self.metrics,
                     llm,
                     model: ctx.model_in_use(),
                     tenant: ctx.tenant.clone(),

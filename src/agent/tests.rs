@@ -201,6 +201,7 @@ impl MemJournal {
             phase: RunPhase::New,
             cancel_requested: false,
             start_seq: 0,
+            trace_context: None,
         };
         Self {
             rows: Arc::new(Mutex::new(Rows {

@@ -116,4 +116,11 @@ impl EventBus {
         let map = self.channels.lock().expect("event bus lock poisoned");
         map.values().filter(|ch| ch.tx.receiver_count() > 0).count()
     }
+
+    /// Live subscribers over every thread: SSE streams and requests waiting for a run (for
+    /// metrics).
+    pub fn subscribers(&self) -> usize {
+        let map = self.channels.lock().expect("event bus lock poisoned");
+        map.values().map(|ch| ch.tx.receiver_count()).sum()
+    }
 }

@@ -1,13 +1,13 @@
 //! Liveness, readiness and Prometheus metrics; plus the OpenAPI entries of the routes the
 //! documentation UI serves itself (`/openapi.json`, `/docs`).
 
-use std::fmt::Write;
-use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use serde::Serialize;
+use tracing::warn;
 use utoipa::ToSchema;
 use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem};
 use utoipa::openapi::{ContentBuilder, ResponseBuilder};
@@ -15,6 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{ApiError, AppJson, AppState, Problem};
+use crate::telemetry::metrics::Levels;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -64,69 +65,37 @@ pub async fn readyz(State(state): State<AppState>) -> Result<AppJson<Health>, Ap
     }))
 }
 
-/// Prometheus text-format metrics.
+/// How long a scrape waits for the store's counts before it answers without them.
+const BACKLOG_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Prometheus text-format metrics (the list is in the README). The gauges of what waits (queued
+/// runs, pending suspensions) are read from the store now; should it not answer within two
+/// seconds, they keep their last value.
 #[utoipa::path(get, path = "/metrics", tag = "health", security(()),
     responses((status = 200, description = "Metrics", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let m = &state.metrics;
-    let mut out = String::new();
-    let mut counter = |name: &str, help: &str, v: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-        );
+    let backlog = match tokio::time::timeout(BACKLOG_TIMEOUT, state.store.backlog()).await {
+        Ok(Ok(b)) => Some(b),
+        Ok(Err(e)) => {
+            warn!(error = %e, "/metrics: the store's counts could not be read");
+            None
+        }
+        Err(_) => {
+            warn!("/metrics: the store's counts took too long");
+            None
+        }
     };
-    counter(
-        "pes_runs_claimed_total",
-        "Runs claimed by this process.",
-        m.runs_claimed.load(Ordering::Relaxed),
-    );
-    counter(
-        "pes_runs_completed_total",
-        "Runs completed here.",
-        m.runs_completed.load(Ordering::Relaxed),
-    );
-    counter(
-        "pes_runs_failed_total",
-        "Runs failed here.",
-        m.runs_failed.load(Ordering::Relaxed),
-    );
-    counter(
-        "pes_runs_cancelled_total",
-        "Runs cancelled here.",
-        m.runs_cancelled.load(Ordering::Relaxed),
-    );
-    counter(
-        "pes_runs_suspended_total",
-        "Runs suspended here.",
-        m.runs_suspended.load(Ordering::Relaxed),
-    );
-    counter(
-        "pes_runs_released_total",
-        "Runs released, lost or stopped here.",
-        m.runs_released.load(Ordering::Relaxed),
-    );
-    counter(
-        "pes_leases_lost_total",
-        "Leases lost to another worker.",
-        m.leases_lost.load(Ordering::Relaxed),
-    );
-    counter(
-        "pes_commits_total",
-        "Run state commits.",
-        m.commits.load(Ordering::Relaxed),
-    );
-    let _ = writeln!(
-        out,
-        "# HELP pes_runs_in_flight Runs this process drives now.\n# TYPE pes_runs_in_flight gauge\npes_runs_in_flight {}",
-        state.commands.runs().len()
-    );
-    let _ = writeln!(
-        out,
-        "# HELP pes_streamed_threads Threads with a live SSE subscriber here.\n# TYPE pes_streamed_threads gauge\npes_streamed_threads {}",
-        state.bus.subscribed_threads()
-    );
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+    state.metrics.set_levels(Levels {
+        runs_in_flight: state.commands.runs().len(),
+        stream_subscribers: state.bus.subscribers(),
+        streamed_threads: state.bus.subscribed_threads(),
+        runs_queued: backlog.map(|b| b.queued_runs),
+        suspensions_pending: backlog.map(|b| b.pending_suspensions),
+    });
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
 }
 
 /// Add `/openapi.json` and `/docs`, which the documentation UI serves, to the document.

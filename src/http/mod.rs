@@ -41,7 +41,7 @@ use crate::config::Config;
 use crate::events::EventBus;
 use crate::model::{DEFAULT_TENANT, ThreadId};
 use crate::store::{PageCursor, Store};
-use crate::worker::WorkerMetrics;
+use crate::telemetry::metrics::Metrics;
 pub use error::{ApiError, AppJson, AppPath, AppQuery, Problem};
 
 /// Cheap, cloneable handles every handler may use.
@@ -57,7 +57,8 @@ pub struct AppState {
     /// Enqueue, cancel, resume, delete a thread: the one path from the store write to the runs
     /// and streams it concerns.
     pub commands: RunCommands,
-    pub metrics: Arc<WorkerMetrics>,
+    /// This instance's Prometheus series (`/metrics`).
+    pub metrics: Metrics,
     /// API key → tenant; empty when authentication is off.
     pub api_keys: Arc<HashMap<String, String>>,
 }
@@ -206,6 +207,62 @@ async fn method_not_allowed(req: Request) -> ApiError {
 /// The header that carries a request's id, both ways.
 pub const REQUEST_ID: &str = "x-request-id";
 
+/// The span of one request: its method, matched route and id. When spans are exported it is an
+/// HTTP server span (`{method} {route}`) continuing the caller's `traceparent`.
+fn request_span(req: &Request) -> tracing::Span {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".into());
+    let request_id = req
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let span = tracing::info_span!(
+        "request",
+        method = %req.method(),
+        route = %route,
+        request_id,
+        otel.name = tracing::field::Empty,
+        otel.kind = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        http.request.method = tracing::field::Empty,
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    // Only for the collector: the log lines keep their short form.
+    if crate::telemetry::otel::active() {
+        span.record("otel.name", format!("{} {route}", req.method()));
+        span.record("otel.kind", "server");
+        span.record("http.request.method", req.method().as_str());
+        span.record("http.route", route.as_str());
+        crate::telemetry::context::continue_request(&span, req.headers());
+    }
+    span
+}
+
+/// Record the status of a response on its request span (exported spans only), and log it at
+/// `debug` as the default handler does.
+fn on_response(res: &Response, latency: std::time::Duration, span: &tracing::Span) {
+    if crate::telemetry::otel::active() {
+        // As i64: unsigned integers are exported as text.
+        span.record(
+            "http.response.status_code",
+            i64::from(res.status().as_u16()),
+        );
+        if res.status().is_server_error() {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+    tracing::debug!(
+        status = res.status().as_u16(),
+        ?latency,
+        "finished processing request"
+    );
+}
+
 /// The whole HTTP surface. Pure: builds routes, does no I/O.
 pub fn router(state: AppState) -> Router {
     let v1 = v1_routes()
@@ -226,19 +283,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
-            let route = req
-                .extensions()
-                .get::<axum::extract::MatchedPath>()
-                .map(|p| p.as_str().to_owned())
-                .unwrap_or_else(|| "unmatched".into());
-            let request_id = req
-                .headers()
-                .get(REQUEST_ID)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            tracing::info_span!("request", method = %req.method(), route = %route, request_id)
-        }))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_response(on_response),
+        )
         // Every request gets an id (the client's `x-request-id`, else a fresh UUID): it is on the
         // request's log lines (the span above) and echoed on the response, errors included, so a
         // problem a client reports can be found in the logs.

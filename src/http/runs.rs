@@ -21,6 +21,7 @@ use super::{
 use crate::events::BusMsg;
 use crate::model::{AgentConfig, MultitaskStrategy, Run, RunStatus, ThreadId};
 use crate::store::NewRun;
+use crate::telemetry::TraceContext;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -64,11 +65,14 @@ pub struct CreateRun {
     pub idempotency_key: Option<String>,
 }
 
+/// Enqueue the run `body` asks for on `thread_id`; its spans will continue `trace` (see
+/// [`TraceContext::for_run`]).
 pub(crate) async fn enqueue(
     state: &AppState,
     tenant: String,
     thread_id: ThreadId,
     body: CreateRun,
+    trace: Option<TraceContext>,
 ) -> Result<(Run, bool), ApiError> {
     let query = body.query.trim().to_owned();
     if query.is_empty() {
@@ -102,6 +106,7 @@ pub(crate) async fn enqueue(
             strategy,
             idempotency_key: body.idempotency_key,
             create_thread: body.if_not_exists == Some(IfNotExists::Create),
+            trace_context: trace.map(|t| t.to_stored()),
         })
         .await?;
     Ok((created.run, created.created))
@@ -144,7 +149,8 @@ pub async fn create_run(
     AppJson(body): AppJson<CreateRun>,
 ) -> Result<Response, ApiError> {
     let id = run_thread_id(&thread_id, &body)?;
-    let (run, created) = enqueue(&state, tenant.clone(), id.clone(), body).await?;
+    let trace = TraceContext::for_run(&headers);
+    let (run, created) = enqueue(&state, tenant.clone(), id.clone(), body, trace).await?;
     if wants_event_stream(&headers) {
         let spec = StreamSpec {
             tenant,
@@ -215,10 +221,12 @@ pub async fn wait_run(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     AppPath(thread_id): AppPath<String>,
+    headers: HeaderMap,
     AppJson(body): AppJson<CreateRun>,
 ) -> Result<AppJson<Run>, ApiError> {
     let id = run_thread_id(&thread_id, &body)?;
-    let (run, _) = enqueue(&state, tenant.clone(), id.clone(), body).await?;
+    let trace = TraceContext::for_run(&headers);
+    let (run, _) = enqueue(&state, tenant.clone(), id.clone(), body, trace).await?;
     Ok(AppJson(
         wait_for_run(&state, &tenant, &id, run.run_id).await?,
     ))

@@ -18,6 +18,7 @@ use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
 use crate::model::{Decision, ResumeDecision, Run, Suspension, SuspensionStatus};
 use crate::store::{Resolution, StoreError};
+use crate::telemetry::TraceContext;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -230,6 +231,7 @@ pub async fn resume_suspension(
     let resolution = Resolution {
         status: SuspensionStatus::Resolved,
         decision,
+        trace_context: TraceContext::for_resume(&headers).map(|t| t.to_stored()),
     };
     let done = match state.commands.resume(&tenant, id, resolution).await {
         Ok(done) => done,

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::model::Usage;
 
+pub mod instrumented;
 pub mod offline;
 pub mod openai;
 pub mod strict;

@@ -113,6 +113,8 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     /// Create the thread (empty metadata and config) when it does not exist.
     pub create_thread: bool,
+    /// The trace context the run's spans continue (a stored [`crate::telemetry::TraceContext`]).
+    pub trace_context: Option<String>,
 }
 
 /// What [`Store::create_run`] did.
@@ -183,6 +185,17 @@ pub struct Claim {
     /// such lease exists; zero when the claim lost a race with another claimer and should be
     /// tried again at once.
     pub next_expiry: Option<Duration>,
+    /// How many of `runs` were taken over: running runs whose previous worker's lease expired.
+    pub taken_over: usize,
+}
+
+/// What waits: see [`Store::backlog`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Runs in the queue (new, released, or resumed after a decision).
+    pub queued_runs: u64,
+    /// Suspensions waiting for a person's decision.
+    pub pending_suspensions: u64,
 }
 
 /// How a pending suspension is being resolved.
@@ -192,6 +205,9 @@ pub struct Resolution {
     pub status: SuspensionStatus,
     /// The decision as given (an expiry is stored as a rejection with reason `expired`).
     pub decision: ResumeDecision,
+    /// The trace context the rest of the run continues, when the decision came with one
+    /// (otherwise the run keeps the one it was created with).
+    pub trace_context: Option<String>,
 }
 
 /// What [`Store::resolve_suspension`] did.
@@ -253,6 +269,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Store reachable and migrations applied.
     async fn ready(&self) -> StoreResult<()>;
+
+    /// What waits, across every tenant and replica: queued runs and pending suspensions (read at
+    /// each `/metrics` scrape; both counts use a partial index).
+    async fn backlog(&self) -> StoreResult<Backlog>;
 
     // ----- threads -------------------------------------------------------------------------
 

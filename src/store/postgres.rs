@@ -161,7 +161,8 @@ fn claim_sql() -> String {
          claimed AS ({CLAIM} \
            WHERE run_id IN (SELECT run_id FROM expired UNION ALL SELECT run_id FROM queued) \
            RETURNING *) \
-         SELECT c.*, n.next_expiry FROM ( \
+         SELECT c.*, n.next_expiry, \
+           COALESCE(c.run_id IN (SELECT run_id FROM expired), FALSE) AS taken_over FROM ( \
            SELECT EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8 AS next_expiry \
            FROM runs WHERE status = 'running' AND lease_expires_at >= now()) n \
          LEFT JOIN claimed c ON true \
@@ -189,6 +190,7 @@ pub(crate) async fn claim_runs(
             return Ok(Claim {
                 runs: Vec::new(),
                 next_expiry: Some(Duration::ZERO),
+                taken_over: 0,
             });
         }
         Err(e) => return Err(e),
@@ -198,6 +200,7 @@ pub(crate) async fn claim_runs(
         let next = row.opt_float("next_expiry")?;
         claim.next_expiry = next.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok());
         if row.opt_uuid("run_id")?.is_some() {
+            claim.taken_over += usize::from(row.boolean("taken_over")?);
             claim.runs.push(rows::run_from_row(row)?);
         }
     }

@@ -251,6 +251,7 @@ pub(crate) fn run_from_row(r: &impl Cols) -> StoreResult<Run> {
         phase: r.enumeration("phase")?,
         cancel_requested: r.boolean("cancel_requested")?,
         start_seq: r.int("start_seq")?,
+        trace_context: r.opt_text("trace_context")?,
     })
 }
 

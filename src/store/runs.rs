@@ -164,9 +164,9 @@ impl SqlStore {
                 q(
                     "INSERT INTO runs (run_id, tenant, thread_id, status, query, config, \
                      multitask_strategy, idempotency_key, created_at, usage, attempt, phase, \
-                     cancel_requested, start_seq) \
+                     cancel_requested, start_seq, trace_context) \
                    VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, {clock}, $8, 0, 'new', FALSE, \
-                     $9) RETURNING *",
+                     $9, $10) RETURNING *",
                 )
                 .bind(run_id)
                 .bind(tenant)
@@ -176,7 +176,8 @@ impl SqlStore {
                 .bind(new.strategy.as_str())
                 .bind(&new.idempotency_key)
                 .bind(rows::to_json(&Usage::default())?)
-                .bind(start_seq),
+                .bind(start_seq)
+                .bind(&new.trace_context),
             )
             .await?;
         tx.notify(&Signal::RunReady).await?;

@@ -11,9 +11,10 @@ use uuid::Uuid;
 
 use super::db::Db;
 pub use super::db::SqlStore;
-use super::sql::Dialect;
+use super::rows::Cols;
+use super::sql::{Dialect, q};
 use super::{
-    AgentSnapshot, Applied, Batch, CancelledRun, Claim, CreatedRun, Fence, NewRun,
+    AgentSnapshot, Applied, Backlog, Batch, CancelledRun, Claim, CreatedRun, Fence, NewRun,
     ObservationQuery, PageCursor, PutFlowchart, Resolution, ResolvedSuspension, RunFilter, Signal,
     Store, StoreResult, ThreadPatch,
 };
@@ -42,6 +43,22 @@ impl Store for SqlStore {
             Dialect::Sqlite => &super::sqlite::MIGRATOR,
         };
         self.migrations_applied(migrator).await
+    }
+
+    async fn backlog(&self) -> StoreResult<Backlog> {
+        let row = self
+            .read()
+            .await?
+            .one(q(
+                "SELECT (SELECT count(*) FROM runs WHERE status = 'queued') AS queued, \
+                   (SELECT count(*) FROM suspensions WHERE status = 'pending') AS pending",
+            ))
+            .await?;
+        let count = |c: &str| row.int(c).map(|n| u64::try_from(n).unwrap_or(0));
+        Ok(Backlog {
+            queued_runs: count("queued")?,
+            pending_suspensions: count("pending")?,
+        })
     }
 
     async fn create_thread(

@@ -192,8 +192,12 @@ pub(crate) async fn claim_runs(
         "{CLAIM} WHERE run_id IN ({}) RETURNING *",
         queued_candidates("0")
     );
-    let kinds = [(leases.boolean("any_expired")?, expired), (true, queued)];
-    for (wanted, sql) in kinds {
+    let kinds = [
+        (leases.boolean("any_expired")?, expired, true),
+        (true, queued, false),
+    ];
+    let mut taken_over = 0;
+    for (wanted, sql, expired) in kinds {
         let left = max.saturating_sub(runs.len());
         if !wanted || left == 0 {
             continue;
@@ -206,12 +210,19 @@ pub(crate) async fn claim_runs(
                     .bind(i64::try_from(left).unwrap_or(i64::MAX)),
             )
             .await?;
+        if expired {
+            taken_over += claimed.len();
+        }
         for row in &claimed {
             runs.push(rows::run_from_row(row)?);
         }
     }
     tx.commit().await?;
-    Ok(Claim { runs, next_expiry })
+    Ok(Claim {
+        runs,
+        next_expiry,
+        taken_over,
+    })
 }
 
 /// The whole batch as one call to SQLite's connection thread: its statements, separated by `;`,

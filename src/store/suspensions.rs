@@ -61,7 +61,11 @@ impl SqlStore {
         suspension_id: Uuid,
         resolution: Resolution,
     ) -> StoreResult<ResolvedSuspension> {
-        let Resolution { status, decision } = resolution;
+        let Resolution {
+            status,
+            decision,
+            trace_context,
+        } = resolution;
         let expired = rows::resolution_is_expiry(status)?;
         let mut tx = self.write().await?;
         // Which thread and run to lock (no lock yet: the order is thread, run, suspension).
@@ -120,10 +124,12 @@ impl SqlStore {
         let run_row = tx
             .opt(
                 q("UPDATE runs SET \
-                     status = CASE WHEN status = 'suspended' THEN 'queued' ELSE status END \
+                     status = CASE WHEN status = 'suspended' THEN 'queued' ELSE status END, \
+                     trace_context = COALESCE($2, trace_context) \
                    WHERE run_id = $1 AND status IN ('suspended', 'queued', 'running') \
                    RETURNING *")
-                .bind(run_id),
+                .bind(run_id)
+                .bind(&trace_context),
             )
             .await?;
         let Some(run_row) = run_row else {

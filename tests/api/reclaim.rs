@@ -174,6 +174,7 @@ async fn enqueue(store: &S, thread: &str) -> Run {
             strategy: MultitaskStrategy::Enqueue,
             idempotency_key: None,
             create_thread: true,
+            trace_context: None,
         })
         .await
         .unwrap()
@@ -232,6 +233,10 @@ async fn one_claim_takes_expired_then_queued_runs_up_to_max(store: S) {
     for run in &first.runs {
         assert_eq!(run.status, RunStatus::Running);
     }
+    assert_eq!(
+        first.taken_over, 2,
+        "two leases were taken over (pes_lease_takeovers_total)"
+    );
     assert_eq!(first.runs[0].attempt, 2, "a re-claim bumps the attempt");
     assert_eq!(first.runs[2].attempt, 1);
     let next = first
@@ -246,6 +251,7 @@ async fn one_claim_takes_expired_then_queued_runs_up_to_max(store: S) {
     let second = store.claim_runs("w", LEASE_30, 8).await.unwrap();
     let ids: HashSet<_> = second.runs.iter().map(|r| r.run_id).collect();
     assert_eq!(ids, [q2.run_id, q3.run_id].into_iter().collect());
+    assert_eq!(second.taken_over, 0, "queued runs are not take-overs");
     assert!(second.next_expiry.is_some_and(|d| d <= LEASE_30));
     let third = store.claim_runs("w", LEASE_30, 8).await.unwrap();
     assert!(third.runs.is_empty(), "{:?}", third.runs);

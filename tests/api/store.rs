@@ -14,8 +14,8 @@ use pes_server::model::{
     ToolResultStatus, ToolValidationMode, Usage, ValidationStatus, new_id,
 };
 use pes_server::store::{
-    Batch, Fence, NewRun, ObservationQuery, Op, PageCursor, Resolution, RunFilter, RunUpdate,
-    Store, StoreError, ThreadPatch,
+    Backlog, Batch, Fence, NewRun, ObservationQuery, Op, PageCursor, Resolution, RunFilter,
+    RunUpdate, Store, StoreError, ThreadPatch,
 };
 use serde_json::json;
 use tokio::time::Instant;
@@ -57,6 +57,7 @@ fn new_run(tenant: &str, thread: &str, query: &str) -> NewRun {
         strategy: MultitaskStrategy::Enqueue,
         idempotency_key: None,
         create_thread: true,
+        trace_context: None,
     }
 }
 
@@ -1811,6 +1812,7 @@ fn resolution(decision: serde_json::Value) -> Resolution {
     Resolution {
         status: SuspensionStatus::Resolved,
         decision: serde_json::from_value(decision).expect("a decision in its stored shape"),
+        trace_context: None,
     }
 }
 
@@ -1820,6 +1822,7 @@ fn expiry() -> Resolution {
         decision: ResumeDecision::Reject {
             reason: Some("expired".into()),
         },
+        trace_context: None,
     }
 }
 
@@ -1906,6 +1909,58 @@ async fn resolving_a_suspension_requeues_its_run_with_an_observation(store: S) {
     assert_eq!(again.run_id, run.run_id);
     assert_eq!(again.attempt, f.attempt + 1);
     assert_ne!(again.run_id, later.run_id);
+}
+
+/// A run keeps the trace context it was created with across claims and a resume without one;
+/// a resume that brings one replaces it.
+async fn a_run_keeps_its_trace_context_unless_a_resume_brings_one(store: S) {
+    let first = r#"{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#;
+    let created = store
+        .create_run(NewRun {
+            trace_context: Some(first.into()),
+            ..new_run(A, "t", "q")
+        })
+        .await
+        .unwrap()
+        .run;
+    assert_eq!(created.trace_context.as_deref(), Some(first));
+    let run = claim(&store).await;
+    assert_eq!(run.trace_context.as_deref(), Some(first));
+    let s = suspend(&store, A, "t", fence(&run)).await;
+    let done = store
+        .resolve_suspension(
+            A,
+            s.suspension_id,
+            resolution(json!({"decision": "approve"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.run.trace_context.as_deref(), Some(first), "kept");
+    let run = claim(&store).await;
+    assert_eq!(run.trace_context.as_deref(), Some(first));
+    let s = suspend(&store, A, "t", fence(&run)).await;
+    let second = r#"{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01"}"#;
+    let r = Resolution {
+        trace_context: Some(second.into()),
+        ..resolution(json!({"decision": "approve"}))
+    };
+    store
+        .resolve_suspension(A, s.suspension_id, r)
+        .await
+        .unwrap();
+    assert_eq!(claim(&store).await.trace_context.as_deref(), Some(second));
+}
+
+/// `/metrics` reads what waits from the store: queued runs and pending suspensions, over every
+/// tenant.
+async fn the_backlog_counts_queued_runs_and_pending_suspensions(store: S) {
+    assert_eq!(store.backlog().await.unwrap(), Backlog::default());
+    let (_, f) = running(&store, A, "t").await;
+    suspend(&store, A, "t", f).await;
+    enqueue(&store, A, "t").await;
+    enqueue(&store, B, "u").await;
+    let b = store.backlog().await.unwrap();
+    assert_eq!((b.queued_runs, b.pending_suspensions), (2, 1));
 }
 
 async fn concurrent_resolvers_of_one_suspension_get_one_success(store: S) {
@@ -2066,6 +2121,7 @@ async fn resolving_a_suspension_that_is_no_longer_pending_conflicts(store: S) {
         let r = Resolution {
             status,
             decision: ResumeDecision::Approve { reason: None },
+            trace_context: None,
         };
         let err = store
             .resolve_suspension(A, pending.suspension_id, r)
@@ -2444,6 +2500,8 @@ conformance!(
     thread_status_follows_its_runs,
     mixed_writers_of_one_thread_neither_deadlock_nor_leave_gaps,
     resolving_a_suspension_requeues_its_run_with_an_observation,
+    a_run_keeps_its_trace_context_unless_a_resume_brings_one,
+    the_backlog_counts_queued_runs_and_pending_suspensions,
     concurrent_resolvers_of_one_suspension_get_one_success,
     resolving_an_unknown_or_foreign_suspension_is_not_found,
     resolving_a_suspension_that_is_no_longer_pending_conflicts,

@@ -217,6 +217,7 @@ impl Harness {
                 strategy: MultitaskStrategy::Enqueue,
                 idempotency_key: None,
                 create_thread: true,
+                trace_context: None,
             })
             .await
             .unwrap();

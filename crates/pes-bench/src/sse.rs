@@ -85,7 +85,7 @@ pub(crate) async fn sse_mode(args: &Args, server: &Server, machine: &Machine) ->
         / board.connected.load(Ordering::Relaxed).max(1) as f64;
 
     let completed_before = ended_runs(server).await?;
-    let failed_before = server.metric("pes_runs_failed_total").await?;
+    let failed_before = server.metric(r#"pes_runs_total{status="failed"}"#).await?;
     let cpu_before = CpuSample::take(server.pid)?;
     let started = Instant::now();
     let runs_per_sec = f64::from(args.rate) / first.max(1) as f64;
@@ -114,7 +114,7 @@ pub(crate) async fn sse_mode(args: &Args, server: &Server, machine: &Machine) ->
     let cpu = CpuSample::take(server.pid)?.usage_since(&cpu_before, machine);
     let _ = stop_tx.send(true);
     let results = collect_readers(readers).await;
-    let runs_failed = server.metric("pes_runs_failed_total").await? - failed_before;
+    let runs_failed = server.metric(r#"pes_runs_total{status="failed"}"#).await? - failed_before;
 
     Ok(SseReport {
         subscribers: args.subscribers,
@@ -362,9 +362,13 @@ async fn drive(
 
 /// Runs this process has ended (completed, failed or cancelled).
 pub(crate) async fn ended_runs(server: &Server) -> Result<u64> {
-    Ok(server.metric("pes_runs_completed_total").await?
-        + server.metric("pes_runs_failed_total").await?
-        + server.metric("pes_runs_cancelled_total").await?)
+    Ok(server
+        .metric(r#"pes_runs_total{status="completed"}"#)
+        .await?
+        + server.metric(r#"pes_runs_total{status="failed"}"#).await?
+        + server
+            .metric(r#"pes_runs_total{status="cancelled"}"#)
+            .await?)
 }
 
 async fn wait_runs_ended(server: &Server, target: u64) -> Result<()> {

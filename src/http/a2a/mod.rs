@@ -351,7 +351,8 @@ async fn send(state: &AppState, tenant: &str, p: SendMessageParams) -> Result<Se
         // A message sent twice (a client's retry) is one task.
         idempotency_key: Some(format!("a2a:{}", m.message_id)),
     };
-    let (run, _) = enqueue(state, tenant.to_owned(), thread_id, body)
+    let trace = crate::telemetry::TraceContext::current();
+    let (run, _) = enqueue(state, tenant.to_owned(), thread_id, body, trace)
         .await
         .map_err(api_error)?;
     Ok(Sent {
@@ -400,6 +401,7 @@ async fn answer(
     let resolution = Resolution {
         status: SuspensionStatus::Resolved,
         decision,
+        trace_context: None,
     };
     match state
         .commands

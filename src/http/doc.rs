@@ -57,7 +57,8 @@ routes never do.",
         (name = "tools", description = "The tools threads can enable"),
         (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
-        (name = "health", description = "Liveness, readiness, metrics")
+        (name = "health", description = "Liveness, readiness, metrics"),
+        (name = "console", description = "The web console for people (an HTML page that uses this API)")
     )
 )]
 pub(super) struct ApiDoc;

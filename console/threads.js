@@ -13,7 +13,7 @@ export function threadHref(id) {
 export async function showThreads(main) {
   document.title = "Threads · pes-server console";
   const rows = h("tbody");
-  const more = h("button", { type: "button", hidden: true }, "Show older threads");
+  const more = h("button", { type: "button", id: "more-threads", hidden: true }, "Show older threads");
   const listError = h("p", { class: "error", role: "alert" });
   const empty = h("p", { hidden: true }, "No threads yet: create one above.");
   fill(

@@ -7,6 +7,7 @@
 use serde_json::{Value, json};
 
 use crate::browser::Browser;
+use crate::fake_llm::{FakeLlm, Reply, phase_of, plan_item};
 use crate::helpers::{Backend, TestApp, database_url, spawn_config, spawn_with, test_config};
 
 /// Every `seq` the page's tree shows, in document order.
@@ -189,7 +190,12 @@ async fn a_person_posts_a_query_watches_the_tree_approves_a_suspension_and_reads
         content.contains("\"toolCallId\": \"call_step-1_1\""),
         "{content}"
     );
-    browser.screenshot("thread-suspended").await;
+    let shot = browser.screenshot("thread-suspended").await;
+    if std::env::var_os("PES_CONSOLE_DOCS_SCREENSHOT").is_some() {
+        // The README's picture (`PES_CONSOLE_DOCS_SCREENSHOT=1` makes it again).
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console.png");
+        std::fs::copy(&shot, docs).unwrap();
+    }
 
     // Edited arguments the tool's schema refuses: the server's 422 is shown in the card, and the
     // suspension still waits.
@@ -447,6 +453,161 @@ async fn the_page_asks_for_an_api_key_keeps_it_in_the_browser_and_uses_it() {
         )
         .await;
     assert!(answer.as_str().unwrap().contains("1+1 = 2"), "{answer}");
+    browser.quit().await;
+    app.stop().await;
+}
+
+/// Parallel items in flight at once, a team's children inside the team (in the plan and in the
+/// tree), and a flowchart's steps under its tool call.
+#[tokio::test]
+async fn the_page_shows_parallel_items_in_flight_team_children_and_flowchart_steps() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let llm = FakeLlm::start().await;
+    let app = spawn_with(Backend::Sqlite, Some(&llm), |_| {}).await;
+    let put = app
+        .client
+        .put(app.url("/v1/flowcharts/triage"))
+        .json(&json!({
+            "description": "Triage a refund.",
+            "flowchart": {"start": "route", "stages": {
+                "route": {"kind": "decide", "default": "review", "rules": [
+                    {"condition": {">": [{"var": "args.amount"}, 1000]}, "next": "escalate"}]},
+                "review": {"kind": "end", "result": {"decision": "review"}},
+                "escalate": {"kind": "end", "result": {"decision": "escalated"}}
+            }}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let team = |mut item: Value| {
+        item["kind"] = json!("team");
+        item
+    };
+    let plan_of = |items: Vec<Value>| {
+        Reply::Json(json!({"title": "Refunds", "intent": "test", "plan": "p", "todoList": items}))
+    };
+    llm.push(
+        "plan",
+        plan_of(vec![
+            team(plan_item("t", "Research the refund", &[], &[])),
+            plan_item("f", "Triage the refund", &["triage"], &[]),
+        ]),
+    );
+    llm.push(
+        "plan",
+        plan_of(vec![
+            plan_item("a", "Read the order", &[], &[]),
+            plan_item("b", "Read the policy", &[], &[]),
+        ]),
+    );
+    llm.push_item(
+        "f",
+        Reply::ToolCalls(vec![("triage".into(), json!({"amount": 2500}))]),
+    );
+    // Every item's model call waits until the page has shown them all at work.
+    llm.hold_if(|req| phase_of(req) == "execute");
+    app.thread(json!({"threadId": "refunds"})).await;
+
+    browser.goto(&app.url("/console?thread=refunds")).await;
+    browser
+        .wait_for(
+            "the live stream",
+            "document.querySelector('.connection')?.dataset.state === 'live'",
+        )
+        .await;
+    browser
+        .type_into("#query", "Should we refund order 42?")
+        .await;
+    browser.click("#ask button[type=submit]").await;
+    browser
+        .wait_for(
+            "three items in flight at once",
+            "['t.a', 't.b', 'f'].every(id => document.querySelector(`ol.todo li[data-item=\"${id}\"]`)?.dataset.status === 'in_progress')",
+        )
+        .await;
+    // The team's children are inside the team, in the plan and in the tree.
+    browser
+        .wait_for(
+            "the children inside their team",
+            "document.querySelector('ol.todo li[data-item=\"t\"] ol.todo li[data-item=\"t.b\"]')              && document.querySelector('li.item[data-item=\"t\"] li.item[data-item=\"t.a\"]')",
+        )
+        .await;
+    let badges = browser.text("ol.todo").await;
+    assert!(badges.matches("in progress").count() >= 3, "{badges}");
+    browser.screenshot("parallel-in-flight").await;
+    llm.release();
+
+    browser
+        .wait_for(
+            "the flowchart's step under its call",
+            "document.querySelector('li.item[data-item=\"f\"] li.obs[data-type=TOOL_CALL] li.obs[data-type=FLOWCHART_STEP]')",
+        )
+        .await;
+    browser
+        .wait_for(
+            "the run completed",
+            "document.querySelector('li.run')?.dataset.status === 'completed'",
+        )
+        .await;
+    // A finished item folds away; a click unfolds it, and its call's steps show.
+    let hidden = browser
+        .text("li.obs[data-type=FLOWCHART_STEP] > details > summary")
+        .await;
+    assert_eq!(hidden, "", "folded with its completed item");
+    browser
+        .click("li.item[data-item=\"f\"] > details > summary")
+        .await;
+    let step = browser
+        .text("li.obs[data-type=FLOWCHART_STEP] > details > summary")
+        .await;
+    assert!(step.starts_with("FLOWCHART_STEP"), "{step}");
+    assert_tree_matches_log(&browser, &app, "refunds").await;
+    browser.screenshot("teams-and-flowchart").await;
+    browser.quit().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_thread_list_shows_the_newest_first_a_page_at_a_time() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let app = spawn_with(Backend::Sqlite, None, |_| {}).await;
+    for i in 0..25 {
+        app.thread(json!({"threadId": format!("t-{i:02}")})).await;
+    }
+    browser.goto(&app.url("/console")).await;
+    let rows = "[...document.querySelectorAll('tr[data-thread]')].map(r => r.dataset.thread)";
+    let first = browser
+        .wait_for("the first page", &format!("{rows}.length === 20 && {rows}"))
+        .await;
+    assert_eq!(first[0], "t-24", "newest first: {first}");
+    assert_eq!(first[19], "t-05");
+    browser.click("#more-threads").await;
+    let all = browser
+        .wait_for(
+            "the second page",
+            &format!("{rows}.length === 25 && {rows}"),
+        )
+        .await;
+    assert_eq!(all[24], "t-00", "{all}");
+    browser
+        .wait_for(
+            "no more pages",
+            "document.querySelector('#more-threads').hidden",
+        )
+        .await;
+    // A thread opens from the list.
+    browser.click("tr[data-thread=\"t-03\"] a").await;
+    browser
+        .wait_for(
+            "the thread page",
+            "document.querySelector('h1 code')?.textContent === 't-03'",
+        )
+        .await;
     browser.quit().await;
     app.stop().await;
 }

@@ -68,8 +68,6 @@ export function askForKey(rejected) {
       resolve(key);
     };
     form.addEventListener("submit", onSubmit);
-    // Escape would leave the page with no key and no way to ask again: reopen instead.
-    dialog.addEventListener("cancel", (event) => event.preventDefault(), { once: true });
     dialog.showModal();
     input.focus();
   });
@@ -131,6 +129,9 @@ export function seg(id) {
 
 export function initKeyControls() {
   keyChanged();
+  // Escape would close the dialog and leave every waiting call without a key and no way to ask
+  // again: the dialog stays until a key is given.
+  document.getElementById("key-dialog").addEventListener("cancel", (event) => event.preventDefault());
   document.getElementById("forget-key").addEventListener("click", () => {
     forgetKey();
     location.reload();

@@ -7,7 +7,7 @@
 // it delivered. The server then replays exactly what came after it, so nothing is missed; and a
 // frame whose `seq` is not above the last one delivered is dropped, so nothing is shown twice.
 
-import { apiUrl, askForKey, authHeaders, seg } from "./api.js";
+import { apiUrl, askForKey, authHeaders, seg, storedKey } from "./api.js";
 
 // The server sends a keep-alive comment every 15 s by default: no byte for this long means the
 // connection is dead even if the socket has not noticed (a laptop that slept, a dropped route).
@@ -46,7 +46,7 @@ export function follow(threadId, { after = 0, onObservation, onState }) {
       });
       if (response.status === 401) {
         clearTimeout(stall);
-        await askForKey(true);
+        await askForKey(storedKey() !== null);
         return "retry-now";
       }
       if (response.status === 404) return "gone";

@@ -48,6 +48,7 @@ export async function showThread(main, threadId) {
       if (obs.type === "RUN_STARTED") fill(page.answer, h("p", {}, `Working on: ${obs.content?.query ?? ""}`));
       if (obs.type === "FINAL_RESPONSE") showAnswer(page.answer, obs.content);
       if (obs.type === "RUN_FAILED") showFailure(page.answer, obs.content);
+      if (obs.type === "RUN_CANCELLED") fill(page.answer, h("p", {}, "The run was cancelled."));
       if (SUSPENSION_EVENTS.has(obs.type)) suspensions.refresh();
     },
     onState(state, detail) {

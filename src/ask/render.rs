@@ -231,6 +231,39 @@ fn snippet(v: &Value) -> String {
     }
 }
 
+/// The final answer: its text, then its sources and suggestions when it has any.
+pub fn answer_lines(a: &Value, s: Style) -> Vec<String> {
+    let mut out = vec![
+        String::new(),
+        s.paint("1", "Answer"),
+        a["response"].as_str().unwrap_or_default().to_owned(),
+    ];
+    let sources: Vec<&Value> = a["sources"].as_array().into_iter().flatten().collect();
+    if !sources.is_empty() {
+        out.push(String::new());
+        out.push(s.paint("1", "Sources"));
+        for src in sources {
+            out.push(format!(
+                "- {} <{}>",
+                src["title"].as_str().unwrap_or_default(),
+                src["url"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    let suggestions: Vec<&str> = a["suggestions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if !suggestions.is_empty() {
+        out.push(String::new());
+        out.push(s.paint("1", "Suggestions"));
+        out.extend(suggestions.iter().map(|t| format!("- {t}")));
+    }
+    out
+}
+
 /// The progress line on stderr: a spinner, what the run is doing, the time so far. Drawn only
 /// when stderr is a terminal; cleared before any other output so lines never mix.
 pub struct Progress {
@@ -364,6 +397,26 @@ mod tests {
             "NO_COLOR"
         );
         assert!(!Style::decide(true, None, Some("dumb")).color);
+    }
+
+    #[test]
+    fn the_answer_lists_its_sources_and_suggestions() {
+        let a = json!({"response": "42", "sources": [{"title": "Docs", "url": "https://x.test/d"}],
+                       "suggestions": ["Ask again"]});
+        assert_eq!(
+            answer_lines(&a, Style { color: false }),
+            vec![
+                "",
+                "Answer",
+                "42",
+                "",
+                "Sources",
+                "- Docs <https://x.test/d>",
+                "",
+                "Suggestions",
+                "- Ask again"
+            ]
+        );
     }
 
     #[test]

@@ -396,9 +396,9 @@ mod tests {
                 }
             }
         }
-        // limit+cursor ×3, observations 5, events 4 + Last-Event-ID, suspensions 1, flowchart
+        // limit+cursor ×3, observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart
         // version 1, /a2a's A2A-Version and Last-Event-ID.
-        assert_eq!(queries, 20);
+        assert_eq!(queries, 21);
         let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
         assert_eq!(limit["name"], "limit");
         assert_eq!(limit["in"], "query");
@@ -429,6 +429,7 @@ mod tests {
             "/metrics",
             "/openapi.json",
             "/docs",
+            "/console",
             "/.well-known/agent-card.json",
         ] {
             assert!(doc["paths"][open]["get"].is_object(), "{open}");

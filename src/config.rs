@@ -33,6 +33,11 @@ pub enum Command {
     Openapi,
     /// Exit 0 when the server on `PES_BIND` answers `/healthz` (for container health checks).
     Healthcheck,
+    /// Post a query to a running service and follow its run in the terminal: the live tree, a
+    /// question at each suspension, the final answer. Exit status: 0 completed, 1 the service
+    /// could not be reached or refused, 2 bad arguments, 3 the run failed, 4 it was cancelled,
+    /// 5 it waits for a person and the input has ended, 130 left after a second Ctrl-C.
+    Ask(crate::ask::AskArgs),
 }
 
 /// Which model provider serves runs.

@@ -3,6 +3,7 @@
 //! Crate map:
 //! - [`a2a`]: the A2A server (agent card, JSON-RPC `POST /a2a`) and the protocol types;
 //! - [`app`]: start-up and shutdown ([`App::build`], [`App::run_until_stopped`]);
+//! - [`ask`]: `pes-server ask`, the terminal client that follows a run and asks the person;
 //! - [`config`]: every setting (flag + `PES_*` environment variable);
 //! - [`http`]: routers per resource, problem+json errors, SSE;
 //! - [`agent`]: the PES engine, pure logic over traits;
@@ -19,6 +20,7 @@
 pub mod a2a;
 pub mod agent;
 pub mod app;
+pub mod ask;
 pub mod commands;
 pub mod config;
 pub mod events;

@@ -8,6 +8,10 @@ use pes_server::{App, telemetry};
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_normalized();
+    if let Some(Command::Ask(args)) = cli.command {
+        // A client of a running service: none of the service's logging.
+        return ExitCode::from(pes_server::ask::run(args).await);
+    }
     let traces = telemetry::init(&cli.config);
     let result = run(cli).await;
     // The spans still queued are sent before the process exits.
@@ -48,6 +52,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Openapi => {
             println!("{}", pes_server::http::openapi().to_pretty_json()?);
         }
+        Command::Ask(_) => unreachable!("handled before logging starts"),
         Command::Serve => {
             let app = App::build(cli.config).await?;
             let token = app.shutdown_token();

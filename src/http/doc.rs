@@ -57,7 +57,8 @@ routes never do.",
         (name = "tools", description = "The tools threads can enable"),
         (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
-        (name = "health", description = "Liveness, readiness, metrics")
+        (name = "health", description = "Liveness, readiness, metrics"),
+        (name = "console", description = "The web console for people (an HTML page that uses this API)")
     )
 )]
 pub(super) struct ApiDoc;
@@ -395,9 +396,9 @@ mod tests {
                 }
             }
         }
-        // limit+cursor ×3, observations 5, events 4 + Last-Event-ID, suspensions 1, flowchart
+        // limit+cursor ×3, observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart
         // version 1, /a2a's A2A-Version and Last-Event-ID.
-        assert_eq!(queries, 20);
+        assert_eq!(queries, 21);
         let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
         assert_eq!(limit["name"], "limit");
         assert_eq!(limit["in"], "query");
@@ -428,6 +429,7 @@ mod tests {
             "/metrics",
             "/openapi.json",
             "/docs",
+            "/console",
             "/.well-known/agent-card.json",
         ] {
             assert!(doc["paths"][open]["get"].is_object(), "{open}");

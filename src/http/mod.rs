@@ -2,9 +2,11 @@
 //! [`router`] (a pure factory: no I/O, so tests can `oneshot` it). Cross-cutting pieces live here:
 //! the shared [`AppState`], API-key authentication that resolves the tenant, the problem+json
 //! fallbacks for unknown routes and methods, and page cursors. [`serve`] owns the connections the
-//! router is served on (their caps and timeouts).
+//! router is served on (their caps and timeouts); [`console`] serves the web console, outside the
+//! API keys (its data calls carry them).
 
 pub mod a2a;
+pub mod console;
 pub mod doc;
 pub mod error;
 pub mod flowcharts;
@@ -192,6 +194,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         .merge(health::router())
         .split_for_parts();
     health::document_extra_routes(&mut api);
+    console::document_route(&mut api);
     doc::add_shared_parts(&mut api);
     api
 }
@@ -280,6 +283,7 @@ pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     router
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
+        .merge(console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

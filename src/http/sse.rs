@@ -368,6 +368,10 @@ pub struct EventParams {
     /// Only observations with this `parentId` (an item id, or another observation's id).
     #[param(nullable = false)]
     pub parent_id: Option<String>,
+    /// Only observations of this run (a client following one run it posted, such as
+    /// `pes-server ask`, replays just that run, however long the thread).
+    #[param(nullable = false)]
+    pub run_id: Option<Uuid>,
     /// Ephemeral token deltas (accepted; providers do not stream tokens yet).
     #[param(nullable = false)]
     pub tokens: Option<bool>,
@@ -423,7 +427,7 @@ pub async fn events(
         after: header_after.or(params.after).unwrap_or(0),
         types,
         parent_id: params.parent_id,
-        run_id: None,
+        run_id: params.run_id,
         until_run_end: false,
     };
     Ok(observation_sse(&state, spec))

@@ -155,6 +155,7 @@ impl FlowHost for RunFlowHost<'_> {
                 name: "pes_flowchart".into(),
                 schema,
             }),
+            tokens: crate::llm::Tokens::none(),
         };
         if request.response_format.is_some() {
             let (value, resp) =

@@ -196,9 +196,11 @@ impl Engine {
         &self.tools
     }
 
-    /// Names of the configured providers.
+    /// Names of the configured providers, sorted.
     pub fn provider_names(&self) -> Vec<String> {
-        self.providers.keys().cloned().collect()
+        let mut names: Vec<String> = self.providers.keys().cloned().collect();
+        names.sort_unstable();
+        names
     }
 
     /// Drive a run from its persisted state to completion, failure, cancellation or suspension.

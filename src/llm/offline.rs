@@ -945,6 +945,7 @@ mod tests {
             messages,
             tools: ToolRegistry::with_builtins().specs(None),
             response_format: None,
+            tokens: crate::llm::Tokens::none(),
         }
     }
 

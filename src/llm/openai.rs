@@ -2,30 +2,28 @@
 //! llama.cpp, LiteLLM, OpenRouter, Groq, DeepSeek… and the test double).
 //!
 //! It owns the wire format of DESIGN §3 (messages, native tool calling, `response_format`
-//! json_schema) and the transport policy: transient failures (429, 500, 502, 503, 504, connection
-//! errors, timeouts) are retried with exponential backoff and jitter, honouring `Retry-After`; any
-//! other 4xx is a permanent [`LlmError::Rejected`]; a provider that refuses `response_format` is
-//! asked once more with the schema in the system prompt instead.
+//! json_schema, streamed chunks) and what a reply means: any 4xx other than 429 is a permanent
+//! [`LlmError::Rejected`]; a provider that refuses `response_format` is asked once more with the
+//! schema in the system prompt instead. Retries and the reading of replies are the shared
+//! [`super::transport`]'s. A streamed reply (`stream: true` with usage included) is assembled
+//! into the reply a non-streamed call returns, and parsed by the same code, so what is committed
+//! does not depend on streaming; its text goes to the request's token sink as it arrives.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use rand::Rng;
 use reqwest::StatusCode;
-use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde_json::{Map, Value, json};
 use tracing::{debug, warn};
 
+use super::transport::{
+    Exchange, MAX_ERROR_BODY, Retrier, SseEvent, StreamFault, StreamReader, Transport,
+    TransportConfig, is_transient,
+};
 use super::{
-    ChatMessage, ChatRequest, ChatResponse, LlmError, LlmProvider, Role, ToolCall, truncate,
+    ChatMessage, ChatRequest, ChatResponse, LlmError, LlmProvider, Role, Tokens, ToolCall, truncate,
 };
 use crate::model::Usage;
-
-/// Longest error body kept in [`LlmError::Rejected`] and [`LlmError::Unavailable`].
-const MAX_ERROR_BODY: usize = 2048;
-/// Longest `Retry-After` we honour; a longer one is cut to this.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// Settings of an [`OpenAiProvider`].
 #[derive(Debug, Clone, PartialEq)]
@@ -36,18 +34,8 @@ pub struct OpenAiConfig {
     pub api_key: Option<String>,
     /// Model used when a request names none.
     pub default_model: String,
-    /// Bound on one HTTP attempt (connect, send and read the reply).
-    pub timeout: Duration,
-    /// Retries of a transient failure after the first attempt.
-    pub max_retries: u32,
-    /// First backoff; doubled on each retry, with jitter.
-    pub initial_backoff: Duration,
-    /// Cap of the computed backoff.
-    pub max_backoff: Duration,
-    /// Model calls this process has in flight at once, at most; more wait their turn. Each call
-    /// holds a socket, and parallel items multiply calls per run: without a cap, thousands of
-    /// runs answered at once exhaust file descriptors and fail their calls instead of queueing.
-    pub max_in_flight: usize,
+    /// Timeouts, retries, the in-flight cap and streaming.
+    pub transport: TransportConfig,
 }
 
 impl Default for OpenAiConfig {
@@ -56,16 +44,12 @@ impl Default for OpenAiConfig {
             base_url: "https://api.openai.com/v1".into(),
             api_key: None,
             default_model: "gpt-4o-mini".into(),
-            timeout: Duration::from_secs(120),
-            max_retries: 3,
-            initial_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(10),
-            max_in_flight: 4096,
+            transport: TransportConfig::default(),
         }
     }
 }
 
-/// Why an [`OpenAiProvider`] could not be built.
+/// Why a provider (`openai` or `anthropic`) could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenAiConfigError {
     /// The base URL is not an http(s) URL.
@@ -79,14 +63,26 @@ pub enum OpenAiConfigError {
     Client(#[from] reqwest::Error),
 }
 
+/// `base` without white space and trailing `/`, when it is an http(s) URL.
+///
+/// # Errors
+/// [`OpenAiConfigError::BadBaseUrl`] otherwise.
+pub(crate) fn checked_base(base: &str) -> Result<String, OpenAiConfigError> {
+    let trimmed = base.trim().trim_end_matches('/').to_owned();
+    if !(trimmed.starts_with("http://") || trimmed.starts_with("https://")) {
+        return Err(OpenAiConfigError::BadBaseUrl(base.to_owned()));
+    }
+    Ok(trimmed)
+}
+
 /// An OpenAI-compatible Chat Completions client.
 #[derive(Debug, Clone)]
 pub struct OpenAiProvider {
-    cfg: OpenAiConfig,
+    base_url: String,
+    api_key: Option<String>,
+    default_model: String,
     endpoint: String,
-    client: reqwest::Client,
-    /// Permits for calls in flight (`OpenAiConfig::max_in_flight`).
-    in_flight: Arc<tokio::sync::Semaphore>,
+    transport: Transport,
 }
 
 impl OpenAiProvider {
@@ -96,22 +92,16 @@ impl OpenAiProvider {
     /// [`OpenAiConfigError`] for a base URL that is not http(s), an empty default model, or an
     /// HTTP client that cannot be built.
     pub fn new(cfg: OpenAiConfig) -> Result<Self, OpenAiConfigError> {
-        let base = cfg.base_url.trim().trim_end_matches('/').to_owned();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(OpenAiConfigError::BadBaseUrl(cfg.base_url.clone()));
-        }
+        let base = checked_base(&cfg.base_url)?;
         if cfg.default_model.trim().is_empty() {
             return Err(OpenAiConfigError::EmptyModel);
         }
-        let client = crate::net::client_builder()
-            .timeout(cfg.timeout)
-            .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
-            .build()?;
         Ok(Self {
             endpoint: format!("{base}/chat/completions"),
-            in_flight: Arc::new(tokio::sync::Semaphore::new(cfg.max_in_flight.max(1))),
-            cfg,
-            client,
+            base_url: base,
+            api_key: cfg.api_key,
+            default_model: cfg.default_model,
+            transport: Transport::new(cfg.transport)?,
         })
     }
 
@@ -120,22 +110,9 @@ impl OpenAiProvider {
         &self.endpoint
     }
 
-    /// Backoff before retry number `retry` (0-based): exponential, capped, with "equal jitter"
-    /// (half fixed, half random) so synchronized clients spread out.
-    fn backoff(&self, retry: u32) -> Duration {
-        let base = self
-            .cfg
-            .initial_backoff
-            .saturating_mul(2u32.saturating_pow(retry.min(16)))
-            .min(self.cfg.max_backoff);
-        let half = base / 2;
-        let jitter_ms = u64::try_from(half.as_millis()).unwrap_or(u64::MAX);
-        let extra = if jitter_ms == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_millis(rand::rng().random_range(0..=jitter_ms))
-        };
-        half + extra
+    /// The base URL (for logs).
+    pub fn base_url(&self) -> &str {
+        &self.base_url
     }
 }
 
@@ -180,14 +157,15 @@ fn wire_message(m: &ChatMessage) -> Value {
     Value::Object(o)
 }
 
-/// The text added to the system prompt when a provider refuses `response_format`.
-fn schema_instruction(schema: &Value) -> String {
+/// The text added to the system prompt when a provider refuses `response_format` (or, for
+/// Anthropic, when the schema cannot be a tool's input).
+pub(crate) fn schema_instruction(schema: &Value) -> String {
     format!("Reply with only a JSON object that matches this JSON Schema: {schema}")
 }
 
 /// The request body. With `inline_schema`, `response_format` is left out and the schema is put
 /// in the system prompt instead.
-fn build_body(req: &ChatRequest, model: &str, inline_schema: bool) -> Value {
+fn build_body(req: &ChatRequest, model: &str, inline_schema: bool, stream: bool) -> Value {
     let mut messages: Vec<ChatMessage> = req.messages.clone();
     if inline_schema && let Some(fmt) = &req.response_format {
         let instruction = schema_instruction(&fmt.schema);
@@ -207,6 +185,10 @@ fn build_body(req: &ChatRequest, model: &str, inline_schema: bool) -> Value {
         "model": model,
         "messages": messages.iter().map(wire_message).collect::<Vec<_>>(),
     });
+    if stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
     if !req.tools.is_empty() {
         body["tools"] = req
             .tools
@@ -239,18 +221,24 @@ fn build_body(req: &ChatRequest, model: &str, inline_schema: bool) -> Value {
 
 /// Parse a 2xx reply body into a [`ChatResponse`] (usage without `llm_calls`).
 fn parse_reply(body: &str) -> Result<ChatResponse, LlmError> {
-    let mut v: Value = serde_json::from_str(body).map_err(|e| {
+    let v: Value = serde_json::from_str(body).map_err(|e| {
         LlmError::BadReply(format!(
             "not JSON ({e}): {}",
             truncate(body, MAX_ERROR_BODY)
         ))
     })?;
+    parse_completion(v, body)
+}
+
+/// A chat completion (parsed, or assembled from a stream) as a [`ChatResponse`]; `raw` is what
+/// an error quotes.
+fn parse_completion(mut v: Value, raw: &str) -> Result<ChatResponse, LlmError> {
     // What a model writes is stored: no store may be handed a NUL.
     crate::model::scrub_nul(&mut v);
     let Some(choice) = v.get("choices").and_then(|c| c.get(0)) else {
         return Err(LlmError::BadReply(format!(
             "no `choices[0]` in the reply: {}",
-            truncate(body, MAX_ERROR_BODY)
+            truncate(raw, MAX_ERROR_BODY)
         )));
     };
     let message = choice.get("message").cloned().unwrap_or(Value::Null);
@@ -318,24 +306,135 @@ fn parse_reply(body: &str) -> Result<ChatResponse, LlmError> {
     })
 }
 
-fn is_transient(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504)
+/// A tool call being assembled from its deltas.
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: Option<String>,
+    name: String,
+    arguments: String,
 }
 
-/// `Retry-After` as a delay: seconds (fractional accepted) or an HTTP date, capped.
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    let delay = if let Ok(secs) = text.parse::<f64>() {
-        if !secs.is_finite() || secs < 0.0 {
-            return None;
+/// Assembles a streamed completion (`chat.completion.chunk`s, then the usage chunk, then
+/// `[DONE]`) into the completion a non-streamed call returns, forwarding content deltas to the
+/// request's token sink (tool-call arguments are not text the model shows: they are not sent).
+struct ChunkAssembler {
+    tokens: Tokens,
+    content: String,
+    saw_content: bool,
+    calls: BTreeMap<u64, PartialCall>,
+    finish_reason: Option<String>,
+    usage: Option<Value>,
+    done: bool,
+}
+
+impl ChunkAssembler {
+    fn new(tokens: Tokens) -> Self {
+        Self {
+            tokens,
+            content: String::new(),
+            saw_content: false,
+            calls: BTreeMap::new(),
+            finish_reason: None,
+            usage: None,
+            done: false,
         }
-        Duration::from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64()))
-    } else {
-        let at = chrono::DateTime::parse_from_rfc2822(text).ok()?;
-        let ms = (at.with_timezone(&chrono::Utc) - chrono::Utc::now()).num_milliseconds();
-        Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-    };
-    Some(delay.min(MAX_RETRY_AFTER))
+    }
+
+    /// The completion the chunks make (the shape of a non-streamed reply).
+    fn completion(self) -> Value {
+        let tool_calls: Vec<Value> = self
+            .calls
+            .into_iter()
+            .map(|(i, c)| {
+                json!({
+                    "id": c.id.unwrap_or_else(|| format!("call_{}", i + 1)),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                })
+            })
+            .collect();
+        // A reply that made tool calls and wrote no text has no content, as when not streamed.
+        let content = if self.content.is_empty() && (!self.saw_content || !tool_calls.is_empty()) {
+            Value::Null
+        } else {
+            Value::String(self.content)
+        };
+        let mut message = json!({"role": "assistant", "content": content});
+        if !tool_calls.is_empty() {
+            message["tool_calls"] = tool_calls.into();
+        }
+        let mut reply = json!({
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+        });
+        if let Some(u) = self.usage {
+            reply["usage"] = u;
+        }
+        reply
+    }
+}
+
+impl StreamReader for ChunkAssembler {
+    fn event(&mut self, event: SseEvent) -> Result<(), StreamFault> {
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        if data.is_empty() || self.done {
+            return Ok(());
+        }
+        let chunk: Value = serde_json::from_str(data).map_err(|e| {
+            StreamFault::Fatal(LlmError::BadReply(format!(
+                "a streamed chunk is not JSON ({e}): {}",
+                truncate(data, MAX_ERROR_BODY)
+            )))
+        })?;
+        if let Some(err) = chunk.get("error") {
+            // A server that fails mid-stream says so in the stream.
+            return Err(StreamFault::Transient(format!(
+                "error in the stream: {err}"
+            )));
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(u.clone());
+        }
+        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
+            return Ok(());
+        };
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish_reason = Some(reason.to_owned());
+        }
+        let Some(delta) = choice.get("delta") else {
+            return Ok(());
+        };
+        if let Some(text) = delta.get("content").and_then(Value::as_str) {
+            self.saw_content = true;
+            self.content.push_str(text);
+            self.tokens.send(text);
+        }
+        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+            for (pos, call) in calls.iter().enumerate() {
+                let index = call
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(pos as u64);
+                let partial = self.calls.entry(index).or_default();
+                if let Some(id) = call.get("id").and_then(Value::as_str) {
+                    partial.id = Some(id.to_owned());
+                }
+                let function = call.get("function");
+                if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str) {
+                    partial.name.push_str(name);
+                }
+                match function.and_then(|f| f.get("arguments")) {
+                    Some(Value::String(piece)) => partial.arguments.push_str(piece),
+                    Some(v @ Value::Object(_)) => partial.arguments.push_str(&v.to_string()),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// True when a 400 body says the provider does not accept our `response_format`.
@@ -351,7 +450,7 @@ impl LlmProvider for OpenAiProvider {
     }
 
     fn default_model(&self) -> Option<&str> {
-        Some(&self.cfg.default_model)
+        Some(&self.default_model)
     }
 
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
@@ -359,44 +458,41 @@ impl LlmProvider for OpenAiProvider {
             .model
             .clone()
             .filter(|m| !m.trim().is_empty())
-            .unwrap_or_else(|| self.cfg.default_model.clone());
+            .unwrap_or_else(|| self.default_model.clone());
+        let stream = self.transport.cfg.stream;
         let mut inline_schema = false;
-        let mut body = build_body(&request, &model, inline_schema);
+        let mut body = build_body(&request, &model, inline_schema, stream);
         let mut replies: u64 = 0;
-        let mut retries: u32 = 0;
+        let mut retrier = Retrier::new(&self.transport.cfg, "openai", &model);
         loop {
-            let mut req = self.client.post(&self.endpoint).json(&body);
-            if let Some(key) = &self.cfg.api_key {
+            let mut req = self.transport.client.post(&self.endpoint).json(&body);
+            if let Some(key) = &self.api_key {
                 req = req.bearer_auth(key);
             }
-            // Wait for a turn: a call past the cap queues here, it does not fail.
-            let permit = self
-                .in_flight
-                .acquire()
-                .await
-                .map_err(|_| LlmError::Unavailable("the model client was shut down".into()))?;
-            // Either a reply (status, Retry-After, body) or a transient transport failure.
-            let outcome = match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status();
-                    let wait = retry_after(resp.headers());
-                    match resp.text().await {
-                        Ok(text) => Ok((status, wait, text)),
-                        Err(e) => Err(format!("reading the reply failed: {e}")),
-                    }
+            let mut assembler = stream.then(|| ChunkAssembler::new(request.tokens.clone()));
+            let exchange = self
+                .transport
+                .exchange(req, assembler.as_mut().map(|a| a as &mut dyn StreamReader))
+                .await?;
+            let (problem, wait) = match exchange {
+                Exchange::Streamed => {
+                    replies += 1;
+                    let completion = assembler.take().map(ChunkAssembler::completion);
+                    let completion = completion.unwrap_or(Value::Null);
+                    let mut reply = parse_completion(completion.clone(), &completion.to_string())?;
+                    reply.usage.llm_calls = replies;
+                    debug!(model, calls = replies, "chat completion (streamed)");
+                    return Ok(reply);
                 }
-                Err(e) if e.is_timeout() => Err(format!("timed out after {:?}", self.cfg.timeout)),
-                Err(e) if e.is_connect() => Err(format!("could not connect: {e}")),
-                Err(e) => Err(format!("request failed: {e}")),
-            };
-            // The turn ends with the reply read; a backoff waits without one.
-            drop(permit);
-            let (problem, wait) = match outcome {
-                Ok((status, wait, text)) => {
+                Exchange::Reply {
+                    status,
+                    retry_after,
+                    body: text,
+                } => {
                     replies += 1;
                     if status.is_success() {
                         let mut reply = parse_reply(&text)?;
-                        reply.usage.llm_calls = replies.max(1);
+                        reply.usage.llm_calls = replies;
                         debug!(model, calls = replies, "chat completion");
                         return Ok(reply);
                     }
@@ -410,7 +506,7 @@ impl LlmProvider for OpenAiProvider {
                             "the provider refused response_format; retrying once with the schema in the prompt"
                         );
                         inline_schema = true;
-                        body = build_body(&request, &model, inline_schema);
+                        body = build_body(&request, &model, inline_schema, stream);
                         continue;
                     }
                     if !is_transient(status) {
@@ -425,29 +521,27 @@ impl LlmProvider for OpenAiProvider {
                             status.as_u16(),
                             truncate(&text, MAX_ERROR_BODY)
                         ),
-                        wait,
+                        retry_after,
                     )
                 }
-                Err(problem) => (problem, None),
+                Exchange::Failed(problem) => (problem, None),
             };
-            if retries >= self.cfg.max_retries {
-                return Err(LlmError::Unavailable(format!(
-                    "{problem} (after {} attempts)",
-                    retries + 1
-                )));
-            }
-            let delay = wait.unwrap_or_else(|| self.backoff(retries));
-            retries += 1;
-            warn!(
-                model,
-                retry = retries,
-                max_retries = self.cfg.max_retries,
-                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                %problem,
-                "transient LLM provider error; retrying"
-            );
-            tokio::time::sleep(delay).await;
+            retrier.transient(problem, wait).await?;
         }
+    }
+}
+
+/// The transport settings of the unit tests: fast backoff, short timeout.
+#[cfg(test)]
+pub(crate) fn test_transport(max_retries: u32, stream: bool) -> TransportConfig {
+    use std::time::Duration;
+    TransportConfig {
+        timeout: Duration::from_secs(5),
+        max_retries,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(5),
+        max_in_flight: 8,
+        stream,
     }
 }
 
@@ -455,6 +549,7 @@ impl LlmProvider for OpenAiProvider {
 mod tests {
     use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     use axum::Router;
     use axum::extract::State;
@@ -548,18 +643,17 @@ mod tests {
         (fake, format!("http://{addr}/v1/"))
     }
 
-    fn provider(base_url: &str, max_retries: u32) -> OpenAiProvider {
-        OpenAiProvider::new(OpenAiConfig {
+    fn config(base_url: &str, max_retries: u32) -> OpenAiConfig {
+        OpenAiConfig {
             base_url: base_url.into(),
             api_key: Some("sk-test".into()),
             default_model: "test-model".into(),
-            timeout: Duration::from_secs(5),
-            max_retries,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(5),
-            max_in_flight: 8,
-        })
-        .unwrap()
+            transport: test_transport(max_retries, false),
+        }
+    }
+
+    fn provider(base_url: &str, max_retries: u32) -> OpenAiProvider {
+        OpenAiProvider::new(config(base_url, max_retries)).unwrap()
     }
 
     fn request() -> ChatRequest {
@@ -569,6 +663,7 @@ mod tests {
             messages: vec![ChatMessage::system("be brief"), ChatMessage::user("hi")],
             tools: vec![],
             response_format: None,
+            tokens: crate::llm::Tokens::none(),
         }
     }
 
@@ -730,11 +825,9 @@ mod tests {
             body: String::new(),
         };
         let (fake, url) = serve(vec![hang, ok_text("late but fine")]).await;
-        let p = OpenAiProvider::new(OpenAiConfig {
-            timeout: Duration::from_millis(300),
-            ..provider(&url, 1).cfg
-        })
-        .unwrap();
+        let mut cfg = config(&url, 1);
+        cfg.transport.timeout = Duration::from_millis(300);
+        let p = OpenAiProvider::new(cfg).unwrap();
         let r = p.complete(request()).await.unwrap();
         assert_eq!(r.content.as_deref(), Some("late but fine"));
         // The timed-out attempt got no reply, so only one call is counted.
@@ -853,8 +946,114 @@ mod tests {
         assert!(matches!(e, LlmError::BadReply(_)), "{e}");
     }
 
+    /// Records what a provider forwarded.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl crate::llm::TokenSink for Recorder {
+        fn listening(&self) -> bool {
+            true
+        }
+        fn delta(&self, text: &str) {
+            self.0.lock().unwrap().push(text.to_owned());
+        }
+    }
+
+    /// A streamed reply of these chunks (each a `data:` event), then `[DONE]`.
+    fn sse(chunks: &[Value]) -> Scripted {
+        let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        body.push_str("data: [DONE]\n\n");
+        Scripted {
+            status: 200,
+            headers: vec![("content-type", "text/event-stream".into())],
+            body,
+        }
+    }
+
+    fn streaming(base_url: &str, max_retries: u32) -> OpenAiProvider {
+        let mut cfg = config(base_url, max_retries);
+        cfg.transport.stream = true;
+        OpenAiProvider::new(cfg).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_streamed_reply_is_the_reply_a_plain_call_returns_and_its_text_is_forwarded() {
+        let delta =
+            |d: Value| json!({"choices": [{"index": 0, "delta": d, "finish_reason": null}]});
+        let (fake, url) = serve(vec![sse(&[
+            delta(json!({"role": "assistant", "content": ""})),
+            delta(json!({"content": "hel"})),
+            delta(json!({"content": "lo"})),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            json!({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}),
+        ])])
+        .await;
+        let sink = Arc::new(Recorder::default());
+        let mut req = request();
+        req.tokens = crate::llm::Tokens::to(sink.clone());
+        let streamed = streaming(&url, 0).complete(req).await.unwrap();
+        // The same reply, not streamed.
+        let (_fake2, url2) = serve(vec![ok_text("hello")]).await;
+        let plain = provider(&url2, 0).complete(request()).await.unwrap();
+        assert_eq!(streamed, plain);
+        assert_eq!(*sink.0.lock().unwrap(), vec!["hel", "lo"]);
+        let body = &fake.requests()[0];
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+    }
+
+    #[tokio::test]
+    async fn streamed_tool_calls_are_assembled_from_their_argument_deltas() {
+        let calls = |c: Value| json!({"choices": [{"index": 0, "delta": {"tool_calls": c}}]});
+        let (_fake, url) = serve(vec![sse(&[
+            calls(json!([{"index": 0, "id": "a", "type": "function", "function": {"name": "calculator", "arguments": ""}}])),
+            calls(json!([{"index": 0, "function": {"arguments": "{\"expression\":"}}])),
+            calls(json!([{"index": 1, "id": "b", "type": "function", "function": {"name": "current_time", "arguments": "{}"}}])),
+            calls(json!([{"index": 0, "function": {"arguments": "\"2^10\"}"}}])),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+        ])])
+        .await;
+        let sink = Arc::new(Recorder::default());
+        let mut req = request();
+        req.tokens = crate::llm::Tokens::to(sink.clone());
+        let r = streaming(&url, 0).complete(req).await.unwrap();
+        assert_eq!(r.content, None);
+        assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(
+            r.tool_calls,
+            vec![
+                ToolCall {
+                    id: "a".into(),
+                    name: "calculator".into(),
+                    arguments: json!({"expression": "2^10"})
+                },
+                ToolCall {
+                    id: "b".into(),
+                    name: "current_time".into(),
+                    arguments: json!({})
+                },
+            ]
+        );
+        // Arguments are not text the model shows.
+        assert!(sink.0.lock().unwrap().is_empty());
+        // No usage chunk: zeros, but the call is counted.
+        assert_eq!(r.usage.llm_calls, 1);
+    }
+
+    #[tokio::test]
+    async fn an_error_in_the_stream_is_retried_and_a_json_answer_to_a_stream_is_read() {
+        let (fake, url) = serve(vec![
+            sse(&[json!({"error": {"message": "overloaded"}})]),
+            ok_text("plain"),
+        ])
+        .await;
+        let r = streaming(&url, 1).complete(request()).await.unwrap();
+        assert_eq!(r.content.as_deref(), Some("plain"));
+        assert_eq!(fake.requests().len(), 2);
+    }
+
     #[test]
-    fn config_is_checked_and_backoff_is_bounded() {
+    fn config_is_checked() {
         assert!(matches!(
             OpenAiProvider::new(OpenAiConfig {
                 base_url: "ftp://x".into(),
@@ -869,28 +1068,8 @@ mod tests {
             }),
             Err(OpenAiConfigError::EmptyModel)
         ));
-        let p = OpenAiProvider::new(OpenAiConfig {
-            initial_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(1),
-            ..Default::default()
-        })
-        .unwrap();
+        let p = OpenAiProvider::new(OpenAiConfig::default()).unwrap();
         assert_eq!(p.endpoint(), "https://api.openai.com/v1/chat/completions");
-        for retry in 0..40 {
-            let d = p.backoff(retry);
-            assert!(d <= Duration::from_secs(1), "{d:?}");
-        }
-        assert!(p.backoff(0) >= Duration::from_millis(100));
-        let mut h = HeaderMap::new();
-        h.insert(RETRY_AFTER, "120".parse().unwrap());
-        assert_eq!(retry_after(&h), Some(MAX_RETRY_AFTER));
-        h.insert(RETRY_AFTER, "1.5".parse().unwrap());
-        assert_eq!(retry_after(&h), Some(Duration::from_millis(1500)));
-        h.insert(
-            RETRY_AFTER,
-            "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap(),
-        );
-        assert_eq!(retry_after(&h), Some(Duration::ZERO));
     }
 
     #[test]
@@ -904,14 +1083,15 @@ mod tests {
                 name: "pes_flowchart".into(),
                 schema,
             }),
+            tokens: crate::llm::Tokens::none(),
         };
         let loose = json!({"type": "object", "properties": {"answer": {"type": "string"}}});
-        let body = build_body(&req(loose.clone()), "m", false);
+        let body = build_body(&req(loose.clone()), "m", false, false);
         assert_eq!(body["response_format"]["json_schema"]["strict"], false);
         assert_eq!(body["response_format"]["json_schema"]["schema"], loose);
         let tight = json!({"type": "object", "properties": {"answer": {"type": "string"}},
                            "required": ["answer"], "additionalProperties": false});
-        let body = build_body(&req(tight), "m", false);
+        let body = build_body(&req(tight), "m", false, false);
         assert_eq!(body["response_format"]["json_schema"]["strict"], true);
     }
 }

@@ -98,10 +98,16 @@ struct WorkerJournal {
     /// Poked (through the run registry) when a decision on one of the run's suspensions arrives.
     decided: Arc<Notify>,
     metrics: Arc<WorkerMetrics>,
+    /// The run's side of its thread's token channel.
+    tokens: Arc<crate::events::tokens::RunTokens>,
 }
 
 #[async_trait]
 impl Journal for WorkerJournal {
+    fn token_out(&self) -> Option<Arc<dyn crate::agent::TokenOut>> {
+        Some(self.tokens.clone())
+    }
+
     async fn commit(&self, batch: Batch) -> Result<(), EngineError> {
         match self.store.apply(self.fence, self.lease, batch).await {
             Ok(applied) => {
@@ -374,6 +380,11 @@ impl Worker {
             cancel: signals.cancel.clone(),
             decided,
             metrics: self.metrics.clone(),
+            tokens: Arc::new(self.commands.bus().tokens().publisher(
+                &input.run.tenant,
+                &input.run.thread_id,
+                input.run.run_id,
+            )),
         };
         let result = tokio::select! {
             r = self.engine.drive(input, &journal, &signals) => r,

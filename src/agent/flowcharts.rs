@@ -43,6 +43,8 @@ pub(super) struct RunFlowHost<'a> {
     pub journal: &'a dyn Journal,
     pub tools: &'a ToolRegistry,
     pub llm: Arc<dyn LlmProvider>,
+    /// Where its `llm` stages' text streams (the calling item's, phase `flowchart`).
+    pub tokens: crate::llm::Tokens,
     pub model: Option<String>,
     pub tenant: String,
     pub thread_id: ThreadId,
@@ -155,7 +157,7 @@ impl FlowHost for RunFlowHost<'_> {
                 name: "pes_flowchart".into(),
                 schema,
             }),
-            tokens: crate::llm::Tokens::none(),
+            tokens: self.tokens.clone(),
         };
         if request.response_format.is_some() {
             let (value, resp) =

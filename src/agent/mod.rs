@@ -59,7 +59,7 @@ use crate::model::{
 use crate::tools::ToolRegistry;
 use changes::{AgentSnapshot, Batch, Op, RunUpdate};
 
-pub use journal::Journal;
+pub use journal::{Journal, TokenOut};
 pub use tool_calls::FLUSH_SLOW_TOOL_AFTER;
 
 use journal::{Ctx, Halt, halt_to_error};
@@ -258,6 +258,7 @@ impl Engine {
             flowcharts: Arc::new(flowcharts),
             started: Instant::now(),
             pending,
+            tokens: journal.token_out(),
         };
         match self.drive_inner(&mut ctx).await {
             Ok(end) => Ok(end),

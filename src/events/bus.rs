@@ -38,15 +38,22 @@ struct Channel {
     last_seq: i64,
 }
 
-/// In-process publisher of committed observations, keyed by (tenant, thread).
+/// In-process publisher of committed observations, keyed by (tenant, thread); beside them, the
+/// token channels of the same threads.
 #[derive(Clone, Default)]
 pub struct EventBus {
     channels: Arc<Mutex<HashMap<Key, Channel>>>,
+    tokens: super::TokenChannels,
 }
 
 impl EventBus {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The ephemeral token deltas of the runs driven by this process.
+    pub fn tokens(&self) -> &super::TokenChannels {
+        &self.tokens
     }
 
     /// Listen to a thread's observations committed from now on.

@@ -48,7 +48,7 @@ routes never do.",
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
-    components(schemas(Problem)),
+    components(schemas(Problem, crate::events::TokenDelta)),
     tags(
         (name = "threads", description = "Threads, their agent state and history"),
         (name = "runs", description = "Runs of queries on threads"),
@@ -160,24 +160,44 @@ fn event_stream_content() -> Content {
                 `event: <observation type>`, `data: <the Observation as JSON>` (see the \
                 `Observation` schema, and `x-itemSchema`). Comment lines (`: keep-alive`) come \
                 every `PES_SSE_KEEPALIVE_SECONDS` (15 s by default). Reconnect with \
-                `Last-Event-ID: <last id seen>` to continue without a gap or a duplicate.",
+                `Last-Event-ID: <last id seen>` to continue without a gap or a duplicate. A \
+                client that asked for tokens (`tokens=true`) also gets `event: token` frames \
+                without `id:` (`data: <a TokenDelta>`), never stored and never replayed.",
         },
         "example": "id: 1\nevent: RUN_STARTED\ndata: {\"id\":\"0196…\",\"seq\":1,\"threadId\":\"t1\",\
             \"runId\":\"0196…\",\"parentId\":null,\"type\":\"RUN_STARTED\",\"title\":\"Run started\",\
             \"content\":{},\"createdAt\":\"2025-01-01T00:00:00Z\"}\n\n",
         "x-itemSchema": {
-            "type": "object",
             "description": "One event of the stream (the shape OpenAPI 3.2 gives SSE items).",
-            "required": ["id", "event", "data"],
-            "properties": {
-                "id": {"type": "string", "description": "The observation's `seq`."},
-                "event": {"$ref": "#/components/schemas/ObservationType"},
-                "data": {
-                    "type": "string",
-                    "contentMediaType": "application/json",
-                    "contentSchema": {"$ref": "#/components/schemas/Observation"},
+            "oneOf": [
+                {
+                    "type": "object",
+                    "description": "An observation.",
+                    "required": ["id", "event", "data"],
+                    "properties": {
+                        "id": {"type": "string", "description": "The observation's `seq`."},
+                        "event": {"$ref": "#/components/schemas/ObservationType"},
+                        "data": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": "#/components/schemas/Observation"},
+                        },
+                    },
                 },
-            },
+                {
+                    "type": "object",
+                    "description": "A token delta (`tokens=true` only): no `id`.",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": {"const": "token"},
+                        "data": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": "#/components/schemas/TokenDelta"},
+                        },
+                    },
+                },
+            ],
         },
     }))
     .expect("a media type object")

@@ -7,6 +7,7 @@ mod a2a_client;
 mod a2a_delegation;
 mod a2a_server;
 mod agent;
+mod anthropic;
 mod connections;
 mod contract;
 mod db;

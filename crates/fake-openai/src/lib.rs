@@ -457,6 +457,11 @@ impl FakeLlm {
         self.shared.script().requests.clone()
     }
 
+    /// Every request as it came over the wire (headers and body), in order.
+    pub fn wire_requests(&self) -> Vec<WireRequest> {
+        self.shared.script().wire.clone()
+    }
+
     /// Requests of one phase.
     pub fn requests_of(&self, phase: &str) -> Vec<Value> {
         let s = self.shared.script();

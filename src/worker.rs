@@ -112,6 +112,9 @@ impl Journal for WorkerJournal {
         match self.store.apply(self.fence, self.lease, batch).await {
             Ok(applied) => {
                 self.metrics.commits.fetch_add(1, Ordering::Relaxed);
+                if let Some(last) = applied.observations.last() {
+                    self.tokens.committed(last.seq);
+                }
                 self.bus.publish(&applied.observations);
                 if applied.cancel_requested {
                     self.cancel.cancel();
@@ -380,11 +383,18 @@ impl Worker {
             cancel: signals.cancel.clone(),
             decided,
             metrics: self.metrics.clone(),
-            tokens: Arc::new(self.commands.bus().tokens().publisher(
-                &input.run.tenant,
-                &input.run.thread_id,
-                input.run.run_id,
-            )),
+            tokens: Arc::new(
+                self.commands.bus().tokens().publisher(
+                    &input.run.tenant,
+                    &input.run.thread_id,
+                    input.run.run_id,
+                    input.run.start_seq.max(
+                        self.commands
+                            .bus()
+                            .announced_seq(&input.run.tenant, &input.run.thread_id),
+                    ),
+                ),
+            ),
         };
         let result = tokio::select! {
             r = self.engine.drive(input, &journal, &signals) => r,

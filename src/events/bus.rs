@@ -118,6 +118,13 @@ impl EventBus {
             .collect()
     }
 
+    /// The highest `seq` announced on the thread's channel (0 when nobody listens).
+    pub fn announced_seq(&self, tenant: &str, thread_id: &ThreadId) -> i64 {
+        let map = self.channels.lock().expect("event bus lock poisoned");
+        map.get(&(tenant.to_owned(), thread_id.clone()))
+            .map_or(0, |ch| ch.last_seq)
+    }
+
     /// Threads with at least one live subscriber (for metrics).
     pub fn subscribed_threads(&self) -> usize {
         let map = self.channels.lock().expect("event bus lock poisoned");

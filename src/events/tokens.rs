@@ -8,8 +8,13 @@
 //! checks [`RunTokens::listening`] (one atomic read and a lock of its channel) before it builds a
 //! delta, so a thread nobody watches costs no allocation per token. A subscriber that falls
 //! behind by more than the channel holds loses the oldest deltas: the run never waits for it.
+//!
+//! Order: each delta carries the highest `seq` its run had committed when it was written
+//! (`after_seq`), so a stream sends it only after the observations up to there, and before the
+//! observations committed after it: the stream shows what happened in the order it happened.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::Serialize;
@@ -40,6 +45,10 @@ pub struct TokenDelta {
     pub phase: Phase,
     /// The next piece of text.
     pub delta: String,
+    /// The thread's last `seq` committed by the run (or known to it) when this was written: a
+    /// stream sends the delta after the observations up to it.
+    #[serde(skip)]
+    pub after_seq: i64,
 }
 
 type Sender = broadcast::Sender<Arc<TokenDelta>>;
@@ -84,11 +93,18 @@ impl TokenChannels {
         }
     }
 
-    /// The sending side for one run of the thread.
-    pub fn publisher(&self, tenant: &str, thread_id: &ThreadId, run_id: Uuid) -> RunTokens {
+    /// The sending side for one run of the thread, whose log is known up to `seq`.
+    pub fn publisher(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        run_id: Uuid,
+        seq: i64,
+    ) -> RunTokens {
         RunTokens {
             sender: self.channel(tenant, thread_id),
             run_id,
+            committed: Arc::new(AtomicI64::new(seq)),
         }
     }
 
@@ -128,6 +144,16 @@ impl TokenSubscription {
 pub struct RunTokens {
     sender: Arc<Sender>,
     run_id: Uuid,
+    /// The highest `seq` the run has committed (or knew of when it started).
+    committed: Arc<AtomicI64>,
+}
+
+impl RunTokens {
+    /// The run committed observations up to `seq` (called before they are published, so no
+    /// delta written after them can be sent before them).
+    pub fn committed(&self, seq: i64) {
+        self.committed.fetch_max(seq, Ordering::AcqRel);
+    }
 }
 
 impl crate::agent::TokenOut for RunTokens {
@@ -145,6 +171,7 @@ impl crate::agent::TokenOut for RunTokens {
             item_id: item_id.map(str::to_owned),
             phase,
             delta: delta.to_owned(),
+            after_seq: self.committed.load(Ordering::Acquire),
         }));
     }
 }
@@ -160,7 +187,7 @@ mod tests {
         let t1 = ThreadId::parse("t1").unwrap();
         let t2 = ThreadId::parse("t2").unwrap();
         let run = Uuid::nil();
-        let publisher = channels.publisher("default", &t1, run);
+        let publisher = channels.publisher("default", &t1, run, 4);
         assert!(!publisher.listening());
         // Nobody listens: nothing is sent (and nothing waits).
         publisher.publish(None, Phase::Plan, "lost");
@@ -168,6 +195,8 @@ mod tests {
         let other_tenant = channels.subscribe("acme", &t1);
         let other_thread = channels.subscribe("default", &t2);
         assert!(publisher.listening());
+        publisher.committed(6);
+        publisher.committed(5);
         publisher.publish(Some("s1"), Phase::Execute, "hel");
         let d = sub.recv().await;
         assert_eq!(
@@ -176,7 +205,8 @@ mod tests {
                 run_id: run,
                 item_id: Some("s1".into()),
                 phase: Phase::Execute,
-                delta: "hel".into()
+                delta: "hel".into(),
+                after_seq: 6,
             }
         );
         assert_eq!(other_tenant.rx.len(), 0);
@@ -189,7 +219,7 @@ mod tests {
     async fn a_subscriber_that_falls_behind_loses_the_oldest_deltas_and_never_blocks_the_run() {
         let channels = TokenChannels::default();
         let t = ThreadId::parse("t").unwrap();
-        let publisher = channels.publisher("default", &t, Uuid::nil());
+        let publisher = channels.publisher("default", &t, Uuid::nil(), 0);
         let mut sub = channels.subscribe("default", &t);
         for i in 0..CHANNEL_CAPACITY + 10 {
             publisher.publish(None, Phase::Synthesize, &i.to_string());

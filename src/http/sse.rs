@@ -117,6 +117,8 @@ struct Producer {
     rx: broadcast::Receiver<BusMsg>,
     /// The thread's token deltas, when the client asked for them.
     tokens: Option<TokenSubscription>,
+    /// A delta written after observations this stream has not sent yet: it waits for them.
+    held: Option<Arc<TokenDelta>>,
     /// The last `seq` accounted for (sent, or filtered out).
     last: i64,
     /// When the streamed thread was created: a thread deleted and created again under the same
@@ -221,9 +223,26 @@ impl Producer {
         self.checked = false;
     }
 
+    /// The held delta, when every observation committed before it was written has been sent
+    /// (or filtered out) and none committed after it is waiting ahead of it.
+    fn release_held(&mut self) -> Option<StreamItem> {
+        let d = self.held.as_ref()?;
+        let next_is_later = match self.pending.front() {
+            Some(StreamItem::Obs(o)) => o.seq > d.after_seq,
+            Some(_) => false,
+            None => true,
+        };
+        (d.after_seq <= self.last && next_is_later)
+            .then(|| self.held.take().map(StreamItem::Token))
+            .flatten()
+    }
+
     /// The next item to send, or `None` when the stream is over.
     async fn next_item(&mut self) -> Option<StreamItem> {
         loop {
+            if let Some(d) = self.release_held() {
+                return Some(d);
+            }
             if let Some(e) = self.pending.pop_front() {
                 return Some(e);
             }
@@ -236,18 +255,23 @@ impl Producer {
             }
             let msg = match self.tokens.as_mut() {
                 // Deltas first: a delta and the commit that follows its reply may both be
-                // waiting, and the delta was written first. A delta never waits for anything.
-                Some(tokens) => tokio::select! {
+                // waiting, and the delta was written first. One written after a commit this
+                // stream has not sent is held until it has (and no other is read meanwhile).
+                Some(tokens) if self.held.is_none() => tokio::select! {
                     biased;
                     d = tokens.recv() => Err(d),
                     m = self.rx.recv() => Ok(m),
                 },
-                None => Ok(self.rx.recv().await),
+                _ => Ok(self.rx.recv().await),
             };
             let msg = match msg {
                 Ok(m) => m,
-                Err(d) if self.spec.shows_token(&d) => return Some(StreamItem::Token(d)),
-                Err(_) => continue,
+                Err(d) if !self.spec.shows_token(&d) => continue,
+                Err(d) if d.after_seq <= self.last => return Some(StreamItem::Token(d)),
+                Err(d) => {
+                    self.held = Some(d);
+                    continue;
+                }
             };
             match msg {
                 Ok(BusMsg::Obs(o)) if o.seq <= self.last => {}
@@ -282,6 +306,7 @@ pub fn observation_stream(
         state: state.clone(),
         rx: state.bus.subscribe(&spec.tenant, &spec.thread_id),
         tokens,
+        held: None,
         last: spec.after,
         spec,
         thread_created_at: None,

@@ -32,5 +32,6 @@ mod reclaim;
 mod reporting;
 mod store;
 mod teams;
+mod tokens;
 mod tool_safety;
 mod tools;

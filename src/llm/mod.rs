@@ -18,6 +18,8 @@ pub mod offline;
 pub mod openai;
 pub mod strict;
 pub mod structured;
+#[cfg(test)]
+mod test_server;
 pub mod transport;
 
 pub use strict::strict_mode_violations;
@@ -187,6 +189,16 @@ impl PartialEq for Tokens {
     }
 }
 
+impl ChatRequest {
+    /// The model the request names, or `default` when it names none (or a blank one).
+    pub fn model_or(&self, default: &str) -> String {
+        self.model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .unwrap_or_else(|| default.to_owned())
+    }
+}
+
 /// The model's reply.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChatResponse {
@@ -256,6 +268,20 @@ pub trait LlmProvider: Send + Sync + 'static {
     /// # Errors
     /// [`LlmError`] after retries are exhausted or for a permanent rejection.
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError>;
+}
+
+/// `text` with every character a function name or a tool-use id may not hold (anything but
+/// `A-Za-z0-9_-`, the rule of the OpenAI and Anthropic APIs) replaced by `_`.
+pub fn identifier_chars(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// `text` cut to at most `max_bytes` bytes on a character boundary, with `…` appended when

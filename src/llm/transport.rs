@@ -1,10 +1,11 @@
 //! What the HTTP providers (`openai`, `anthropic`) share: the transport policy and the reading of
-//! a reply. One [`Transport`] per provider holds its client and the cap on calls in flight; an
-//! [`Transport::exchange`] is one attempt (wait for a turn, send, read the whole reply, or feed a
-//! streamed one event by event to a [`StreamReader`]); a [`Retrier`] decides what follows a
-//! transient failure (429, 500, 502, 503, 504, 529, connection errors, timeouts, a stream that
-//! broke off): exponential backoff with jitter, or the provider's `Retry-After`, until the retries
-//! run out. What a reply means stays with each provider.
+//! a reply. One [`Transport`] per provider holds its client and the cap on calls in flight;
+//! [`Transport::call`] is one model call: attempts (wait for a turn, send, read the whole reply,
+//! or feed a streamed one event by event to a [`StreamedReply`]) until one succeeds, fails for
+//! good, or the transient failures (429, 500, 502, 503, 504, 529, connection errors, timeouts, a
+//! stream that broke off or reported an error) exhaust the retries, each waited out with
+//! exponential backoff and jitter or the provider's `Retry-After` ([`Retrier`]). What a request
+//! and a reply look like is each provider's [`Dialect`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 use tracing::warn;
 
-use super::{LlmError, truncate};
+use super::{ChatResponse, LlmError, truncate};
 
 /// Longest error body kept in [`LlmError::Rejected`] and [`LlmError::Unavailable`].
 pub const MAX_ERROR_BODY: usize = 2048;
@@ -249,6 +250,43 @@ pub trait StreamReader: Send {
     fn event(&mut self, event: SseEvent) -> Result<(), StreamFault>;
 }
 
+/// A [`StreamReader`] that makes the reply once the stream has ended.
+pub trait StreamedReply: StreamReader {
+    /// The reply the events made (usage without `llm_calls`).
+    ///
+    /// # Errors
+    /// [`StreamFault::Transient`] for a stream that ended early; [`StreamFault::Fatal`] for a
+    /// reply that cannot be understood.
+    fn finish(self: Box<Self>) -> Result<ChatResponse, StreamFault>;
+}
+
+/// What a provider does with an error status that is not transient.
+pub enum Refusal {
+    /// The call fails with this error.
+    Reject(LlmError),
+    /// The provider changed its request: send it again (not counted as a retry).
+    Again,
+}
+
+/// The part of a call that differs by API: the request, and what a reply means.
+pub trait Dialect: Send {
+    /// The request of the next attempt.
+    fn request(&self) -> reqwest::RequestBuilder;
+    /// A fresh reader for a streamed reply.
+    fn reader(&self) -> Box<dyn StreamedReply>;
+    /// A whole 2xx reply (usage without `llm_calls`).
+    ///
+    /// # Errors
+    /// [`LlmError::BadReply`] when it cannot be understood.
+    fn parse(&self, body: &str) -> Result<ChatResponse, LlmError>;
+    /// An error status that is not transient.
+    fn refused(&mut self, status: StatusCode, body: &str) -> Refusal;
+    /// What an error body says, for messages.
+    fn describe(&self, body: &str) -> String {
+        truncate(body, MAX_ERROR_BODY)
+    }
+}
+
 /// What one attempt brought back.
 #[derive(Debug)]
 pub enum Exchange {
@@ -355,6 +393,71 @@ impl Transport {
                 if let Some(failed) = feed(reader, event)? {
                     return Ok(failed);
                 }
+            }
+        }
+    }
+
+    /// One model call of `provider` to `model`: attempts until one succeeds, fails for good,
+    /// or transient failures exhaust the retries. `llm_calls` of the reply counts every attempt
+    /// that got a reply.
+    ///
+    /// # Errors
+    /// [`LlmError::Unavailable`] when the retries are spent; the dialect's rejections and
+    /// unreadable replies.
+    pub async fn call(
+        &self,
+        provider: &'static str,
+        model: &str,
+        dialect: &mut dyn Dialect,
+    ) -> Result<ChatResponse, LlmError> {
+        let mut replies: u64 = 0;
+        let mut retrier = Retrier::new(&self.cfg, provider, model);
+        loop {
+            let mut reader = self.cfg.stream.then(|| dialect.reader());
+            let exchange = self
+                .exchange(
+                    dialect.request(),
+                    reader.as_mut().map(|r| r.as_mut() as &mut dyn StreamReader),
+                )
+                .await?;
+            let reply = match exchange {
+                Exchange::Streamed => {
+                    replies += 1;
+                    match reader.map(|r| r.finish()) {
+                        Some(Ok(reply)) => Ok(reply),
+                        Some(Err(StreamFault::Fatal(e))) => return Err(e),
+                        Some(Err(StreamFault::Transient(problem))) => Err((problem, None)),
+                        None => Err(("no stream was read".to_owned(), None)),
+                    }
+                }
+                Exchange::Reply {
+                    status,
+                    retry_after,
+                    body,
+                } => {
+                    replies += 1;
+                    if status.is_success() {
+                        Ok(dialect.parse(&body)?)
+                    } else if !is_transient(status) {
+                        match dialect.refused(status, &body) {
+                            Refusal::Reject(e) => return Err(e),
+                            Refusal::Again => continue,
+                        }
+                    } else {
+                        let problem =
+                            format!("HTTP {}: {}", status.as_u16(), dialect.describe(&body));
+                        Err((problem, retry_after))
+                    }
+                }
+                Exchange::Failed(problem) => Err((problem, None)),
+            };
+            match reply {
+                Ok(mut reply) => {
+                    reply.usage.llm_calls = replies;
+                    tracing::debug!(provider, model, calls = replies, "model reply");
+                    return Ok(reply);
+                }
+                Err((problem, wait)) => retrier.transient(problem, wait).await?,
             }
         }
     }

@@ -15,11 +15,14 @@ mod tests;
 mod wire;
 
 use async_trait::async_trait;
-use tracing::debug;
+use reqwest::StatusCode;
+use serde_json::Value;
 
 use super::openai::{OpenAiConfigError, checked_base};
-use super::transport::{Exchange, Retrier, StreamReader, Transport, TransportConfig, is_transient};
-use super::{ChatRequest, ChatResponse, LlmError, LlmProvider};
+use super::transport::{
+    Dialect, MAX_ERROR_BODY, Refusal, StreamedReply, Transport, TransportConfig,
+};
+use super::{ChatRequest, ChatResponse, LlmError, LlmProvider, truncate};
 use stream::EventAssembler;
 use wire::{Structured, build_body, error_message, parse_message};
 
@@ -95,6 +98,59 @@ impl AnthropicProvider {
     }
 }
 
+/// One call's request and what its replies mean.
+struct Call<'a> {
+    provider: &'a AnthropicProvider,
+    request: &'a ChatRequest,
+    /// The structured request's forced tool.
+    forced: Option<String>,
+    body: Value,
+}
+
+impl Dialect for Call<'_> {
+    fn request(&self) -> reqwest::RequestBuilder {
+        let req = self
+            .provider
+            .transport
+            .client
+            .post(&self.provider.endpoint)
+            .header("anthropic-version", ANTHROPIC_VERSION)
+            .json(&self.body);
+        match &self.provider.api_key {
+            Some(key) => req.header("x-api-key", key),
+            None => req,
+        }
+    }
+
+    fn reader(&self) -> Box<dyn StreamedReply> {
+        Box::new(EventAssembler::new(
+            self.request.tokens.clone(),
+            self.forced.clone(),
+        ))
+    }
+
+    fn parse(&self, body: &str) -> Result<ChatResponse, LlmError> {
+        let parsed = serde_json::from_str(body).map_err(|e| {
+            LlmError::BadReply(format!(
+                "not JSON ({e}): {}",
+                truncate(body, MAX_ERROR_BODY)
+            ))
+        })?;
+        parse_message(parsed, self.forced.as_deref(), body)
+    }
+
+    fn refused(&mut self, status: StatusCode, body: &str) -> Refusal {
+        Refusal::Reject(LlmError::Rejected {
+            status: status.as_u16(),
+            body: error_message(body),
+        })
+    }
+
+    fn describe(&self, body: &str) -> String {
+        error_message(body)
+    }
+}
+
 #[async_trait]
 impl LlmProvider for AnthropicProvider {
     fn name(&self) -> &'static str {
@@ -106,79 +162,13 @@ impl LlmProvider for AnthropicProvider {
     }
 
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
-        let model = request
-            .model
-            .clone()
-            .filter(|m| !m.trim().is_empty())
-            .unwrap_or_else(|| self.default_model.clone());
-        let stream = self.transport.cfg.stream;
-        let forced = Structured::of(&request).tool().map(str::to_owned);
-        let body = build_body(&request, &model, self.max_tokens, stream);
-        let mut replies: u64 = 0;
-        let mut retrier = Retrier::new(&self.transport.cfg, "anthropic", &model);
-        loop {
-            let mut req = self
-                .transport
-                .client
-                .post(&self.endpoint)
-                .header("anthropic-version", ANTHROPIC_VERSION)
-                .json(&body);
-            if let Some(key) = &self.api_key {
-                req = req.header("x-api-key", key);
-            }
-            let mut assembler =
-                stream.then(|| EventAssembler::new(request.tokens.clone(), forced.clone()));
-            let exchange = self
-                .transport
-                .exchange(req, assembler.as_mut().map(|a| a as &mut dyn StreamReader))
-                .await?;
-            let (problem, wait) = match exchange {
-                Exchange::Streamed => {
-                    replies += 1;
-                    match assembler.take().map(EventAssembler::message) {
-                        Some(Ok(message)) => {
-                            let raw = message.to_string();
-                            let mut reply = parse_message(message, forced.as_deref(), &raw)?;
-                            reply.usage.llm_calls = replies;
-                            debug!(model, calls = replies, "message (streamed)");
-                            return Ok(reply);
-                        }
-                        Some(Err(problem)) => (problem, None),
-                        None => ("no stream was read".to_owned(), None),
-                    }
-                }
-                Exchange::Reply {
-                    status,
-                    retry_after,
-                    body: text,
-                } => {
-                    replies += 1;
-                    if status.is_success() {
-                        let parsed = serde_json::from_str(&text).map_err(|e| {
-                            LlmError::BadReply(format!(
-                                "not JSON ({e}): {}",
-                                super::truncate(&text, super::transport::MAX_ERROR_BODY)
-                            ))
-                        })?;
-                        let mut reply = parse_message(parsed, forced.as_deref(), &text)?;
-                        reply.usage.llm_calls = replies;
-                        debug!(model, calls = replies, "message");
-                        return Ok(reply);
-                    }
-                    if !is_transient(status) {
-                        return Err(LlmError::Rejected {
-                            status: status.as_u16(),
-                            body: error_message(&text),
-                        });
-                    }
-                    (
-                        format!("HTTP {}: {}", status.as_u16(), error_message(&text)),
-                        retry_after,
-                    )
-                }
-                Exchange::Failed(problem) => (problem, None),
-            };
-            retrier.transient(problem, wait).await?;
-        }
+        let model = request.model_or(&self.default_model);
+        let mut call = Call {
+            provider: self,
+            request: &request,
+            forced: Structured::of(&request).tool().map(str::to_owned),
+            body: build_body(&request, &model, self.max_tokens, self.transport.cfg.stream),
+        };
+        self.transport.call("anthropic", &model, &mut call).await
     }
 }

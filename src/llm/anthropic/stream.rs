@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::super::Tokens;
-use super::super::transport::{MAX_ERROR_BODY, SseEvent, StreamFault, StreamReader};
-use super::super::{LlmError, truncate};
+use super::super::transport::{MAX_ERROR_BODY, SseEvent, StreamFault, StreamReader, StreamedReply};
+use super::super::{ChatResponse, LlmError, Tokens, truncate};
 
 /// One content block being assembled.
 #[derive(Debug)]
@@ -55,7 +54,7 @@ impl EventAssembler {
     ///
     /// # Errors
     /// The stream ended before the message did (a transient failure: worth another attempt).
-    pub(super) fn message(self) -> Result<Value, String> {
+    fn message(self) -> Result<Value, String> {
         if !self.stopped && self.stop_reason.is_none() {
             return Err("the streamed reply ended before `message_stop`".into());
         }
@@ -149,6 +148,15 @@ impl EventAssembler {
             // Thinking, signatures, citations: not the answer.
             _ => {}
         }
+    }
+}
+
+impl StreamedReply for EventAssembler {
+    fn finish(self: Box<Self>) -> Result<ChatResponse, StreamFault> {
+        let forced = self.forced.clone();
+        let message = self.message().map_err(StreamFault::Transient)?;
+        let raw = message.to_string();
+        super::wire::parse_message(message, forced.as_deref(), &raw).map_err(StreamFault::Fatal)
     }
 }
 

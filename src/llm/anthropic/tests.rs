@@ -1,34 +1,13 @@
 //! The provider against a scripted Messages server over real HTTP.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use serde_json::{Value, json};
 
 use super::*;
 use crate::llm::openai::test_transport;
-use crate::llm::{ChatMessage, JsonSchemaFormat, Phase, TokenSink, Tokens, ToolCall, ToolSpec};
-use crate::model::Usage;
-
-/// One scripted reply.
-struct Scripted {
-    status: u16,
-    headers: Vec<(&'static str, String)>,
-    body: String,
-}
-
-fn reply(status: u16, body: Value) -> Scripted {
-    Scripted {
-        status,
-        headers: vec![],
-        body: body.to_string(),
-    }
-}
+use crate::llm::test_server::{self, Recorder, Scripted, call, event_stream, reply, usage};
+use crate::llm::{ChatMessage, JsonSchemaFormat, Phase, Tokens, ToolSpec};
 
 fn message(content: Value, stop: &str) -> Scripted {
     reply(
@@ -43,60 +22,16 @@ fn message(content: Value, stop: &str) -> Scripted {
 
 /// A streamed reply: each `(event, data)` as a named event.
 fn sse(events: &[(&str, Value)]) -> Scripted {
-    Scripted {
-        status: 200,
-        headers: vec![("content-type", "text/event-stream".into())],
-        body: events
+    event_stream(
+        events
             .iter()
             .map(|(e, d)| format!("event: {e}\ndata: {d}\n\n"))
             .collect(),
-    }
+    )
 }
 
-#[derive(Clone, Default)]
-struct Fake {
-    script: Arc<Mutex<VecDeque<Scripted>>>,
-    /// Each request's body and headers.
-    seen: Arc<Mutex<Vec<(Value, HeaderMap)>>>,
-}
-
-impl Fake {
-    fn bodies(&self) -> Vec<Value> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(b, _)| b.clone())
-            .collect()
-    }
-}
-
-async fn handler(State(fake): State<Fake>, headers: HeaderMap, body: String) -> Response {
-    let parsed: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    fake.seen.lock().unwrap().push((parsed, headers));
-    let Some(s) = fake.script.lock().unwrap().pop_front() else {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "script exhausted").into_response();
-    };
-    let mut resp = (StatusCode::from_u16(s.status).unwrap(), s.body).into_response();
-    resp.headers_mut()
-        .insert("content-type", "application/json".parse().unwrap());
-    for (k, v) in s.headers {
-        resp.headers_mut().insert(k, v.parse().unwrap());
-    }
-    resp
-}
-
-async fn serve(script: Vec<Scripted>) -> (Fake, String) {
-    let fake = Fake::default();
-    fake.script.lock().unwrap().extend(script);
-    let app = Router::new()
-        .route("/v1/messages", post(handler))
-        .with_state(fake.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    #[allow(clippy::disallowed_methods)] // a test server, for the test's life
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (fake, format!("http://{addr}"))
+async fn serve(script: Vec<Scripted>) -> (test_server::Fake, String) {
+    test_server::serve("/v1/messages", script).await
 }
 
 fn provider(base_url: &str, max_retries: u32, stream: bool) -> AnthropicProvider {
@@ -129,18 +64,6 @@ fn plan_schema() -> JsonSchemaFormat {
     }
 }
 
-#[derive(Default)]
-struct Recorder(Mutex<Vec<String>>);
-
-impl TokenSink for Recorder {
-    fn listening(&self) -> bool {
-        true
-    }
-    fn delta(&self, text: &str) {
-        self.0.lock().unwrap().push(text.to_owned());
-    }
-}
-
 #[tokio::test]
 async fn a_plain_reply_is_read_with_usage_headers_and_a_separate_system_prompt() {
     let (fake, url) = serve(vec![message(
@@ -154,15 +77,7 @@ async fn a_plain_reply_is_read_with_usage_headers_and_a_separate_system_prompt()
     assert_eq!(r.content.as_deref(), Some("hello"));
     assert_eq!(r.finish_reason.as_deref(), Some("stop"));
     // Cached input counts as input.
-    assert_eq!(
-        r.usage,
-        Usage {
-            prompt_tokens: 10,
-            completion_tokens: 5,
-            total_tokens: 15,
-            llm_calls: 1
-        }
-    );
+    assert_eq!(r.usage, usage(10, 5, 1));
     let seen = fake.seen.lock().unwrap();
     let (body, headers) = &seen[0];
     assert_eq!(headers["x-api-key"], "ak-test");
@@ -198,16 +113,8 @@ async fn tool_calls_and_results_become_alternating_turns_of_blocks() {
     req.messages.push(ChatMessage::assistant(
         None,
         vec![
-            ToolCall {
-                id: "call_1".into(),
-                name: "calculator".into(),
-                arguments: json!({"expression": "1+1"}),
-            },
-            ToolCall {
-                id: "call.2".into(),
-                name: "calculator".into(),
-                arguments: Value::String("{bad".into()),
-            },
+            call("call_1", "calculator", json!({"expression": "1+1"})),
+            call("call.2", "calculator", Value::String("{bad".into())),
         ],
     ));
     req.messages.push(ChatMessage::tool("call_1", "2"));
@@ -218,11 +125,7 @@ async fn tool_calls_and_results_become_alternating_turns_of_blocks() {
     assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
     assert_eq!(
         r.tool_calls,
-        vec![ToolCall {
-            id: "toolu_9".into(),
-            name: "calculator".into(),
-            arguments: json!({"expression": "2+2"})
-        }]
+        vec![call("toolu_9", "calculator", json!({"expression": "2+2"}))]
     );
     let body = &fake.bodies()[0];
     assert_eq!(body["model"], "other");

@@ -55,16 +55,7 @@ impl<'a> Structured<'a> {
 /// A tool-use id as the API accepts it (`^[a-zA-Z0-9_-]+$`): ids another provider made keep
 /// their letters, digits, `_` and `-`; anything else becomes `_`.
 fn wire_id(id: &str) -> String {
-    let cleaned: String = id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let cleaned = super::super::identifier_chars(id);
     if cleaned.is_empty() {
         "call".into()
     } else {

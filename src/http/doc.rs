@@ -416,8 +416,8 @@ mod tests {
             }
         }
         // limit+cursor ×3, observations 5, events 4 + Last-Event-ID, suspensions 1, flowchart
-        // version 1, /a2a's A2A-Version and Last-Event-ID.
-        assert_eq!(queries, 20);
+        // version 1, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and resume.
+        assert_eq!(queries, 22);
         let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
         assert_eq!(limit["name"], "limit");
         assert_eq!(limit["in"], "query");
@@ -518,12 +518,35 @@ mod tests {
             let content = &doc["paths"][path][method]["responses"]["200"]["content"];
             let sse = &content[super::EVENT_STREAM];
             assert_eq!(sse["schema"]["type"], "string", "{method} {path}");
+            let items = &sse["x-itemSchema"]["oneOf"];
             assert_eq!(
-                sse["x-itemSchema"]["properties"]["data"]["contentSchema"]["$ref"],
+                items[0]["properties"]["data"]["contentSchema"]["$ref"],
                 "#/components/schemas/Observation",
                 "{method} {path}"
             );
+            // Token frames (`tokens=true`): no id, a TokenDelta.
+            assert_eq!(items[1]["properties"]["event"]["const"], "token");
+            assert_eq!(items[1]["required"], json!(["event", "data"]));
+            assert_eq!(
+                items[1]["properties"]["data"]["contentSchema"]["$ref"],
+                "#/components/schemas/TokenDelta",
+                "{method} {path}"
+            );
+            assert!(
+                doc["paths"][path][method]["parameters"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p["name"] == "tokens" && p["in"] == "query"),
+                "{method} {path} takes tokens"
+            );
         }
+        let token = &doc["components"]["schemas"]["TokenDelta"];
+        assert_eq!(
+            token["required"],
+            json!(["runId", "phase", "delta"]),
+            "{token}"
+        );
         let run_200 = &doc["paths"]["/v1/threads/{threadId}/runs"]["post"]["responses"]["200"];
         assert_eq!(
             run_200["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/Run",

@@ -17,14 +17,16 @@ use tracing::{info, warn};
 
 use crate::agent::{Engine, EngineSettings};
 use crate::commands::RunCommands;
-use crate::config::{Config, ProviderKind};
+use crate::config::Config;
 use crate::events::{EventBus, replicas};
 use crate::http::serve::ServeSettings;
 use crate::http::{self, AppState};
 use crate::llm::LlmProvider;
+use crate::llm::anthropic::{AnthropicConfig, AnthropicProvider};
 use crate::llm::instrumented::Instrumented;
 use crate::llm::offline::OfflineProvider;
 use crate::llm::openai::{OpenAiConfig, OpenAiProvider};
+use crate::llm::transport::TransportConfig;
 use crate::store::Store;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
@@ -61,45 +63,52 @@ pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Ar
     }
 }
 
-/// The model providers this configuration makes available, and the default one's name.
+/// The model providers this configuration makes available, and the default one's name:
+/// `offline` always; `openai` and `anthropic` when configured (as the default provider, or by
+/// their own variables beside it), so a thread may name any of them.
 ///
 /// # Errors
-/// When the OpenAI-compatible client cannot be built.
+/// When an HTTP provider cannot be built (a base URL that is not http(s), an empty model).
 pub fn build_providers(config: &Config) -> anyhow::Result<(Providers, String)> {
     let mut providers: HashMap<String, Arc<dyn LlmProvider>> = HashMap::new();
     providers.insert("offline".into(), Arc::new(OfflineProvider::new()));
-    let default = config.provider();
-    if default == ProviderKind::Openai
-        || config.llm_base_url.is_some()
-        || config.api_key().is_some()
-    {
-        let cfg = OpenAiConfig {
-            base_url: config
-                .llm_base_url
-                .clone()
-                .unwrap_or_else(|| "https://api.openai.com/v1".into()),
-            api_key: config.api_key(),
-            default_model: config
-                .llm_model
-                .clone()
-                .unwrap_or_else(|| "gpt-4o-mini".into()),
-            timeout: Duration::from_secs(config.llm_timeout_seconds.max(1)),
-            max_retries: config.llm_max_retries,
-            max_in_flight: config.llm_max_in_flight as usize,
-            ..OpenAiConfig::default()
-        };
-        providers.insert("openai".into(), Arc::new(OpenAiProvider::new(cfg)?));
-    }
-    let name = match default {
-        ProviderKind::Openai => "openai",
-        ProviderKind::Offline => "offline",
+    let transport = TransportConfig {
+        timeout: Duration::from_secs(config.llm_timeout_seconds.max(1)),
+        max_retries: config.llm_max_retries,
+        max_in_flight: config.llm_max_in_flight as usize,
+        stream: config.llm_stream,
+        ..TransportConfig::default()
     };
+    if let Some(ep) = config.openai_endpoint() {
+        let cfg = OpenAiConfig {
+            base_url: ep.base_url,
+            api_key: ep.api_key,
+            default_model: ep.model,
+            transport: transport.clone(),
+        };
+        let p = OpenAiProvider::new(cfg).context("configuring the `openai` provider")?;
+        providers.insert("openai".into(), Arc::new(p));
+    }
+    if let Some(ep) = config.anthropic_endpoint() {
+        let cfg = AnthropicConfig {
+            base_url: ep.base_url,
+            api_key: ep.api_key,
+            default_model: ep.model,
+            max_tokens: config.anthropic_max_tokens,
+            transport,
+        };
+        let p = AnthropicProvider::new(cfg).context("configuring the `anthropic` provider")?;
+        providers.insert("anthropic".into(), Arc::new(p));
+    }
+    let name = config.provider().name();
     let model = providers
         .get(name)
         .and_then(|p| p.default_model())
         .unwrap_or("unknown")
         .to_owned();
-    info!(provider = name, %model, "default model provider");
+    let mut available: Vec<&str> = providers.keys().map(String::as_str).collect();
+    available.sort_unstable();
+    info!(provider = name, %model, ?available, "default model provider");
     if name == "offline" {
         warn!(
             "no model is configured: runs use the OFFLINE model, a deterministic stand-in that is \

@@ -45,9 +45,36 @@ pub enum Command {
 pub enum ProviderKind {
     /// Any OpenAI-compatible Chat Completions endpoint.
     Openai,
+    /// Anthropic's Messages API.
+    Anthropic,
     /// Deterministic, no network; not a real model.
     Offline,
 }
+
+impl ProviderKind {
+    /// The provider's name in thread configs (`provider`) and run observations.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Openai => "openai",
+            Self::Anthropic => "anthropic",
+            Self::Offline => "offline",
+        }
+    }
+}
+
+/// Where one HTTP provider is reached and with what, resolved from the settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderEndpoint {
+    pub base_url: String,
+    pub api_key: Option<String>,
+    /// The model of requests that name none.
+    pub model: String,
+}
+
+/// `openai`'s base URL when nothing else is said.
+pub const OPENAI_DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+/// `anthropic`'s base URL when nothing else is said.
+pub const ANTHROPIC_DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -76,22 +103,68 @@ pub struct Config {
     #[arg(long, env = "PES_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
     pub database_max_connections: u32,
 
-    /// `openai` or `offline`; default: `openai` when a base URL or an API key is set, else
-    /// `offline`.
+    /// The default provider (threads may name another configured one): `openai`, `anthropic`
+    /// or `offline`. Default: `openai` when `PES_LLM_BASE_URL`, `PES_LLM_API_KEY`,
+    /// `OPENAI_API_KEY` or `OPENAI_BASE_URL` is set, else `anthropic` when `ANTHROPIC_API_KEY` or
+    /// `ANTHROPIC_BASE_URL` is, else `offline`.
     #[arg(long, env = "PES_LLM_PROVIDER", value_enum)]
     pub llm_provider: Option<ProviderKind>,
 
-    /// OpenAI-compatible base URL; the service appends `/chat/completions`.
+    /// The default provider's base URL: OpenAI-compatible (the service appends
+    /// `/chat/completions`) or Anthropic's (it appends `/v1/messages`). Default: the provider's
+    /// own variable (`OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`), else its public API.
     #[arg(long, env = "PES_LLM_BASE_URL")]
     pub llm_base_url: Option<String>,
 
-    /// Bearer key for the provider (falls back to `OPENAI_API_KEY`).
+    /// The default provider's key; default: its own variable (`OPENAI_API_KEY`,
+    /// `ANTHROPIC_API_KEY`).
     #[arg(long, env = "PES_LLM_API_KEY", hide_env_values = true)]
     pub llm_api_key: Option<String>,
 
-    /// Model name sent to the provider (default `gpt-4o-mini` for `openai`).
+    /// The default provider's model; default: its own setting (`PES_OPENAI_MODEL`,
+    /// `PES_ANTHROPIC_MODEL`).
     #[arg(long, env = "PES_LLM_MODEL")]
     pub llm_model: Option<String>,
+
+    /// Key of the `openai` provider when it is not the default (and the default provider's key
+    /// when it is and `PES_LLM_API_KEY` is unset). Setting it configures `openai` for threads.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub openai_api_key: Option<String>,
+
+    /// Base URL of the `openai` provider when `PES_LLM_BASE_URL` does not apply to it.
+    /// Setting it configures `openai` for threads.
+    #[arg(long, env = "OPENAI_BASE_URL")]
+    pub openai_base_url: Option<String>,
+
+    /// The `openai` provider's model when `PES_LLM_MODEL` does not apply to it.
+    #[arg(long, env = "PES_OPENAI_MODEL", default_value = "gpt-4o-mini")]
+    pub openai_model: String,
+
+    /// Key of the `anthropic` provider when it is not the default (and the default provider's
+    /// key when it is and `PES_LLM_API_KEY` is unset). Setting it configures `anthropic`.
+    #[arg(long, env = "ANTHROPIC_API_KEY", hide_env_values = true)]
+    pub anthropic_api_key: Option<String>,
+
+    /// Base URL of the `anthropic` provider when `PES_LLM_BASE_URL` does not apply to it (the
+    /// service appends `/v1/messages`). Setting it configures `anthropic` for threads.
+    #[arg(long, env = "ANTHROPIC_BASE_URL")]
+    pub anthropic_base_url: Option<String>,
+
+    /// The `anthropic` provider's model when `PES_LLM_MODEL` does not apply to it.
+    #[arg(long, env = "PES_ANTHROPIC_MODEL", default_value = "claude-sonnet-4-5")]
+    pub anthropic_model: String,
+
+    /// `max_tokens` of every Anthropic request (the Messages API requires one): the longest
+    /// reply, in tokens, the model may write.
+    #[arg(long, env = "PES_ANTHROPIC_MAX_TOKENS", default_value_t = 8192,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub anthropic_max_tokens: u32,
+
+    /// Ask providers for streamed replies, so `?tokens=true` clients see the text as the model
+    /// writes it (what is committed is the same either way). Turn off for an endpoint that
+    /// cannot stream.
+    #[arg(long, env = "PES_LLM_STREAM", default_value_t = true, action = clap::ArgAction::Set)]
+    pub llm_stream: bool,
 
     /// Seconds one model call may take before it is retried.
     #[arg(long, env = "PES_LLM_TIMEOUT_SECONDS", default_value_t = 120)]
@@ -101,8 +174,8 @@ pub struct Config {
     #[arg(long, env = "PES_LLM_MAX_RETRIES", default_value_t = 3)]
     pub llm_max_retries: u32,
 
-    /// Model calls in flight at once in this process, at most (more wait their turn); each holds
-    /// a socket.
+    /// Model calls in flight at once in this process, per provider, at most (more wait their
+    /// turn); each holds a socket.
     #[arg(long, env = "PES_LLM_MAX_IN_FLIGHT", default_value_t = 4096,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub llm_max_in_flight: u32,
@@ -372,6 +445,10 @@ impl Config {
             &mut self.llm_base_url,
             &mut self.llm_api_key,
             &mut self.llm_model,
+            &mut self.openai_api_key,
+            &mut self.openai_base_url,
+            &mut self.anthropic_api_key,
+            &mut self.anthropic_base_url,
             &mut self.api_keys,
             &mut self.public_url,
             &mut self.mcp_servers,
@@ -386,22 +463,81 @@ impl Config {
         self
     }
 
-    /// The provider that serves runs, per the precedence of the DESIGN table.
+    /// The default provider, per the precedence of the DESIGN table.
     pub fn provider(&self) -> ProviderKind {
-        self.llm_provider
-            .unwrap_or(if self.llm_base_url.is_some() || self.api_key().is_some() {
+        self.llm_provider.unwrap_or(
+            if self.llm_base_url.is_some()
+                || self.llm_api_key.is_some()
+                || self.openai_api_key.is_some()
+                || self.openai_base_url.is_some()
+            {
                 ProviderKind::Openai
+            } else if self.anthropic_api_key.is_some() || self.anthropic_base_url.is_some() {
+                ProviderKind::Anthropic
             } else {
                 ProviderKind::Offline
-            })
+            },
+        )
     }
 
-    /// `PES_LLM_API_KEY`, else `OPENAI_API_KEY`.
-    pub fn api_key(&self) -> Option<String> {
-        self.llm_api_key
-            .clone()
-            .or_else(|| std::env::var("OPENAI_API_KEY").ok())
-            .filter(|k| !k.is_empty())
+    /// Whether the `PES_LLM_*` variables configure `kind`: they configure the default provider
+    /// (and `openai` when the default is `offline`, so a thread can still pick it).
+    fn llm_vars_apply(&self, kind: ProviderKind) -> bool {
+        let default = self.provider();
+        default == kind || (default == ProviderKind::Offline && kind == ProviderKind::Openai)
+    }
+
+    /// Where `openai` is reached, when it is configured: as the default provider, or by
+    /// `OPENAI_API_KEY`/`OPENAI_BASE_URL` (or `PES_LLM_*` beside an `offline` default).
+    pub fn openai_endpoint(&self) -> Option<ProviderEndpoint> {
+        self.endpoint(
+            ProviderKind::Openai,
+            self.openai_base_url.as_ref(),
+            self.openai_api_key.as_ref(),
+            &self.openai_model,
+            OPENAI_DEFAULT_BASE_URL,
+        )
+    }
+
+    /// Where `anthropic` is reached, when it is configured: as the default provider, or by
+    /// `ANTHROPIC_API_KEY`/`ANTHROPIC_BASE_URL`.
+    pub fn anthropic_endpoint(&self) -> Option<ProviderEndpoint> {
+        self.endpoint(
+            ProviderKind::Anthropic,
+            self.anthropic_base_url.as_ref(),
+            self.anthropic_api_key.as_ref(),
+            &self.anthropic_model,
+            ANTHROPIC_DEFAULT_BASE_URL,
+        )
+    }
+
+    fn endpoint(
+        &self,
+        kind: ProviderKind,
+        own_base: Option<&String>,
+        own_key: Option<&String>,
+        own_model: &str,
+        public_base: &str,
+    ) -> Option<ProviderEndpoint> {
+        let shared = self.llm_vars_apply(kind);
+        let (base, key, model) = if shared {
+            (
+                self.llm_base_url.as_ref().or(own_base),
+                self.llm_api_key.as_ref().or(own_key),
+                self.llm_model.as_deref().unwrap_or(own_model),
+            )
+        } else {
+            (own_base, own_key, own_model)
+        };
+        let configured = self.provider() == kind
+            || base.is_some()
+            || key.is_some()
+            || (shared && self.llm_model.is_some());
+        configured.then(|| ProviderEndpoint {
+            base_url: base.map_or_else(|| public_base.to_owned(), String::clone),
+            api_key: key.cloned(),
+            model: model.to_owned(),
+        })
     }
 
     /// The timing of MCP connections.
@@ -460,6 +596,70 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The settings with no variable of the environment (so a developer's keys change nothing).
+    fn bare() -> Config {
+        let mut c = Cli::parse_from(["pes-server"]).config;
+        c.llm_provider = None;
+        c.llm_base_url = None;
+        c.llm_api_key = None;
+        c.llm_model = None;
+        c.openai_api_key = None;
+        c.openai_base_url = None;
+        c.anthropic_api_key = None;
+        c.anthropic_base_url = None;
+        c
+    }
+
+    #[test]
+    fn pes_llm_variables_configure_the_default_provider_and_the_others_their_own() {
+        let c = bare();
+        assert_eq!(c.provider(), ProviderKind::Offline);
+        assert_eq!(c.openai_endpoint(), None);
+        assert_eq!(c.anthropic_endpoint(), None);
+
+        // Anthropic as the default, from its own key alone.
+        let mut c = bare();
+        c.anthropic_api_key = Some("ak".into());
+        assert_eq!(c.provider(), ProviderKind::Anthropic);
+        let a = c.anthropic_endpoint().unwrap();
+        assert_eq!(a.base_url, ANTHROPIC_DEFAULT_BASE_URL);
+        assert_eq!(a.api_key.as_deref(), Some("ak"));
+        assert_eq!(a.model, "claude-sonnet-4-5");
+        assert_eq!(c.openai_endpoint(), None);
+
+        // Default openai from PES_LLM_*, anthropic beside it from ANTHROPIC_*.
+        let mut c = bare();
+        c.llm_base_url = Some("http://127.0.0.1:1/v1".into());
+        c.llm_api_key = Some("pk".into());
+        c.llm_model = Some("m1".into());
+        c.anthropic_api_key = Some("ak".into());
+        c.anthropic_base_url = Some("http://127.0.0.1:2".into());
+        assert_eq!(c.provider(), ProviderKind::Openai);
+        let o = c.openai_endpoint().unwrap();
+        assert_eq!(
+            (o.base_url.as_str(), o.api_key.as_deref(), o.model.as_str()),
+            ("http://127.0.0.1:1/v1", Some("pk"), "m1")
+        );
+        let a = c.anthropic_endpoint().unwrap();
+        assert_eq!(
+            (a.base_url.as_str(), a.api_key.as_deref(), a.model.as_str()),
+            ("http://127.0.0.1:2", Some("ak"), "claude-sonnet-4-5")
+        );
+
+        // PES_LLM_PROVIDER=anthropic: PES_LLM_* go to anthropic; OPENAI_* configure openai.
+        let mut c = bare();
+        c.llm_provider = Some(ProviderKind::Anthropic);
+        c.llm_api_key = Some("pk".into());
+        c.openai_api_key = Some("ok".into());
+        let a = c.anthropic_endpoint().unwrap();
+        assert_eq!(a.api_key.as_deref(), Some("pk"));
+        let o = c.openai_endpoint().unwrap();
+        assert_eq!(
+            (o.base_url.as_str(), o.api_key.as_deref(), o.model.as_str()),
+            (OPENAI_DEFAULT_BASE_URL, Some("ok"), "gpt-4o-mini")
+        );
+    }
 
     #[test]
     fn api_keys_parse_with_and_without_tenant() {

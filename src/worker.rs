@@ -88,15 +88,24 @@ struct WorkerJournal {
     /// Poked (through the run registry) when a decision on one of the run's suspensions arrives.
     decided: Arc<Notify>,
     metrics: Metrics,
+    /// The run's side of its thread's token channel.
+    tokens: Arc<crate::events::tokens::RunTokens>,
 }
 
 #[async_trait]
 impl Journal for WorkerJournal {
+    fn token_out(&self) -> Option<Arc<dyn crate::agent::TokenOut>> {
+        Some(self.tokens.clone())
+    }
+
     async fn commit(&self, batch: Batch) -> Result<(), EngineError> {
         let ended = item_ends(&batch);
         match self.store.apply(self.fence, self.lease, batch).await {
             Ok(applied) => {
                 self.metrics.committed();
+                if let Some(last) = applied.observations.last() {
+                    self.tokens.committed(last.seq);
+                }
                 for (status, took) in ended {
                     self.metrics.item_ended(status, took);
                 }
@@ -383,6 +392,18 @@ impl Worker {
             cancel: signals.cancel.clone(),
             decided,
             metrics: self.metrics.clone(),
+            tokens: Arc::new(
+                self.commands.bus().tokens().publisher(
+                    &input.run.tenant,
+                    &input.run.thread_id,
+                    input.run.run_id,
+                    input.run.start_seq.max(
+                        self.commands
+                            .bus()
+                            .announced_seq(&input.run.tenant, &input.run.thread_id),
+                    ),
+                ),
+            ),
         };
         let (tenant, thread_id) = (input.run.tenant.clone(), input.run.thread_id.clone());
         let result = tokio::select! {

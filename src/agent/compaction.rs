@@ -64,6 +64,7 @@ impl Engine {
                 name: prompts::COMPACTION_SCHEMA_NAME.into(),
                 schema: prompts::compaction_schema(),
             }),
+            tokens: crate::llm::Tokens::none(),
         })
     }
 

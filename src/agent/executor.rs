@@ -141,6 +141,7 @@ impl Engine {
                 messages,
                 tools: self.item_tools(ctx, &item),
                 response_format: None,
+                tokens: crate::llm::Tokens::none(),
             }));
         }
     }

@@ -45,6 +45,8 @@ pub(super) struct RunFlowHost<'a> {
     /// Where the calls of its `tool` stages are counted.
     pub metrics: &'a crate::telemetry::metrics::Metrics,
     pub llm: Arc<dyn LlmProvider>,
+    /// Where its `llm` stages' text streams (the calling item's, phase `flowchart`).
+    pub tokens: crate::llm::Tokens,
     pub model: Option<String>,
     pub tenant: String,
     pub thread_id: ThreadId,
@@ -176,6 +178,7 @@ impl FlowHost for RunFlowHost<'_> {
                 name: "pes_flowchart".into(),
                 schema,
             }),
+            tokens: self.tokens.clone(),
         };
         if request.response_format.is_some() {
             let (value, resp) =

@@ -10,13 +10,41 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::changes::Batch;
-use crate::llm::{LlmError, LlmProvider};
+use crate::llm::{LlmError, LlmProvider, Phase, TokenSink, Tokens};
 use crate::model::{
     AgentConfig, AgentStateRow, ErrorInfo, ItemStatus, Message, NewObservation, ObservationType,
     Run, Suspension, ThreadId, TodoItem, Usage,
 };
 
 use super::{EngineError, Signals};
+
+/// Where the text of a run's model replies goes while it streams (the worker's implementation
+/// fans it out to the run's thread's `?tokens=true` streams). Ephemeral: nothing sent here is
+/// committed, and a publisher never waits.
+pub trait TokenOut: Send + Sync {
+    /// Whether anyone listens now (the engine's requests skip forwarding when not).
+    fn listening(&self) -> bool;
+    /// A piece of the reply of the model call for `item_id` (none for the run's plan and
+    /// synthesis) in `phase`.
+    fn publish(&self, item_id: Option<&str>, phase: Phase, delta: &str);
+}
+
+/// A [`TokenOut`] as the sink of one model request: it knows the item and the phase.
+struct RequestTokens {
+    out: Arc<dyn TokenOut>,
+    item_id: Option<String>,
+    phase: Phase,
+}
+
+impl TokenSink for RequestTokens {
+    fn listening(&self) -> bool {
+        self.out.listening()
+    }
+
+    fn delta(&self, text: &str) {
+        self.out.publish(self.item_id.as_deref(), self.phase, text);
+    }
+}
 
 /// Where the engine commits. The worker's implementation applies the batch under the run's lease
 /// fence and publishes its observations.
@@ -79,6 +107,11 @@ pub trait Journal: Send + Sync {
         _types: &[crate::model::ObservationType],
     ) -> Result<Vec<crate::model::Observation>, EngineError> {
         Ok(vec![])
+    }
+
+    /// Where the run's streamed model text goes. The default: nowhere.
+    fn token_out(&self) -> Option<Arc<dyn TokenOut>> {
+        None
     }
 }
 
@@ -144,6 +177,8 @@ pub(super) struct Ctx<'a> {
     /// Changes staged since the last commit: written together at the next point where they must
     /// be durable (before a model or tool call, at a suspension, at the end).
     pub(super) pending: Batch,
+    /// Where the streamed text of the run's model calls goes (the journal's).
+    pub(super) tokens: Option<Arc<dyn TokenOut>>,
 }
 
 impl Ctx<'_> {
@@ -200,12 +235,27 @@ impl Ctx<'_> {
         }
     }
 
+    /// The token sink of a model call for `item_id` (none for the run's own plan and synthesis)
+    /// in `phase`.
+    pub(super) fn tap(&self, item_id: Option<&str>, phase: Phase) -> Tokens {
+        match &self.tokens {
+            Some(out) => Tokens::to(Arc::new(RequestTokens {
+                out: out.clone(),
+                item_id: item_id.map(str::to_owned),
+                phase,
+            })),
+            None => Tokens::none(),
+        }
+    }
+
     /// Commit what is staged, then ask for a structured reply (one repair attempt included),
-    /// abandoning it on cancel or shutdown; its usage is added to the run's.
+    /// abandoning it on cancel or shutdown; its usage is added to the run's. The reply streams to
+    /// the run's token sink, as the run's own (no item).
     pub(super) async fn ask_structured(
         &mut self,
-        req: crate::llm::ChatRequest,
+        mut req: crate::llm::ChatRequest,
     ) -> Result<serde_json::Value, Halt> {
+        req.tokens = self.tap(None, req.phase);
         self.flush().await?;
         let (value, resp) = self
             .guard(crate::llm::structured::complete_structured(

@@ -64,7 +64,7 @@ use crate::telemetry::spans;
 use crate::tools::ToolRegistry;
 use changes::{AgentSnapshot, Batch, Op, RunUpdate};
 
-pub use journal::Journal;
+pub use journal::{Journal, TokenOut};
 pub use tool_calls::FLUSH_SLOW_TOOL_AFTER;
 
 use journal::{Ctx, Halt, halt_to_error};
@@ -230,9 +230,11 @@ impl Engine {
         self.settings.decision_poll
     }
 
-    /// Names of the configured providers.
+    /// Names of the configured providers, sorted.
     pub fn provider_names(&self) -> Vec<String> {
-        self.providers.keys().cloned().collect()
+        let mut names: Vec<String> = self.providers.keys().cloned().collect();
+        names.sort_unstable();
+        names
     }
 
     /// Drive a run from its persisted state to completion, failure, cancellation or suspension.
@@ -290,6 +292,7 @@ impl Engine {
             flowcharts: Arc::new(flowcharts),
             started: Instant::now(),
             pending,
+            tokens: journal.token_out(),
         };
         match self.drive_inner(&mut ctx).await {
             Ok(end) => Ok(end),

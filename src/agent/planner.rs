@@ -100,6 +100,7 @@ impl Engine {
                     name: prompts::PLAN_SCHEMA_NAME.into(),
                     schema: prompts::plan_schema(),
                 }),
+                tokens: crate::llm::Tokens::none(),
             };
             let value = ctx.ask_structured(req).await?;
             let parsed: Result<PlanReply, Vec<String>> =

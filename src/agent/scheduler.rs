@@ -403,16 +403,25 @@ impl Engine {
         watching: &Arc<super::delegation::Watching>,
     ) -> InFlight<'f> {
         let llm = ctx.llm.clone();
+        // The item's model text streams to the run's token sink, under the step's phase.
+        let phase = match &step {
+            Next::Ask(r) | Next::Compact(r) | Next::PlanTeam(r) => r.phase,
+            _ => crate::llm::Phase::Flowchart,
+        };
+        let tokens = ctx.tap(Some(&item), phase);
         match step {
-            Next::Ask(req) => Box::pin(async move {
+            Next::Ask(mut req) => Box::pin(async move {
+                req.tokens = tokens;
                 let r = llm.complete(req).await;
                 (item, Io::Reply(r))
             }),
-            Next::Compact(req) => Box::pin(async move {
+            Next::Compact(mut req) => Box::pin(async move {
+                req.tokens = tokens;
                 let r = crate::llm::structured::complete_structured(llm.as_ref(), req).await;
                 (item, Io::Structured(r))
             }),
-            Next::PlanTeam(req) => Box::pin(async move {
+            Next::PlanTeam(mut req) => Box::pin(async move {
+                req.tokens = tokens;
                 let r = crate::llm::structured::complete_structured(llm.as_ref(), req).await;
                 (item, Io::TeamPlan(r))
             }),
@@ -422,6 +431,7 @@ impl Engine {
                     journal: ctx.journal,
                     tools: &self.tools,
                     metrics: &self.metrics,
+                    tokens,
                     llm,
                     model: ctx.model_in_use(),
                     tenant: ctx.tenant.clone(),

@@ -57,6 +57,7 @@ impl Engine {
                 name: prompts::SYNTHESIS_SCHEMA_NAME.into(),
                 schema: prompts::synthesis_schema(),
             }),
+            tokens: crate::llm::Tokens::none(),
         };
         let value = ctx.ask_structured(req).await?;
         let response = value

@@ -183,6 +183,7 @@ impl Engine {
                 name: prompts::PLAN_SCHEMA_NAME.into(),
                 schema: prompts::plan_schema(),
             }),
+            tokens: crate::llm::Tokens::none(),
         }
     }
 

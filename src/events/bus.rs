@@ -38,15 +38,22 @@ struct Channel {
     last_seq: i64,
 }
 
-/// In-process publisher of committed observations, keyed by (tenant, thread).
+/// In-process publisher of committed observations, keyed by (tenant, thread); beside them, the
+/// token channels of the same threads.
 #[derive(Clone, Default)]
 pub struct EventBus {
     channels: Arc<Mutex<HashMap<Key, Channel>>>,
+    tokens: super::TokenChannels,
 }
 
 impl EventBus {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The ephemeral token deltas of the runs driven by this process.
+    pub fn tokens(&self) -> &super::TokenChannels {
+        &self.tokens
     }
 
     /// Listen to a thread's observations committed from now on.
@@ -109,6 +116,13 @@ impl EventBus {
         map.iter()
             .map(|((t, id), ch)| (t.clone(), id.clone(), ch.last_seq))
             .collect()
+    }
+
+    /// The highest `seq` announced on the thread's channel (0 when nobody listens).
+    pub fn announced_seq(&self, tenant: &str, thread_id: &ThreadId) -> i64 {
+        let map = self.channels.lock().expect("event bus lock poisoned");
+        map.get(&(tenant.to_owned(), thread_id.clone()))
+            .map_or(0, |ch| ch.last_seq)
     }
 
     /// Threads with at least one live subscriber (for metrics).

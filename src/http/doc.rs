@@ -48,7 +48,7 @@ routes never do.",
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
-    components(schemas(Problem)),
+    components(schemas(Problem, crate::events::TokenDelta)),
     tags(
         (name = "threads", description = "Threads, their agent state and history"),
         (name = "runs", description = "Runs of queries on threads"),
@@ -161,24 +161,44 @@ fn event_stream_content() -> Content {
                 `event: <observation type>`, `data: <the Observation as JSON>` (see the \
                 `Observation` schema, and `x-itemSchema`). Comment lines (`: keep-alive`) come \
                 every `PES_SSE_KEEPALIVE_SECONDS` (15 s by default). Reconnect with \
-                `Last-Event-ID: <last id seen>` to continue without a gap or a duplicate.",
+                `Last-Event-ID: <last id seen>` to continue without a gap or a duplicate. A \
+                client that asked for tokens (`tokens=true`) also gets `event: token` frames \
+                without `id:` (`data: <a TokenDelta>`), never stored and never replayed.",
         },
         "example": "id: 1\nevent: RUN_STARTED\ndata: {\"id\":\"0196…\",\"seq\":1,\"threadId\":\"t1\",\
             \"runId\":\"0196…\",\"parentId\":null,\"type\":\"RUN_STARTED\",\"title\":\"Run started\",\
             \"content\":{},\"createdAt\":\"2025-01-01T00:00:00Z\"}\n\n",
         "x-itemSchema": {
-            "type": "object",
             "description": "One event of the stream (the shape OpenAPI 3.2 gives SSE items).",
-            "required": ["id", "event", "data"],
-            "properties": {
-                "id": {"type": "string", "description": "The observation's `seq`."},
-                "event": {"$ref": "#/components/schemas/ObservationType"},
-                "data": {
-                    "type": "string",
-                    "contentMediaType": "application/json",
-                    "contentSchema": {"$ref": "#/components/schemas/Observation"},
+            "oneOf": [
+                {
+                    "type": "object",
+                    "description": "An observation.",
+                    "required": ["id", "event", "data"],
+                    "properties": {
+                        "id": {"type": "string", "description": "The observation's `seq`."},
+                        "event": {"$ref": "#/components/schemas/ObservationType"},
+                        "data": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": "#/components/schemas/Observation"},
+                        },
+                    },
                 },
-            },
+                {
+                    "type": "object",
+                    "description": "A token delta (`tokens=true` only): no `id`.",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": {"const": "token"},
+                        "data": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": "#/components/schemas/TokenDelta"},
+                        },
+                    },
+                },
+            ],
         },
     }))
     .expect("a media type object")
@@ -397,8 +417,8 @@ mod tests {
             }
         }
         // limit+cursor ×3, observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart
-        // version 1, /a2a's A2A-Version and Last-Event-ID.
-        assert_eq!(queries, 21);
+        // version 1, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and resume.
+        assert_eq!(queries, 23);
         let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
         assert_eq!(limit["name"], "limit");
         assert_eq!(limit["in"], "query");
@@ -500,12 +520,35 @@ mod tests {
             let content = &doc["paths"][path][method]["responses"]["200"]["content"];
             let sse = &content[super::EVENT_STREAM];
             assert_eq!(sse["schema"]["type"], "string", "{method} {path}");
+            let items = &sse["x-itemSchema"]["oneOf"];
             assert_eq!(
-                sse["x-itemSchema"]["properties"]["data"]["contentSchema"]["$ref"],
+                items[0]["properties"]["data"]["contentSchema"]["$ref"],
                 "#/components/schemas/Observation",
                 "{method} {path}"
             );
+            // Token frames (`tokens=true`): no id, a TokenDelta.
+            assert_eq!(items[1]["properties"]["event"]["const"], "token");
+            assert_eq!(items[1]["required"], json!(["event", "data"]));
+            assert_eq!(
+                items[1]["properties"]["data"]["contentSchema"]["$ref"],
+                "#/components/schemas/TokenDelta",
+                "{method} {path}"
+            );
+            assert!(
+                doc["paths"][path][method]["parameters"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p["name"] == "tokens" && p["in"] == "query"),
+                "{method} {path} takes tokens"
+            );
         }
+        let token = &doc["components"]["schemas"]["TokenDelta"];
+        assert_eq!(
+            token["required"],
+            json!(["runId", "phase", "delta"]),
+            "{token}"
+        );
         let run_200 = &doc["paths"]["/v1/threads/{threadId}/runs"]["post"]["responses"]["200"];
         assert_eq!(
             run_200["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/Run",

@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::sse::{StreamSpec, observation_sse};
+use super::sse::{RunStreamParams, StreamSpec, observation_sse};
 use super::threads::{Page, PageParams, check_config};
 use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
@@ -133,7 +133,7 @@ pub(crate) fn wants_event_stream(headers: &HeaderMap) -> bool {
 /// Post a query: enqueue a run. With `Accept: text/event-stream` the response streams the run's
 /// observations until it completes, fails, is cancelled or suspends.
 #[utoipa::path(post, path = "/v1/threads/{threadId}/runs", tag = "runs", request_body = CreateRun,
-    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), RunStreamParams),
     responses(
         (status = 202, description = "Enqueued", body = Run),
         (status = 200, description = "With `Accept: text/event-stream`: the run's observations as Server-Sent Events until it completes, fails, is cancelled or suspends. Otherwise: the run already created with this `idempotencyKey`.",
@@ -145,13 +145,18 @@ pub async fn create_run(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     AppPath(thread_id): AppPath<String>,
+    AppQuery(params): AppQuery<RunStreamParams>,
     headers: HeaderMap,
     AppJson(body): AppJson<CreateRun>,
 ) -> Result<Response, ApiError> {
     let id = run_thread_id(&thread_id, &body)?;
+    let streamed = wants_event_stream(&headers);
+    // Subscribed before the run exists, so its first deltas are not missed.
+    let tokens = (streamed && params.tokens == Some(true))
+        .then(|| state.bus.tokens().subscribe(&tenant, &id));
     let trace = TraceContext::for_run(&headers);
     let (run, created) = enqueue(&state, tenant.clone(), id.clone(), body, trace).await?;
-    if wants_event_stream(&headers) {
+    if streamed {
         let spec = StreamSpec {
             tenant,
             thread_id: id,
@@ -161,7 +166,7 @@ pub async fn create_run(
             run_id: Some(run.run_id),
             until_run_end: true,
         };
-        return Ok(observation_sse(&state, spec).into_response());
+        return Ok(observation_sse(&state, spec, tokens).into_response());
     }
     let status = if created {
         StatusCode::ACCEPTED

@@ -6,9 +6,14 @@
 //! tracks the last `seq` it has accounted for. A bus message with the next `seq` is delivered
 //! directly; anything else (a gap, a lag, an observation committed by another replica) makes it
 //! re-read the table after its last `seq`. The table is the truth; the bus is only a fast path.
+//!
+//! A stream that asked for tokens (`?tokens=true`) also sends the token deltas of its thread's
+//! runs driven by this process, as `event: token` frames without `id:`, while it waits for the
+//! next observation: they are not in the table, so a replay never has them.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -25,7 +30,7 @@ use uuid::Uuid;
 
 use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
-use crate::events::BusMsg;
+use crate::events::{BusMsg, TokenDelta, TokenSubscription};
 use crate::model::{Observation, ObservationType, ThreadId};
 use crate::store::ObservationQuery;
 
@@ -65,6 +70,16 @@ impl StreamSpec {
     fn ends_with(&self, o: &Observation) -> bool {
         self.until_run_end && self.run_id == o.run_id && o.kind.ends_run_stream()
     }
+
+    /// Whether the stream shows a token delta: of its run, under its `parentId` (an item id),
+    /// whatever its `types`.
+    fn shows_token(&self, d: &TokenDelta) -> bool {
+        self.run_id.is_none_or(|r| d.run_id == r)
+            && self
+                .parent_id
+                .as_ref()
+                .is_none_or(|p| d.item_id.as_ref() == Some(p))
+    }
 }
 
 /// What a stream of observations yields.
@@ -74,6 +89,8 @@ pub enum StreamItem {
     Obs(Box<Observation>),
     /// The thread was deleted: the stream ends after this.
     ThreadDeleted,
+    /// A token delta (streams that asked for them only).
+    Token(Arc<TokenDelta>),
 }
 
 fn to_event(o: &Observation) -> Event {
@@ -81,6 +98,13 @@ fn to_event(o: &Observation) -> Event {
         .id(o.seq.to_string())
         .event(o.kind.as_str())
         .data(serde_json::to_string(o).unwrap_or_else(|_| "{}".into()))
+}
+
+/// An `event: token` frame: no `id:` (it is not in the log and is never replayed).
+fn token_event(d: &TokenDelta) -> Event {
+    Event::default()
+        .event("token")
+        .data(serde_json::to_string(d).unwrap_or_else(|_| "{}".into()))
 }
 
 /// One subscriber's stream, pulled by the response body: no task and no channel of its own, so an
@@ -91,6 +115,10 @@ struct Producer {
     state: AppState,
     spec: StreamSpec,
     rx: broadcast::Receiver<BusMsg>,
+    /// The thread's token deltas, when the client asked for them.
+    tokens: Option<TokenSubscription>,
+    /// A delta written after observations this stream has not sent yet: it waits for them.
+    held: Option<Arc<TokenDelta>>,
     /// The last `seq` accounted for (sent, or filtered out).
     last: i64,
     /// When the streamed thread was created: a thread deleted and created again under the same
@@ -195,9 +223,26 @@ impl Producer {
         self.checked = false;
     }
 
+    /// The held delta, when every observation committed before it was written has been sent
+    /// (or filtered out) and none committed after it is waiting ahead of it.
+    fn release_held(&mut self) -> Option<StreamItem> {
+        let d = self.held.as_ref()?;
+        let next_is_later = match self.pending.front() {
+            Some(StreamItem::Obs(o)) => o.seq > d.after_seq,
+            Some(_) => false,
+            None => true,
+        };
+        (d.after_seq <= self.last && next_is_later)
+            .then(|| self.held.take().map(StreamItem::Token))
+            .flatten()
+    }
+
     /// The next item to send, or `None` when the stream is over.
     async fn next_item(&mut self) -> Option<StreamItem> {
         loop {
+            if let Some(d) = self.release_held() {
+                return Some(d);
+            }
             if let Some(e) = self.pending.pop_front() {
                 return Some(e);
             }
@@ -208,7 +253,27 @@ impl Producer {
                 self.catch_up_page(seen).await;
                 continue;
             }
-            match self.rx.recv().await {
+            let msg = match self.tokens.as_mut() {
+                // Deltas first: a delta and the commit that follows its reply may both be
+                // waiting, and the delta was written first. One written after a commit this
+                // stream has not sent is held until it has (and no other is read meanwhile).
+                Some(tokens) if self.held.is_none() => tokio::select! {
+                    biased;
+                    d = tokens.recv() => Err(d),
+                    m = self.rx.recv() => Ok(m),
+                },
+                _ => Ok(self.rx.recv().await),
+            };
+            let msg = match msg {
+                Ok(m) => m,
+                Err(d) if !self.spec.shows_token(&d) => continue,
+                Err(d) if d.after_seq <= self.last => return Some(StreamItem::Token(d)),
+                Err(d) => {
+                    self.held = Some(d);
+                    continue;
+                }
+            };
+            match msg {
                 Ok(BusMsg::Obs(o)) if o.seq <= self.last => {}
                 Ok(BusMsg::Obs(o)) if o.seq == self.last + 1 => {
                     self.last = o.seq;
@@ -230,14 +295,18 @@ impl Producer {
 /// duplicate. It subscribes to the bus before its first table read, so nothing committed in
 /// between is missed; it ends after the run's end when `spec.until_run_end`, when the thread is
 /// deleted (after [`StreamItem::ThreadDeleted`]), or with the service's shutdown token. Pulled by
-/// its reader: no task of its own.
+/// its reader: no task of its own. With `tokens` (a subscription to the thread's token channel,
+/// taken as early as the caller could), the deltas `spec` shows come between observations.
 pub fn observation_stream(
     state: &AppState,
     spec: StreamSpec,
+    tokens: Option<TokenSubscription>,
 ) -> impl Stream<Item = StreamItem> + Send + use<> {
     let producer = Producer {
         state: state.clone(),
         rx: state.bus.subscribe(&spec.tenant, &spec.thread_id),
+        tokens,
+        held: None,
         last: spec.after,
         spec,
         thread_created_at: None,
@@ -254,16 +323,19 @@ pub fn observation_stream(
 }
 
 /// An SSE response streaming the observations `spec` selects ([`observation_stream`] as
-/// frames: `id: <seq>`, `event: <type>`, `data: <observation>`), with keep-alive comments.
+/// frames: `id: <seq>`, `event: <type>`, `data: <observation>`), with keep-alive comments; with
+/// `tokens`, `event: token` frames `{runId, itemId, phase, delta}` without `id:` too.
 pub fn observation_sse(
     state: &AppState,
     spec: StreamSpec,
+    tokens: Option<TokenSubscription>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
     let thread_id = spec.thread_id.clone();
-    let events = observation_stream(state, spec).map(move |item| {
+    let events = observation_stream(state, spec, tokens).map(move |item| {
         Ok(match item {
             StreamItem::Obs(o) => to_event(&o),
             StreamItem::ThreadDeleted => thread_deleted_event(&thread_id),
+            StreamItem::Token(d) => token_event(&d),
         })
     });
     let keepalive = Duration::from_secs(state.config.sse_keepalive_seconds.max(1));
@@ -372,14 +444,29 @@ pub struct EventParams {
     /// `pes-server ask`, replays just that run, however long the thread).
     #[param(nullable = false)]
     pub run_id: Option<Uuid>,
-    /// Ephemeral token deltas (accepted; providers do not stream tokens yet).
+    /// Also send the model's text as it is written: `event: token` frames `{runId, itemId,
+    /// phase, delta}` without `id:`, never stored and never replayed (deltas of runs driven by
+    /// the replica serving this stream).
+    #[param(nullable = false)]
+    pub tokens: Option<bool>,
+}
+
+/// The query of a route that may answer with a run's stream (`POST …/runs`, `POST …/resume`).
+/// Other parameters are ignored, as they always were on these routes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct RunStreamParams {
+    /// With `Accept: text/event-stream`: also send the run's model text as it is written
+    /// (`event: token` frames without `id:`, as on `/events?tokens=true`).
     #[param(nullable = false)]
     pub tokens: Option<bool>,
 }
 
 /// The thread's observations as Server-Sent Events: `id: <seq>`, `event: <type>`,
 /// `data: <observation JSON>`; a `: keep-alive` comment every 15 s. The stream replays the log
-/// after `Last-Event-ID` (or `after`) and then goes on live until the client leaves.
+/// after `Last-Event-ID` (or `after`) and then goes on live until the client leaves. With
+/// `tokens=true`, live `event: token` frames carry the model's text as it is written.
 #[utoipa::path(get, path = "/v1/threads/{threadId}/events", tag = "observations",
     params(
         ("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"),
@@ -421,6 +508,7 @@ pub async fn events(
         .get_thread(&tenant, &id)
         .await?
         .ok_or_else(ApiError::thread_not_found)?;
+    let tokens = (params.tokens == Some(true)).then(|| state.bus.tokens().subscribe(&tenant, &id));
     let spec = StreamSpec {
         tenant,
         thread_id: id,
@@ -430,5 +518,5 @@ pub async fn events(
         run_id: params.run_id,
         until_run_end: false,
     };
-    Ok(observation_sse(&state, spec))
+    Ok(observation_sse(&state, spec, tokens))
 }

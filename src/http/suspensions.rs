@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::runs::wants_event_stream;
-use super::sse::{StreamSpec, observation_sse};
+use super::sse::{RunStreamParams, StreamSpec, observation_sse};
 use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
 use crate::model::{Decision, ResumeDecision, Run, Suspension, SuspensionStatus};
@@ -203,7 +203,7 @@ pub(crate) fn decide(
 /// the response streams the run's observations until it ends or suspends again.
 #[utoipa::path(post, path = "/v1/suspensions/{suspensionId}/resume", tag = "suspensions",
     request_body = ResumeRequest,
-    params(("suspensionId" = String, Path, description = "Suspension id (a UUID; any other id is not found)")),
+    params(("suspensionId" = String, Path, description = "Suspension id (a UUID; any other id is not found)"), RunStreamParams),
     responses(
         (status = 202, description = "Resumed: the run is queued again", body = Run),
         (status = 200, description = "With `Accept: text/event-stream`: resumed, and the run's observations as Server-Sent Events until it ends or suspends again", content_type = "text/event-stream", body = String),
@@ -215,6 +215,7 @@ pub async fn resume_suspension(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     AppPath(suspension_id): AppPath<String>,
+    AppQuery(params): AppQuery<RunStreamParams>,
     headers: HeaderMap,
     AppJson(body): AppJson<ResumeRequest>,
 ) -> Result<Response, ApiError> {
@@ -228,6 +229,10 @@ pub async fn resume_suspension(
         return Err(already(s.status));
     }
     let decision = decide(&state, &s, body)?;
+    let streamed = wants_event_stream(&headers);
+    // Subscribed before the run goes on, so its first deltas are not missed.
+    let tokens = (streamed && params.tokens == Some(true))
+        .then(|| state.bus.tokens().subscribe(&tenant, &s.thread_id));
     let resolution = Resolution {
         status: SuspensionStatus::Resolved,
         decision,
@@ -243,7 +248,7 @@ pub async fn resume_suspension(
         }
         Err(e) => return Err(e.into()),
     };
-    if wants_event_stream(&headers) {
+    if streamed {
         let after = done
             .observations
             .last()
@@ -258,7 +263,7 @@ pub async fn resume_suspension(
             run_id: Some(done.run.run_id),
             until_run_end: true,
         };
-        return Ok(observation_sse(&state, spec).into_response());
+        return Ok(observation_sse(&state, spec, tokens).into_response());
     }
     Ok((StatusCode::ACCEPTED, AppJson(done.run)).into_response())
 }

@@ -87,6 +87,7 @@ mod tests {
             messages: vec![ChatMessage::user("hello")],
             tools: vec![],
             response_format: None,
+            tokens: Default::default(),
         };
         let a = plain.complete(request.clone()).await.unwrap();
         let b = wrapped.complete(request).await.unwrap();

@@ -1,7 +1,11 @@
 //! Language-model providers behind one trait. `openai` speaks OpenAI-compatible Chat Completions
-//! (any such endpoint, including the test double); `offline` is deterministic and needs no network,
-//! the default when nothing is configured. The agent never sees HTTP: it builds a [`ChatRequest`]
-//! and gets a [`ChatResponse`] back.
+//! (any such endpoint, including the test double); `anthropic` speaks Anthropic's Messages API;
+//! `offline` is deterministic and needs no network, the default when nothing is configured. The
+//! agent never sees HTTP: it builds a [`ChatRequest`] and gets a [`ChatResponse`] back. A request
+//! may carry a [`TokenSink`] ([`Tokens`]): a provider that streams hands it the reply's text as
+//! the model writes it, and still returns the whole reply as if it had not streamed.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -9,11 +13,15 @@ use serde_json::Value;
 
 use crate::model::Usage;
 
+pub mod anthropic;
 pub mod instrumented;
 pub mod offline;
 pub mod openai;
 pub mod strict;
 pub mod structured;
+#[cfg(test)]
+mod test_server;
+pub mod transport;
 
 pub use strict::strict_mode_violations;
 
@@ -120,6 +128,76 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub tools: Vec<ToolSpec>,
     pub response_format: Option<JsonSchemaFormat>,
+    /// Where the reply's text goes while it streams (nowhere by default).
+    pub tokens: Tokens,
+}
+
+/// Where the text of a streamed reply goes as the model writes it. The agent sets one per request
+/// (knowing the run, the item and the phase); nothing sent here is stored.
+pub trait TokenSink: Send + Sync {
+    /// Whether anyone listens now: a provider forwards nothing (and allocates nothing for it)
+    /// when not.
+    fn listening(&self) -> bool;
+    /// The next piece of the reply's text, in order.
+    fn delta(&self, text: &str);
+}
+
+/// The optional [`TokenSink`] of a [`ChatRequest`]. It is not part of what is asked of the
+/// model: requests that differ only in their sinks are equal.
+#[derive(Clone, Default)]
+pub struct Tokens(Option<Arc<dyn TokenSink>>);
+
+impl Tokens {
+    /// A request whose text goes nowhere.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// A request whose text goes to `sink`.
+    pub fn to(sink: Arc<dyn TokenSink>) -> Self {
+        Self(Some(sink))
+    }
+
+    /// Whether forwarding is worth anything now.
+    pub fn listening(&self) -> bool {
+        self.0.as_ref().is_some_and(|s| s.listening())
+    }
+
+    /// Forward a piece of text when someone listens (empty pieces are dropped).
+    pub fn send(&self, text: &str) {
+        if let Some(sink) = &self.0
+            && !text.is_empty()
+            && sink.listening()
+        {
+            sink.delta(text);
+        }
+    }
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Tokens(sink)"
+        } else {
+            "Tokens(none)"
+        })
+    }
+}
+
+impl PartialEq for Tokens {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl ChatRequest {
+    /// The model the request names, or `default` when it names none (or a blank one).
+    pub fn model_or(&self, default: &str) -> String {
+        self.model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .unwrap_or_else(|| default.to_owned())
+    }
 }
 
 /// The model's reply.
@@ -141,7 +219,7 @@ pub enum LlmError {
     /// A 4xx the provider will keep answering (bad key, unknown model, bad request).
     #[error("the model provider rejected the request ({status}): {body}")]
     Rejected { status: u16, body: String },
-    /// The reply could not be understood (not a chat completion).
+    /// The reply could not be understood (not a chat completion or a message).
     #[error("the model's reply could not be read: {0}")]
     BadReply(String),
     /// The reply did not match the requested JSON schema, even after the repair attempt.
@@ -171,7 +249,7 @@ impl LlmError {
 /// A chat-completion backend.
 #[async_trait]
 pub trait LlmProvider: Send + Sync + 'static {
-    /// Provider name (`openai`, `offline`).
+    /// Provider name (`openai`, `anthropic`, `offline`).
     fn name(&self) -> &'static str;
 
     /// True for the offline model: every run says it is not a real model.
@@ -185,11 +263,26 @@ pub trait LlmProvider: Send + Sync + 'static {
         None
     }
 
-    /// One model call, with transient errors retried inside.
+    /// One model call, with transient errors retried inside. A provider that streams sends the
+    /// reply's text to `request.tokens` as it arrives; the reply returned is the same either way.
     ///
     /// # Errors
     /// [`LlmError`] after retries are exhausted or for a permanent rejection.
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError>;
+}
+
+/// `text` with every character a function name or a tool-use id may not hold (anything but
+/// `A-Za-z0-9_-`, the rule of the OpenAI and Anthropic APIs) replaced by `_`.
+pub fn identifier_chars(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// `text` cut to at most `max_bytes` bytes on a character boundary, with `…` appended when

@@ -23,6 +23,9 @@
 //! the name of any other available tool (an MCP tool, the HTTP tool, …) optionally followed by a
 //! JSON object of arguments (`call web__echo with {"text": "hi"}`), and its independent parts
 //! (split at `?`, `;` and line breaks) when no tool applies.
+//!
+//! Like the HTTP providers, it hands its reply's text to the request's token sink, word by word
+//! (all at once: nothing here is slow), so token streaming can be watched without a model.
 
 use serde_json::{Value, json};
 
@@ -909,6 +912,13 @@ impl LlmProvider for OfflineProvider {
                 .iter()
                 .map(|c| c.name.len() + c.arguments.to_string().len())
                 .sum::<usize>();
+        if let Some(text) = &content
+            && request.tokens.listening()
+        {
+            for word in text.split_inclusive(' ') {
+                request.tokens.send(word);
+            }
+        }
         let (prompt_tokens, completion_tokens) = (tokens(prompt_chars), tokens(completion_chars));
         let finish_reason = if tool_calls.is_empty() {
             "stop"
@@ -945,6 +955,7 @@ mod tests {
             messages,
             tools: ToolRegistry::with_builtins().specs(None),
             response_format: None,
+            tokens: crate::llm::Tokens::none(),
         }
     }
 

@@ -186,6 +186,7 @@ mod tests {
                     "required": ["response"]
                 }),
             }),
+            tokens: crate::llm::Tokens::none(),
         }
     }
 

@@ -36,6 +36,11 @@ pub fn test_config(database_url: &str, llm: Option<&FakeLlm>) -> Config {
     c.api_keys = None;
     c.poll_interval_ms = 50;
     c.shutdown_grace_seconds = 5;
+    // A developer's own keys configure nothing here.
+    c.openai_api_key = None;
+    c.openai_base_url = None;
+    c.anthropic_api_key = None;
+    c.anthropic_base_url = None;
     match llm {
         Some(f) => {
             c.llm_provider = Some(ProviderKind::Openai);
@@ -52,6 +57,16 @@ pub fn test_config(database_url: &str, llm: Option<&FakeLlm>) -> Config {
         }
     }
     c
+}
+
+/// Make `fake` (started with `FakeLlm::start_anthropic`) the default provider, `anthropic`.
+pub fn use_anthropic(c: &mut Config, fake: &FakeLlm) {
+    c.llm_provider = Some(ProviderKind::Anthropic);
+    c.llm_base_url = Some(fake.url.clone());
+    c.llm_api_key = Some("test-key".into());
+    c.llm_model = Some("claude-fake".into());
+    c.llm_max_retries = 3;
+    c.llm_timeout_seconds = 10;
 }
 
 pub async fn database_url(backend: Backend) -> String {

@@ -1,5 +1,8 @@
 //! A fake OpenAI-compatible Chat Completions server over real HTTP, shared by pes-server's
 //! black-box tests and by `pes-bench`, so both talk to one model double instead of two copies.
+//! The same double speaks Anthropic's Messages API ([`FakeLlm::start_anthropic`], see
+//! `anthropic`); both answer a `stream: true` request with a streamed reply, at the pace a test
+//! sets ([`FakeLlm::stream_slowly`]).
 //!
 //! A request's phase (plan, execute, synthesis, compaction) comes from its `response_format`; an
 //! execute request's item from its brief (`Your item [<id>]`). A request gets, in this order: a
@@ -22,13 +25,44 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
+
+mod anthropic;
+mod openai;
+
+/// How a streamed reply is written: its text (or structured JSON) in `chunks` pieces, with
+/// `delay` before each event after the first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    pub chunks: usize,
+    pub delay: Duration,
+}
+
+impl Default for Pace {
+    /// The whole text in one piece, at once.
+    fn default() -> Self {
+        Pace {
+            chunks: 1,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+/// A request as it came over the wire.
+#[derive(Clone, Debug)]
+pub struct WireRequest {
+    /// Header names (lower case) and values.
+    pub headers: HashMap<String, String>,
+    pub body: Value,
+}
 
 /// One scripted reply.
 #[derive(Clone, Debug)]
@@ -107,8 +141,13 @@ struct Script {
     item_defaults: HashMap<String, Reply>,
     /// Replies for unscripted requests of a phase, instead of the workload's.
     defaults: HashMap<&'static str, Reply>,
-    /// Every request received, with the instant it arrived (when recording).
+    /// Every request received, with the instant it arrived (when recording), in the Chat
+    /// Completions shape.
     requests: Vec<(Instant, Value)>,
+    /// Every request as it came over the wire (when recording).
+    wire: Vec<WireRequest>,
+    /// How streamed replies are written.
+    pace: Pace,
 }
 
 /// State shared by the handle and the server's requests.
@@ -131,11 +170,13 @@ impl Shared {
     }
 }
 
-/// The fake server; cheap to clone. It serves `POST {url}/chat/completions` until the runtime
-/// that started it ends.
+/// The fake server; cheap to clone. It serves `POST {url}/chat/completions` (or, started with
+/// [`FakeLlm::start_anthropic`], `POST {url}/v1/messages`) until the runtime that started it
+/// ends.
 #[derive(Clone)]
 pub struct FakeLlm {
-    /// The base URL to give a provider (`http://127.0.0.1:<port>/v1`).
+    /// The base URL to give a provider (`http://127.0.0.1:<port>/v1`, or
+    /// `http://127.0.0.1:<port>` for Anthropic's API).
     pub url: String,
     shared: Arc<Shared>,
 }
@@ -243,6 +284,23 @@ impl FakeLlm {
     /// # Errors
     /// When no loopback port can be bound.
     pub async fn start_with(options: Options) -> io::Result<FakeLlm> {
+        FakeLlm::serve(options, false).await
+    }
+
+    /// The tests' server ([`Options::default`]) behind Anthropic's Messages API, on a free
+    /// loopback port. Requests are scripted, held and read back ([`FakeLlm::requests`]) in the
+    /// Chat Completions shape, like those of [`FakeLlm::start`]; [`FakeLlm::wire_requests`] has
+    /// them as they came.
+    ///
+    /// # Panics
+    /// When no loopback port can be bound.
+    pub async fn start_anthropic() -> FakeLlm {
+        FakeLlm::serve(Options::default(), true)
+            .await
+            .expect("the fake model could not bind a loopback port")
+    }
+
+    async fn serve(options: Options, anthropic: bool) -> io::Result<FakeLlm> {
         let shared = Arc::new(Shared {
             options,
             script: Mutex::default(),
@@ -254,9 +312,12 @@ impl FakeLlm {
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let app = Router::new()
-            .route("/v1/chat/completions", post(handle))
-            .with_state(shared.clone());
+        let app = if anthropic {
+            Router::new().route("/v1/messages", post(handle_anthropic))
+        } else {
+            Router::new().route("/v1/chat/completions", post(handle))
+        }
+        .with_state(shared.clone());
         // The server lives as long as the test or bench that started it: it ends with the runtime.
         #[allow(clippy::disallowed_methods)]
         tokio::spawn(async move {
@@ -264,10 +325,21 @@ impl FakeLlm {
                 eprintln!("the fake model stopped: {e}");
             }
         });
-        Ok(FakeLlm {
-            url: format!("http://{addr}/v1"),
-            shared,
-        })
+        let url = if anthropic {
+            format!("http://{addr}")
+        } else {
+            format!("http://{addr}/v1")
+        };
+        Ok(FakeLlm { url, shared })
+    }
+
+    /// Write streamed replies' text (and structured JSON) in `chunks` pieces, waiting `delay`
+    /// before each event after the first: a model that streams slowly.
+    pub fn stream_slowly(&self, chunks: usize, delay: Duration) {
+        self.shared.script().pace = Pace {
+            chunks: chunks.max(1),
+            delay,
+        };
     }
 
     /// Queue a reply for the next request of `phase` (`plan`, `execute`, `synthesis`,
@@ -385,6 +457,11 @@ impl FakeLlm {
         self.shared.script().requests.clone()
     }
 
+    /// Every request as it came over the wire (headers and body), in order.
+    pub fn wire_requests(&self) -> Vec<WireRequest> {
+        self.shared.script().wire.clone()
+    }
+
     /// Requests of one phase.
     pub fn requests_of(&self, phase: &str) -> Vec<Value> {
         let s = self.shared.script();
@@ -443,16 +520,56 @@ impl Drop for InFlight {
     }
 }
 
-async fn handle(State(shared): State<Arc<Shared>>, Json(req): Json<Value>) -> Response {
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(req): Json<Value>,
+) -> Response {
     let _in_flight = InFlight::enter(&shared);
+    let stream = req["stream"] == true;
+    let (reply, n) = answer(&shared, &req, &req, &headers).await;
+    let pace = shared.script().pace;
+    openai::render(reply, n, stream, pace).await
+}
+
+async fn handle_anthropic(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(raw): Json<Value>,
+) -> Response {
+    let _in_flight = InFlight::enter(&shared);
+    let chat = anthropic::to_chat(&raw);
+    let (reply, n) = answer(&shared, &chat, &raw, &headers).await;
+    let pace = shared.script().pace;
+    anthropic::render(reply, n, &raw, pace).await
+}
+
+/// Record a request (`chat`: its Chat Completions shape; `wire`: as it came), choose its reply,
+/// hold it while a hold matches it, wait its delays; the reply, with the request's number.
+async fn answer(
+    shared: &Arc<Shared>,
+    chat: &Value,
+    wire: &Value,
+    headers: &HeaderMap,
+) -> (Reply, u64) {
     let n = shared.calls.fetch_add(1, Ordering::Relaxed) + 1;
-    let phase = phase_of(&req);
-    let (reply, delay) = pick_reply(&shared, phase, &req, n);
+    let phase = phase_of(chat);
+    if shared.options.record_requests {
+        let headers = headers
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+            .collect();
+        shared.script().wire.push(WireRequest {
+            headers,
+            body: wire.clone(),
+        });
+    }
+    let (mut reply, delay) = pick_reply(shared, phase, chat, n);
     shared.traffic.notify_waiters();
     loop {
         // Subscribed before looking, so a change made in between is not missed.
         let mut changed = shared.gate.subscribe();
-        if !shared.script().hold.as_ref().is_some_and(|p| p(&req)) {
+        if !shared.script().hold.as_ref().is_some_and(|p| p(chat)) {
             break;
         }
         let _ = changed.changed().await;
@@ -463,7 +580,54 @@ async fn handle(State(shared): State<Arc<Shared>>, Json(req): Json<Value>) -> Re
     if !shared.options.latency.is_zero() {
         tokio::time::sleep(shared.options.latency).await;
     }
-    render(reply, n).await
+    while let Reply::Delay(d, inner) = reply {
+        tokio::time::sleep(d).await;
+        reply = *inner;
+    }
+    (reply, n)
+}
+
+/// `text` in `n` pieces of (nearly) equal length in characters, none empty.
+pub(crate) fn pieces(text: &str, n: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.is_empty() {
+        return vec![];
+    }
+    let size = chars.len().div_ceil(n.max(1));
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+/// An error reply: the status, the body as scripted, and its `retry-after`.
+pub(crate) fn error_response(code: u16, body: String, retry_after: Option<String>) -> Response {
+    let mut headers = HeaderMap::new();
+    if let Some(ra) = retry_after.and_then(|ra| HeaderValue::from_str(&ra).ok()) {
+        headers.insert("retry-after", ra);
+    }
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, headers, body).into_response()
+}
+
+/// A `text/event-stream` reply of these frames, `delay` before each frame after the first.
+pub(crate) fn sse_response(frames: Vec<String>, delay: Duration) -> Response {
+    let body = if delay.is_zero() {
+        Body::from(frames.concat())
+    } else {
+        let frames =
+            futures::stream::iter(frames.into_iter().enumerate()).then(move |(i, f)| async move {
+                if i > 0 {
+                    tokio::time::sleep(delay).await;
+                }
+                Ok::<_, std::convert::Infallible>(f)
+            });
+        Body::from_stream(frames)
+    };
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    resp
 }
 
 /// Record the request (when logging) and choose its reply and any scripted delay.
@@ -622,57 +786,5 @@ fn calculator3_reply(phase: &str, req: &Value, n: u64) -> Reply {
         "compaction" => compaction_reply(req),
         _ if tool_result(req).is_some() => Reply::Text("ok".into()),
         _ => Reply::ToolCalls(vec![("calculator".into(), json!({"expression": "1+1"}))]),
-    }
-}
-
-fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
-    let finish = if tool_calls.is_empty() {
-        "stop"
-    } else {
-        "tool_calls"
-    };
-    let mut message = json!({"role": "assistant", "content": content});
-    if !tool_calls.is_empty() {
-        message["tool_calls"] = Value::Array(tool_calls);
-    }
-    json!({
-        "id": "chatcmpl-fake",
-        "object": "chat.completion",
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-    })
-}
-
-async fn render(mut reply: Reply, n: u64) -> Response {
-    while let Reply::Delay(d, inner) = reply {
-        tokio::time::sleep(d).await;
-        reply = *inner;
-    }
-    match reply {
-        Reply::Json(v) => Json(completion(Some(v.to_string()), vec![])).into_response(),
-        Reply::Text(t) => Json(completion(Some(t), vec![])).into_response(),
-        Reply::ToolCalls(calls) => {
-            let calls = calls
-                .into_iter()
-                .enumerate()
-                .map(|(i, (name, args))| {
-                    json!({
-                        "id": format!("call_{n}_{i}"),
-                        "type": "function",
-                        "function": {"name": name, "arguments": args.to_string()}
-                    })
-                })
-                .collect();
-            Json(completion(None, calls)).into_response()
-        }
-        Reply::Status(code, body, retry_after) => {
-            let mut headers = HeaderMap::new();
-            if let Some(ra) = retry_after.and_then(|ra| HeaderValue::from_str(&ra).ok()) {
-                headers.insert("retry-after", ra);
-            }
-            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            (status, headers, body).into_response()
-        }
-        Reply::Delay(..) => unreachable!("delays were unwrapped above"),
     }
 }

@@ -100,7 +100,7 @@ pub async fn task_events(
         run_id: Some(run.run_id),
         until_run_end: true,
     };
-    let observations = observation_stream(state, spec).boxed();
+    let observations = observation_stream(state, spec, None).boxed();
     let updates = futures::stream::unfold(
         (fold, observations, false),
         move |(mut fold, mut observations, done)| {

@@ -66,16 +66,7 @@ impl McpTool {
 /// `<server>__<tool>` with every character a function name cannot hold replaced by `_`, or `None`
 /// when it would be longer than a function name may be.
 fn local_name(server: &str, tool: &str) -> Option<String> {
-    let clean: String = tool
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let clean = crate::llm::identifier_chars(tool);
     let name = format!("{server}__{clean}");
     (!clean.is_empty() && name.len() <= MAX_NAME).then_some(name)
 }

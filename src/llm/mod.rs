@@ -208,6 +208,9 @@ pub struct ChatResponse {
     /// Usage of this call (`llm_calls` = HTTP calls that returned a reply, retries included).
     pub usage: Usage,
     pub finish_reason: Option<String>,
+    /// The model that answered, as the provider named it (it may be more precise than the one
+    /// asked for, e.g. a dated version): for traces.
+    pub model: Option<String>,
 }
 
 /// Why a model call failed after retries.

@@ -935,6 +935,7 @@ impl LlmProvider for OfflineProvider {
                 llm_calls: 1,
             },
             finish_reason: Some(finish_reason.into()),
+            model: Some("offline".into()),
         })
     }
 }

@@ -168,6 +168,7 @@ mod tests {
                     llm_calls: 1,
                 },
                 finish_reason: Some("stop".into()),
+                model: None,
             })
         }
     }

@@ -64,6 +64,7 @@ pub fn chat(provider: &'static str, model: &str) -> Span {
         gen_ai.provider.name = provider,
         gen_ai.system = provider,
         gen_ai.request.model = model,
+        gen_ai.response.model = Empty,
         gen_ai.usage.input_tokens = Empty,
         gen_ai.usage.output_tokens = Empty,
         error.type = Empty,
@@ -77,6 +78,9 @@ pub fn chat_done(span: &Span, result: &Result<ChatResponse, LlmError>) {
             // As i64: the exporter keeps unsigned integers only as text.
             span.record("gen_ai.usage.input_tokens", int(r.usage.prompt_tokens));
             span.record("gen_ai.usage.output_tokens", int(r.usage.completion_tokens));
+            if let Some(m) = &r.model {
+                span.record("gen_ai.response.model", m.as_str());
+            }
             if otel::active()
                 && let Some(reason) = &r.finish_reason
             {

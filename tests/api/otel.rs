@@ -221,6 +221,10 @@ fn assert_chat(s: &Span) {
     assert_eq!(s.attrs["gen_ai.provider.name"], "openai");
     assert_eq!(s.attrs["gen_ai.system"], "openai");
     assert_eq!(s.attrs["gen_ai.request.model"], "fake-model");
+    assert_eq!(
+        s.attrs["gen_ai.response.model"],
+        fake_openai::openai::ANSWERING_MODEL
+    );
     assert_eq!(s.attrs["gen_ai.usage.input_tokens"], 10);
     assert_eq!(s.attrs["gen_ai.usage.output_tokens"], 5);
     let reasons = s.attrs["gen_ai.response.finish_reasons"].as_array();

@@ -36,7 +36,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
 mod anthropic;
-mod openai;
+pub mod openai;
 
 /// How a streamed reply is written: its text (or structured JSON) in `chunks` pieces, with
 /// `delay` before each event after the first.

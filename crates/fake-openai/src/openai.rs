@@ -8,6 +8,10 @@ use serde_json::{Value, json};
 
 use crate::{Pace, Reply, error_response, pieces, sse_response};
 
+/// The model every reply says answered, as a real API names a dated snapshot of the model asked
+/// for (so a client can tell what it asked from what answered).
+pub const ANSWERING_MODEL: &str = "fake-model-2026-01-01";
+
 fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
     let finish = if tool_calls.is_empty() {
         "stop"
@@ -21,6 +25,7 @@ fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
     json!({
         "id": "chatcmpl-fake",
         "object": "chat.completion",
+        "model": ANSWERING_MODEL,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     })
@@ -47,6 +52,7 @@ fn chunk(delta: Value, finish: Option<&str>) -> String {
     json!({
         "id": "chatcmpl-fake",
         "object": "chat.completion.chunk",
+        "model": ANSWERING_MODEL,
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
     })
     .to_string()
@@ -93,7 +99,7 @@ pub(crate) async fn render(reply: Reply, n: u64, stream: bool, pace: Pace) -> Re
     };
     frames.push(chunk(json!({}), Some(finish)));
     frames.push(
-        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [],
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": ANSWERING_MODEL, "choices": [],
                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
         .to_string(),
     );

@@ -35,6 +35,8 @@ pub(super) struct EventAssembler {
     blocks: BTreeMap<u64, Block>,
     usage: Map<String, Value>,
     stop_reason: Option<String>,
+    /// The model `message_start` names.
+    model: Option<String>,
     stopped: bool,
 }
 
@@ -46,6 +48,7 @@ impl EventAssembler {
             blocks: BTreeMap::new(),
             usage: Map::new(),
             stop_reason: None,
+            model: None,
             stopped: false,
         }
     }
@@ -87,6 +90,7 @@ impl EventAssembler {
             "content": content,
             "stop_reason": self.stop_reason,
             "usage": Value::Object(self.usage),
+            "model": self.model,
         }))
     }
 
@@ -179,7 +183,14 @@ impl StreamReader for EventAssembler {
             .or(event.event.as_deref())
             .unwrap_or("");
         match kind {
-            "message_start" => self.take_usage(v.get("message").and_then(|m| m.get("usage"))),
+            "message_start" => {
+                let message = v.get("message");
+                self.model = message
+                    .and_then(|m| m.get("model"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                self.take_usage(message.and_then(|m| m.get("usage")));
+            }
             "content_block_start" => {
                 if let Some(block) = v.get("content_block") {
                     self.start_block(index, block);

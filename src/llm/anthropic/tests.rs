@@ -276,7 +276,7 @@ fn streamed_turn() -> Vec<(&'static str, Value)> {
     vec![
         (
             "message_start",
-            json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": 7, "cache_read_input_tokens": 3, "output_tokens": 1}}}),
+            json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "model": "m", "content": [], "usage": {"input_tokens": 7, "cache_read_input_tokens": 3, "output_tokens": 1}}}),
         ),
         (
             "content_block_start",

@@ -275,6 +275,7 @@ pub(super) fn parse_message(
             .get("stop_reason")
             .and_then(Value::as_str)
             .map(finish_reason),
+        model: v.get("model").and_then(Value::as_str).map(str::to_owned),
     })
 }
 

@@ -27,6 +27,8 @@ pub(super) struct ChunkAssembler {
     calls: BTreeMap<u64, PartialCall>,
     finish_reason: Option<String>,
     usage: Option<Value>,
+    /// The model every chunk names.
+    model: Option<String>,
     done: bool,
 }
 
@@ -39,6 +41,7 @@ impl ChunkAssembler {
             calls: BTreeMap::new(),
             finish_reason: None,
             usage: None,
+            model: None,
             done: false,
         }
     }
@@ -71,6 +74,9 @@ impl ChunkAssembler {
         });
         if let Some(u) = self.usage {
             reply["usage"] = u;
+        }
+        if let Some(m) = self.model {
+            reply["model"] = m.into();
         }
         reply
     }
@@ -107,6 +113,9 @@ impl StreamReader for ChunkAssembler {
         }
         if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(u.clone());
+        }
+        if let Some(m) = chunk.get("model").and_then(Value::as_str) {
+            self.model = Some(m.to_owned());
         }
         let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
             return Ok(());

@@ -199,5 +199,6 @@ pub(super) fn parse_completion(mut v: Value, raw: &str) -> Result<ChatResponse, 
             llm_calls: 0,
         },
         finish_reason,
+        model: v.get("model").and_then(Value::as_str).map(str::to_owned),
     })
 }

@@ -6,6 +6,11 @@
 // EventSource would: on any end or error it reconnects with `Last-Event-ID` set to the last `seq`
 // it delivered. The server then replays exactly what came after it, so nothing is missed; and a
 // frame whose `seq` is not above the last one delivered is dropped, so nothing is shown twice.
+//
+// Token frames (`event: token`, asked for when the page wants them) are another kind: the model's
+// text as it is written, with no `id:`, never stored and never replayed. They go to their own
+// callback, untouched by the `seq` bookkeeping: they never move the `Last-Event-ID` of the next
+// reconnect and are never dropped as "seen", since they have no place in the log.
 
 import { apiUrl, askForKey, authHeaders, seg, storedKey } from "./api.js";
 
@@ -18,9 +23,13 @@ const RETRY_MAX_MS = 5_000;
 /**
  * Follow `threadId` from after `seq` `after`. `onObservation(obs)` gets each observation once, in
  * order; `onState(state, detail)` hears `"live"` (with the `seq` it resumed after),
- * `"reconnecting"` (with the error), `"deleted"` and `"gone"` (404). Returns `{close()}`.
+ * `"reconnecting"` (with the error), `"deleted"` and `"gone"` (404). With `onToken`, the stream
+ * also carries the model's text as it is written: `onToken({runId, itemId, phase, delta})` gets
+ * each delta of this connection, between the observations, in the order the server sent them.
+ * Returns `{close()}`.
  */
-export function follow(threadId, { after = 0, onObservation, onState }) {
+export function follow(threadId, { after = 0, onObservation, onState, onToken = null }) {
+  const path = `v1/threads/${seg(threadId)}/events${onToken ? "?tokens=true" : ""}`;
   let last = after;
   let closed = false;
   let controller = null;
@@ -35,7 +44,7 @@ export function follow(threadId, { after = 0, onObservation, onState }) {
       stall = setTimeout(() => controller.abort("stalled"), STALL_MS);
     };
     try {
-      const response = await fetch(apiUrl(`v1/threads/${seg(threadId)}/events`), {
+      const response = await fetch(apiUrl(path), {
         headers: {
           Accept: "text/event-stream",
           "Last-Event-ID": String(last),
@@ -90,6 +99,11 @@ export function follow(threadId, { after = 0, onObservation, onState }) {
       else if (field === "data") data.push(value);
     }
     if (event === "THREAD_DELETED") return "deleted";
+    if (event === "token") {
+      // Ephemeral: whatever its lines say, it is not an observation and leaves `last` alone.
+      if (onToken && data.length > 0) onToken(JSON.parse(data.join("\n")));
+      return null;
+    }
     if (id === null || data.length === 0) return null;
     const seq = Number(id);
     if (!Number.isSafeInteger(seq) || seq <= last) return null;

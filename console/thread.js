@@ -1,10 +1,12 @@
 // A thread's page: post a query, see the plan and the live tree, answer what waits for a person,
 // read the final answer. Everything after the first read of the thread comes from its stream
-// (replayed from the start, then live), so reloading the page or reconnecting shows the same.
+// (replayed from the start, then live), so reloading the page or reconnecting shows the same;
+// the model's text as it is written comes on the same stream and shows until it is committed.
 
 import { ApiError, call, seg } from "./api.js";
 import { announce, fill, h, words } from "./dom.js";
 import { follow } from "./events.js";
+import { LiveText } from "./live.js";
 import { Suspensions } from "./suspensions.js";
 import { TodoList } from "./todo.js";
 import { ObservationTree } from "./tree.js";
@@ -34,6 +36,7 @@ export async function showThread(main, threadId) {
   const todo = new TodoList(page.plan);
   todo.render();
   const tree = new ObservationTree(page.tree, todo);
+  const live = new LiveText((runId, itemId) => tree.holder(runId, itemId));
   const suspensions = new Suspensions(page.suspensions, threadId);
   suspensions.refresh();
   const runs = new RunControl(threadId, page);
@@ -42,6 +45,7 @@ export async function showThread(main, threadId) {
     onObservation(obs) {
       todo.apply(obs);
       tree.add(obs);
+      live.committed(obs, tree.itemOf(obs));
       if (obs.type === "PLAN" || obs.type === "PLAN_UPDATE") tree.refreshItems();
       if (obs.type === "TITLE") page.title.textContent = obs.content?.title ?? obs.title;
       runs.observe(obs);
@@ -51,7 +55,11 @@ export async function showThread(main, threadId) {
       if (obs.type === "RUN_CANCELLED") fill(page.answer, h("p", {}, "The run was cancelled."));
       if (SUSPENSION_EVENTS.has(obs.type)) suspensions.refresh();
     },
+    onToken(t) {
+      live.token(t);
+    },
     onState(state, detail) {
+      if (state === "live") live.reset();
       const text = {
         // Saying where it resumed shows the person (and the tests) that nothing is replayed.
         live: detail > 0 ? `Live (resumed after #${detail})` : "Live",

@@ -7,6 +7,9 @@
 // Runs and items are <details> (open while they work), so the tree folds by keyboard; an
 // observation's content is shown when its own <details> is opened, and only then turned into
 // text, so a long log stays cheap to render.
+//
+// It also gives the model's live text (live.js) its place: under the item it is for, or under the
+// run for the run's own plan and synthesis, and says which item each observation belongs to.
 
 import { h, pretty, words } from "./dom.js";
 
@@ -34,12 +37,31 @@ export class ObservationTree {
     const run = this.run(obs);
     const parent = this.parentOf(obs, run);
     const node = this.observationNode(obs);
+    node.itemId = this.scopeOf(obs);
     this.nodes.set(obs.id, node);
     parent.append(node.li);
     if (obs.type === "TOOL_CALL" && obs.content?.toolCallId) {
       this.calls.set(`${obs.runId} ${obs.content.toolCallId}`, obs.id);
     }
     this.follow(obs, run);
+  }
+
+  /** The item an observation (added already) belongs to, at any depth; null for the run's own. */
+  itemOf(obs) {
+    return this.nodes.get(obs.id)?.itemId ?? null;
+  }
+
+  /** The item of a new observation: its parent's, or its parent when that is no observation. */
+  scopeOf(obs) {
+    if (obs.parentId === null || obs.parentId === undefined) return null;
+    const above = this.nodes.get(obs.parentId);
+    return above ? above.itemId : obs.parentId;
+  }
+
+  /** The list where the live text of an item (null: of the run) goes. */
+  holder(runId, itemId) {
+    const run = this.run({ runId });
+    return itemId ? this.item(runId, itemId, run).list : run.list;
   }
 
   /** The list an observation belongs in. */

@@ -92,6 +92,7 @@ static ASSETS: &[Asset] = &[
     asset!("threads.js", JS),
     asset!("thread.js", JS),
     asset!("tree.js", JS),
+    asset!("live.js", JS),
     asset!("todo.js", JS),
     asset!("suspensions.js", JS),
 ];

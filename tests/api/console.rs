@@ -2,7 +2,9 @@
 //! strict Content-Security-Policy; and, in a real headless Chromium, a person's whole path:
 //! create a thread, post a query, watch the tree fill, approve a suspension, read the answer; a
 //! decision someone else made first (409); a server restart in the middle (nothing shown twice);
-//! the API key prompt.
+//! the API key prompt; the model's text as it is written, until it is committed.
+
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -608,6 +610,176 @@ async fn the_thread_list_shows_the_newest_first_a_page_at_a_time() {
             "document.querySelector('h1 code')?.textContent === 't-03'",
         )
         .await;
+    browser.quit().await;
+    app.stop().await;
+}
+
+/// What item `s2` writes, slowly, in the live-text test.
+const LIVE_ANSWER: &str = "Two and two make four, as the calculator said a moment ago.";
+/// The synthesis' response in the live-text test (found nowhere else on the page).
+const LIVE_RESPONSE: &str = "Four: the calculator added two and two, nothing else.";
+
+/// The text of the live block of `phase` in the list `holder` selects, while `pending` (a
+/// selector) matches nothing, i.e. before what the text becomes is committed; null otherwise.
+/// It also checks that the text is no live region (screen readers are not read every word).
+fn live_text_before(holder: &str, phase: &str, pending: &str) -> String {
+    format!(
+        "(() => {{
+           const el = document.querySelector('{holder} > details > ul > li.live[data-phase={phase}] .live-text');
+           if (!el || !el.textContent || document.querySelector('{pending}')) return null;
+           if (el.closest('[aria-live]:not([aria-live=off])')) return 'a live region: ' + el.outerHTML;
+           return el.textContent;
+         }})()"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_model_writing_until_it_is_committed_and_nothing_twice_after_a_reconnect()
+ {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let llm = FakeLlm::start().await;
+    // Every reply in 20 pieces, 100 ms apart: each model call writes for about 2 s.
+    llm.stream_slowly(20, Duration::from_millis(100));
+    llm.push_item("s2", Reply::Text(LIVE_ANSWER.into()));
+    llm.push(
+        "synthesis",
+        Reply::Json(json!({"response": LIVE_RESPONSE, "sources": [], "suggestions": []})),
+    );
+    let url = database_url(Backend::Sqlite).await;
+    let app = spawn_config(test_config(&url, Some(&llm))).await;
+    let port = app.base.rsplit(':').next().unwrap().to_owned();
+    app.thread(json!({"threadId": "live"})).await;
+
+    browser.goto(&app.url("/console?thread=live")).await;
+    browser
+        .wait_for(
+            "the live stream",
+            "document.querySelector('.connection')?.dataset.state === 'live'",
+        )
+        .await;
+    browser.type_into("#query", "What is 2+2?").await;
+    browser.click("#ask button[type=submit]").await;
+
+    // The plan's JSON as it is written, under the run, before PLAN is committed.
+    let plan = browser
+        .wait_for(
+            "the plan being written",
+            &live_text_before("li.run", "plan", "li.obs[data-type=PLAN]"),
+        )
+        .await;
+    assert!(plan.as_str().unwrap().starts_with('{'), "{plan}");
+    // Item s2's answer as it is written, under s2, while s2 is in progress: a prefix of what it
+    // will commit, each piece once.
+    let s2 = browser
+        .wait_for(
+            "s2's answer being written",
+            &format!(
+                "document.querySelector('ol.todo li[data-item=\"s2\"]')?.dataset.status === 'in_progress' \
+                 && ({}) || null",
+                live_text_before(
+                    "li.item[data-item=\"s2\"]",
+                    "execute",
+                    "li.item[data-item=\"s2\"] li.obs[data-type=THOUGHTS]"
+                )
+            ),
+        )
+        .await;
+    let s2 = s2.as_str().unwrap();
+    assert!(
+        s2.starts_with("Two") && LIVE_ANSWER.starts_with(s2),
+        "a prefix of the answer: {s2:?}"
+    );
+    browser.screenshot("live-tokens").await;
+    // The synthesis' JSON, under the run, before FINAL_RESPONSE.
+    let synthesis = browser
+        .wait_for(
+            "the answer being written",
+            &live_text_before("li.run", "synthesize", "li.obs[data-type=FINAL_RESPONSE]"),
+        )
+        .await;
+    assert!(synthesis.as_str().unwrap().starts_with('{'), "{synthesis}");
+
+    // Once the run completes, the live text is gone and the committed answer shows, once.
+    browser
+        .wait_for(
+            "the run completed",
+            "document.querySelector('li.run')?.dataset.status === 'completed' \
+             && document.querySelector('.answer .response')",
+        )
+        .await;
+    let after = browser
+        .script(
+            "return [document.querySelectorAll('li.live').length,
+                     document.querySelector('.answer .response').textContent,
+                     document.body.innerText.split(arguments[0]).length - 1];",
+            json!([LIVE_RESPONSE]),
+        )
+        .await;
+    assert_eq!(
+        after,
+        json!([0, LIVE_RESPONSE, 1]),
+        "no live text left, the answer once"
+    );
+    assert_tree_matches_log(&browser, &app, "live").await;
+
+    // Token frames have no id: the reconnect after a restart asks for what came after the last
+    // observation, not after some delta.
+    let before = app.observations("live").await.len();
+    app.stop().await;
+    browser
+        .wait_for(
+            "the page noticing the server is gone",
+            "document.querySelector('.connection')?.dataset.state === 'reconnecting'",
+        )
+        .await;
+    let mut config = test_config(&url, Some(&llm));
+    config.bind = format!("127.0.0.1:{port}").parse().unwrap();
+    let app = spawn_config(config).await;
+    let live = browser
+        .wait_for(
+            "the page live again",
+            "document.querySelector('.connection')?.dataset.state === 'live' \
+             && document.querySelector('.connection').textContent",
+        )
+        .await;
+    assert!(
+        live.as_str().unwrap().contains(&format!("after #{before}")),
+        "{live}"
+    );
+    // The new connection asked for tokens too: the next run's plan shows as it is written.
+    let (status, run) = app
+        .post("/v1/threads/live/runs", json!({"query": "And 3+3?"}))
+        .await;
+    assert_eq!(status, 202, "{run}");
+    browser
+        .wait_for(
+            "the second plan being written",
+            &live_text_before(
+                "li.run:nth-child(2)",
+                "plan",
+                "li.run:nth-child(2) li.obs[data-type=PLAN], li.run:nth-child(2) li.obs[data-type=PLAN_UPDATE]",
+            ),
+        )
+        .await;
+    browser
+        .wait_for(
+            "the second run's end",
+            "document.querySelectorAll('li.run[data-status=completed]').length === 2 \
+             && document.querySelectorAll('li.live').length === 0",
+        )
+        .await;
+    assert_tree_matches_log(&browser, &app, "live").await;
+    let logs = browser.logs().await;
+    assert!(
+        !logs
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["level"] == "SEVERE" && m["source"] != "network"),
+        "the page's scripts failed: {logs}"
+    );
     browser.quit().await;
     app.stop().await;
 }

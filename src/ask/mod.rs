@@ -61,12 +61,35 @@ pub mod exit {
 /// Run the client; the process's exit status.
 pub async fn run(args: AskArgs) -> u8 {
     let style = Style::detect();
+    let interrupts = match Interrupts::catch() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("pes-server ask: Ctrl-C cannot be caught: {e}");
+            return exit::ERROR;
+        }
+    };
     match Session::start(args, style).await {
-        Ok(session) => session.drive().await,
+        Ok(session) => session.drive(interrupts).await,
         Err((code, message)) => {
             eprintln!("pes-server ask: {message}");
             code
         }
+    }
+}
+
+/// Ctrl-C presses, caught from the start. One receiver lives as long as the client, so a press
+/// that comes while the client is busy between two waits is kept for the next wait (a fresh
+/// `tokio::signal::ctrl_c()` per wait would lose it).
+pub(super) struct Interrupts(tokio::signal::unix::Signal);
+
+impl Interrupts {
+    fn catch() -> std::io::Result<Self> {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map(Self)
+    }
+
+    /// The next press (or one that came since the last wait).
+    pub(super) async fn next(&mut self) {
+        self.0.recv().await;
     }
 }
 

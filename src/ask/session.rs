@@ -106,7 +106,7 @@ impl Session {
         Ok(session)
     }
 
-    pub(super) async fn drive(mut self) -> u8 {
+    pub(super) async fn drive(mut self, mut interrupts: super::Interrupts) -> u8 {
         let (mut events, _follower) =
             api::follow(self.api.clone(), segment(&self.thread), self.run.clone());
         let mut tick = tokio::time::interval(Duration::from_millis(120));
@@ -147,7 +147,7 @@ impl Session {
                     None => return self.stream_ended("the stream follower stopped"),
                 },
                 line = self.stdin.recv(), if wants_input => self.on_line(line.flatten()).await,
-                _ = tokio::signal::ctrl_c() => {
+                () = interrupts.next() => {
                     if let Some(code) = self.on_interrupt() {
                         return code;
                     }

@@ -11,6 +11,10 @@
 //!   task sends what gathered [`FLUSH_AFTER`] after the first delta, in one round trip: per
 //!   thread, consecutive deltas of one model call merged, packed into [`Signal::Tokens`] payloads
 //!   under Postgres's 8,000-byte NOTIFY limit (a larger delta is cut on char boundaries).
+//!   Before the run commits, what its thread has waiting is sent (one round trip, bounded by
+//!   [`BEFORE_COMMIT_WAIT`], and only while the thread is wanted elsewhere): NOTIFYs arrive in
+//!   commit order, so the deltas of a reply reach the other replica before the observation its
+//!   commit writes, as they do here.
 //! - **Arrival.** The receiving replica (a process skips its own NOTIFYs) sends the deltas on its
 //!   local channel of the thread, where its streams order them by `after_seq` exactly like local
 //!   ones; a replica with no stream of the thread drops them.
@@ -20,7 +24,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -38,6 +42,8 @@ pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
 pub const INTEREST_TTL: Duration = Duration::from_secs(6);
 /// How long deltas gather before they are sent (one NOTIFY round trip per flush).
 pub const FLUSH_AFTER: Duration = Duration::from_millis(50);
+/// The longest a run's commit waits for its deltas to be sent first.
+pub const BEFORE_COMMIT_WAIT: Duration = Duration::from_millis(250);
 /// Deltas waiting to be sent, at most; the oldest are dropped beyond.
 const OUTBOX_CAPACITY: usize = 4096;
 /// The largest signal JSON sent: under Postgres's 8,000 bytes with the `from` the store adds
@@ -56,6 +62,22 @@ pub struct Relay {
     /// Threads whose first stream here just started.
     fresh: Mutex<HashSet<Key>>,
     announce: Notify,
+    /// Where deltas go (set when the tasks start).
+    sink: OnceLock<Sink>,
+    /// Held across a take and its send, so payloads leave in the order deltas were written.
+    sending: tokio::sync::Mutex<Sending>,
+}
+
+struct Sink {
+    store: Arc<dyn Store>,
+    metrics: Metrics,
+}
+
+#[derive(Default)]
+struct Sending {
+    /// The last payload number.
+    n: u64,
+    quiet: Quiet,
 }
 
 #[derive(Default)]
@@ -74,6 +96,8 @@ impl Default for Relay {
             flush: Notify::new(),
             fresh: Mutex::default(),
             announce: Notify::new(),
+            sink: OnceLock::new(),
+            sending: tokio::sync::Mutex::default(),
         }
     }
 }
@@ -109,6 +133,43 @@ impl Relay {
         }
     }
 
+    /// Whether deltas wait to be sent.
+    pub(crate) fn pending(&self) -> bool {
+        !self
+            .outbox
+            .lock()
+            .expect("relay lock poisoned")
+            .deltas
+            .is_empty()
+    }
+
+    /// Send what waits now, after any send under way (nothing before the tasks start).
+    pub(crate) async fn send_pending(&self) {
+        let Some(sink) = self.sink.get() else {
+            return;
+        };
+        let mut sending = self.sending.lock().await;
+        let (deltas, dropped) = self.take();
+        sink.metrics.token_deltas_dropped(dropped);
+        if deltas.is_empty() {
+            return;
+        }
+        let count = deltas.len() as u64;
+        let signals = token_signals(deltas, &mut sending.n);
+        match sink.store.send_signals(&signals).await {
+            Ok(()) => {
+                sending.quiet.failing = false;
+                sink.metrics.token_payloads_sent(signals.len() as u64);
+            }
+            Err(e) => {
+                sink.metrics.token_deltas_dropped(count);
+                sending
+                    .quiet
+                    .failed("sending token deltas to other replicas", &e);
+            }
+        }
+    }
+
     fn take(&self) -> (Vec<(Key, Arc<TokenDelta>)>, u64) {
         let mut out = self.outbox.lock().expect("relay lock poisoned");
         let dropped = std::mem::take(&mut out.dropped);
@@ -138,9 +199,20 @@ pub fn spawn(
     metrics: Metrics,
     stop: &CancellationToken,
 ) {
-    tokens.relay().enabled.store(true, Ordering::Release);
-    tracker.spawn(announce(tokens.clone(), store.clone(), stop.clone()));
-    tracker.spawn(send(tokens.relay().clone(), store, metrics, stop.clone()));
+    let relay = tokens.relay();
+    if relay
+        .sink
+        .set(Sink {
+            store: store.clone(),
+            metrics,
+        })
+        .is_err()
+    {
+        return;
+    }
+    relay.enabled.store(true, Ordering::Release);
+    tracker.spawn(announce(tokens.clone(), store, stop.clone()));
+    tracker.spawn(send(relay.clone(), stop.clone()));
 }
 
 /// Logs the first failure of a streak at `warn`, the rest at `debug`.
@@ -183,9 +255,7 @@ async fn announce(tokens: TokenChannels, store: Arc<dyn Store>, stop: Cancellati
 }
 
 /// Send the outbox [`FLUSH_AFTER`] after its first delta, until `stop` fires.
-async fn send(relay: Arc<Relay>, store: Arc<dyn Store>, metrics: Metrics, stop: CancellationToken) {
-    let mut n = 0u64;
-    let mut quiet = Quiet::default();
+async fn send(relay: Arc<Relay>, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -195,23 +265,7 @@ async fn send(relay: Arc<Relay>, store: Arc<dyn Store>, metrics: Metrics, stop: 
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(FLUSH_AFTER) => {}
         }
-        let (deltas, dropped) = relay.take();
-        metrics.token_deltas_dropped(dropped);
-        if deltas.is_empty() {
-            continue;
-        }
-        let count = deltas.len() as u64;
-        let signals = token_signals(deltas, &mut n);
-        match store.send_signals(&signals).await {
-            Ok(()) => {
-                quiet.failing = false;
-                metrics.token_payloads_sent(signals.len() as u64);
-            }
-            Err(e) => {
-                metrics.token_deltas_dropped(count);
-                quiet.failed("sending token deltas to other replicas", &e);
-            }
-        }
+        relay.send_pending().await;
     }
 }
 

@@ -250,6 +250,19 @@ impl RunTokens {
         self.committed.fetch_max(seq, Ordering::AcqRel);
     }
 
+    /// Before the run commits: while another replica wants the thread, send the deltas waiting
+    /// for it first (bounded by [`super::token_relay::BEFORE_COMMIT_WAIT`]), so they arrive
+    /// there before the observations this commit writes.
+    pub async fn before_commit(&self) {
+        if self.wanted_remotely() && self.relay.pending() {
+            let _ = tokio::time::timeout(
+                super::token_relay::BEFORE_COMMIT_WAIT,
+                self.relay.send_pending(),
+            )
+            .await;
+        }
+    }
+
     fn wanted_remotely(&self) -> bool {
         let until = self.channel.remote_until.load(Ordering::Acquire);
         until != 0 && until > self.relay.now_ms()

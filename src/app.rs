@@ -326,6 +326,7 @@ impl App {
             &tracker,
             &state.commands,
             Duration::from_millis(state.config.stream_poll_ms.max(10)),
+            &state.metrics,
             &shutdown,
         )
         .await?;

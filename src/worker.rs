@@ -100,6 +100,7 @@ impl Journal for WorkerJournal {
 
     async fn commit(&self, batch: Batch) -> Result<(), EngineError> {
         let ended = item_ends(&batch);
+        self.tokens.before_commit().await;
         match self.store.apply(self.fence, self.lease, batch).await {
             Ok(applied) => {
                 self.metrics.committed();

@@ -1,7 +1,8 @@
 //! Wake-ups from other processes sharing the store. With Postgres, one LISTEN connection per
 //! process receives the [`Signal`]s other replicas' commits send, and hands each to whoever here
 //! must know: the bus (observations, a deleted thread), the worker (a run became claimable), a
-//! run driven here (a cancel, a decision). A poll of the watched threads' `last_seq` covers a
+//! run driven here (a cancel, a decision), the token channels (interest in a thread's deltas,
+//! and the deltas, see [`super::token_relay`]). A poll of the watched threads' `last_seq` covers a
 //! notification lost while that connection was down; a lost cancel or decision is covered by
 //! the run's heartbeat and its fallback look at its suspensions.
 //!
@@ -21,9 +22,10 @@ use tracing::warn;
 use crate::commands::RunCommands;
 use crate::model::ThreadId;
 use crate::store::Signal;
+use crate::telemetry::metrics::Metrics;
 
-/// Start the LISTEN loop and the poll of watched threads on `tracker`, both ending when `stop`
-/// fires; nothing when the store is not shared. `every` is the poll's period.
+/// Start the LISTEN loop, the poll of watched threads and the token relay on `tracker`, all
+/// ending when `stop` fires; nothing when the store is not shared. `every` is the poll's period.
 ///
 /// # Errors
 /// The LISTEN connection cannot be opened.
@@ -31,6 +33,7 @@ pub async fn spawn(
     tracker: &TaskTracker,
     commands: &RunCommands,
     every: Duration,
+    metrics: &Metrics,
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
     let Some(signals) = commands
@@ -43,6 +46,13 @@ pub async fn spawn(
     };
     tracker.spawn(listen(signals, commands.clone(), stop.clone()));
     tracker.spawn(poll_watched(commands.clone(), every, stop.clone()));
+    super::token_relay::spawn(
+        tracker,
+        commands.bus().tokens(),
+        commands.store().clone(),
+        metrics.clone(),
+        stop,
+    );
     Ok(())
 }
 
@@ -86,6 +96,21 @@ fn deliver(commands: &RunCommands, signal: Signal) {
                 .bus()
                 .thread_deleted(&tenant, &ThreadId::from_stored(thread));
         }
+        Signal::TokensWanted { threads } => commands.bus().tokens().wanted_remotely(
+            threads
+                .into_iter()
+                .map(|(tenant, thread)| (tenant, ThreadId::from_stored(thread))),
+            super::token_relay::INTEREST_TTL,
+        ),
+        Signal::Tokens {
+            tenant,
+            thread,
+            deltas,
+            ..
+        } => commands
+            .bus()
+            .tokens()
+            .inject(&tenant, &ThreadId::from_stored(thread), deltas),
     }
 }
 

@@ -89,6 +89,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         runs_in_flight: state.commands.runs().len(),
         stream_subscribers: state.bus.subscribers(),
         streamed_threads: state.bus.subscribed_threads(),
+        token_remote_threads: state.bus.tokens().remotely_wanted(),
         runs_queued: backlog.map(|b| b.queued_runs),
         suspensions_pending: backlog.map(|b| b.pending_suspensions),
     });

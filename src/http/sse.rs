@@ -8,8 +8,9 @@
 //! re-read the table after its last `seq`. The table is the truth; the bus is only a fast path.
 //!
 //! A stream that asked for tokens (`?tokens=true`) also sends the token deltas of its thread's
-//! runs driven by this process, as `event: token` frames without `id:`, while it waits for the
-//! next observation: they are not in the table, so a replay never has them.
+//! runs (driven by this process, or relayed from the replica that drives them), as `event: token`
+//! frames without `id:`, while it waits for the next observation: they are not in the table, so a
+//! replay never has them.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -445,8 +446,8 @@ pub struct EventParams {
     #[param(nullable = false)]
     pub run_id: Option<Uuid>,
     /// Also send the model's text as it is written: `event: token` frames `{runId, itemId,
-    /// phase, delta}` without `id:`, never stored and never replayed (deltas of runs driven by
-    /// the replica serving this stream).
+    /// phase, delta}` without `id:`, never stored and never replayed (on Postgres, from whichever
+    /// replica drives the run).
     #[param(nullable = false)]
     pub tokens: Option<bool>,
 }

@@ -231,7 +231,9 @@ pub struct PutFlowchart {
 }
 
 /// A wake-up from another process sharing the store (Postgres LISTEN/NOTIFY). Signals carry no
-/// data: whoever receives one re-reads the tables.
+/// data (whoever receives one re-reads the tables), except the two about token deltas, which are
+/// never stored: [`Signal::TokensWanted`] and [`Signal::Tokens`]. A payload that parses as no
+/// signal (malformed, or a kind a newer replica sends) is ignored.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "k")]
 pub enum Signal {
@@ -256,6 +258,40 @@ pub enum Signal {
     /// be announced, since notifications arrive in commit order).
     #[serde(rename = "d")]
     ThreadDeleted { tenant: String, thread: String },
+    /// The sender streams these (tenant, thread) token deltas to a client: whoever drives a run
+    /// of one of them sends its deltas ([`Signal::Tokens`]) for a while (repeated while it lasts).
+    #[serde(rename = "w")]
+    TokensWanted { threads: Vec<(String, String)> },
+    /// Token deltas of a thread's run, in the order they were written. `n` counts the sender's
+    /// token payloads (Postgres folds identical payloads of one transaction into one: `n` keeps
+    /// them apart).
+    #[serde(rename = "t")]
+    Tokens {
+        tenant: String,
+        thread: String,
+        n: u64,
+        deltas: Vec<TokenPiece>,
+    },
+}
+
+/// One token delta on its way to another replica (short field names: a NOTIFY payload holds at
+/// most 8,000 bytes).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenPiece {
+    /// The run whose model wrote it.
+    #[serde(rename = "r")]
+    pub run_id: Uuid,
+    /// The todo item (none for the run's plan and synthesis).
+    #[serde(rename = "i", default, skip_serializing_if = "Option::is_none")]
+    pub item_id: Option<String>,
+    #[serde(rename = "p")]
+    pub phase: crate::llm::Phase,
+    /// The text.
+    #[serde(rename = "t")]
+    pub text: String,
+    /// The thread's `seq` the run had committed when it was written.
+    #[serde(rename = "a")]
+    pub after_seq: i64,
 }
 
 /// The persistence contract. Implementations are cheap to clone behind an `Arc`.
@@ -517,6 +553,16 @@ pub trait Store: Send + Sync + 'static {
     /// (SQLite: one process). Delivery is best effort: callers also poll.
     async fn signals(&self) -> StoreResult<Option<futures::stream::BoxStream<'static, Signal>>> {
         Ok(None)
+    }
+
+    /// Send these signals to the other processes sharing the store, in order, in one round
+    /// trip, outside any transaction (token deltas and interest in them: best effort). Each
+    /// signal's payload must fit in a NOTIFY (under 8,000 bytes). Nothing when not shared.
+    ///
+    /// # Errors
+    /// The database refused (then none was sent).
+    async fn send_signals(&self, _signals: &[Signal]) -> StoreResult<()> {
+        Ok(())
     }
 
     /// The current `last_seq` of each of these threads (the poll that covers a lost signal).

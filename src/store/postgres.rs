@@ -240,6 +240,22 @@ pub(crate) async fn signals(
         .boxed())
 }
 
+/// Send `signals` in order, one NOTIFY each, in one statement (so one transaction: they are
+/// delivered together, in array order).
+pub(crate) async fn send_signals(
+    mut conn: Conn,
+    origin: &str,
+    signals: &[Signal],
+) -> StoreResult<()> {
+    let payloads: Vec<String> = signals.iter().map(|s| signal_payload(s, origin)).collect();
+    conn.exec(
+        q("SELECT count(pg_notify('pes', p)) FROM UNNEST($1::text[]) AS p")
+            .bind(Arg::Texts(payloads)),
+    )
+    .await?;
+    Ok(())
+}
+
 /// The current `last_seq` of each of these threads (the poll that covers a lost signal).
 pub(crate) async fn thread_seqs(
     mut conn: Conn,

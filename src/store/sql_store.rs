@@ -282,6 +282,15 @@ impl Store for SqlStore {
         }
     }
 
+    async fn send_signals(&self, signals: &[Signal]) -> StoreResult<()> {
+        match &self.db {
+            Db::Pg(_) if !signals.is_empty() => {
+                super::postgres::send_signals(self.read().await?, &self.origin, signals).await
+            }
+            _ => Ok(()),
+        }
+    }
+
     async fn thread_seqs(
         &self,
         threads: &[(String, ThreadId)],

@@ -44,6 +44,9 @@ const RUNS_QUEUED: &str = "pes_runs_queued";
 const SUSPENSIONS_PENDING: &str = "pes_suspensions_pending";
 const STREAM_SUBSCRIBERS: &str = "pes_stream_subscribers";
 const STREAMED_THREADS: &str = "pes_streamed_threads";
+const TOKEN_REMOTE_THREADS: &str = "pes_token_remote_threads";
+const TOKEN_PAYLOADS: &str = "pes_token_relay_payloads_total";
+const TOKEN_DROPPED: &str = "pes_token_relay_dropped_total";
 
 /// Every series: name, kind, help. `/metrics` describes each, and the README lists them.
 const CATALOGUE: &[(&str, Kind, &str)] = &[
@@ -124,6 +127,21 @@ const CATALOGUE: &[(&str, Kind, &str)] = &[
         Kind::Gauge,
         "Threads with at least one live subscriber here.",
     ),
+    (
+        TOKEN_REMOTE_THREADS,
+        Kind::Gauge,
+        "Threads another replica streams token deltas of now: runs of them driven here send their deltas there.",
+    ),
+    (
+        TOKEN_PAYLOADS,
+        Kind::Counter,
+        "Token delta payloads (NOTIFYs) this process sent to the other replicas.",
+    ),
+    (
+        TOKEN_DROPPED,
+        Kind::Counter,
+        "Token deltas meant for other replicas that were dropped: the outbox was full, or sending failed.",
+    ),
 ];
 
 #[derive(Clone, Copy)]
@@ -160,6 +178,7 @@ pub struct Levels {
     pub runs_in_flight: usize,
     pub stream_subscribers: usize,
     pub streamed_threads: usize,
+    pub token_remote_threads: usize,
     /// `None` when the store could not be read: the last value stays.
     pub runs_queued: Option<u64>,
     pub suspensions_pending: Option<u64>,
@@ -224,7 +243,14 @@ impl Metrics {
                 models: Mutex::new(HashSet::new()),
             }),
         };
-        for name in [RUNS_CLAIMED, LEASES_LOST, LEASE_TAKEOVERS, COMMITS] {
+        for name in [
+            RUNS_CLAIMED,
+            LEASES_LOST,
+            LEASE_TAKEOVERS,
+            COMMITS,
+            TOKEN_PAYLOADS,
+            TOKEN_DROPPED,
+        ] {
             metrics.counter(name, vec![]).absolute(0);
         }
         for status in RUN_ENDS {
@@ -271,6 +297,8 @@ impl Metrics {
         self.gauge(STREAM_SUBSCRIBERS)
             .set(l.stream_subscribers as f64);
         self.gauge(STREAMED_THREADS).set(l.streamed_threads as f64);
+        self.gauge(TOKEN_REMOTE_THREADS)
+            .set(l.token_remote_threads as f64);
         if let Some(n) = l.runs_queued {
             self.gauge(RUNS_QUEUED).set(n as f64);
         }
@@ -305,6 +333,18 @@ impl Metrics {
     /// Another worker took the lease of a run driven here.
     pub fn lease_lost(&self) {
         self.counter(LEASES_LOST, vec![]).increment(1);
+    }
+
+    /// Token delta payloads were sent to the other replicas.
+    pub fn token_payloads_sent(&self, n: u64) {
+        self.counter(TOKEN_PAYLOADS, vec![]).increment(n);
+    }
+
+    /// Token deltas meant for other replicas were dropped.
+    pub fn token_deltas_dropped(&self, n: u64) {
+        if n > 0 {
+            self.counter(TOKEN_DROPPED, vec![]).increment(n);
+        }
     }
 
     /// A batch was committed.

@@ -1,6 +1,8 @@
 //! Token streaming over HTTP, with a fake model that writes slowly, on both providers: deltas
 //! arrive live (before the commit of what they make), carry their run, item and phase, have no
-//! `id:`, reach only clients that asked, are never replayed, and join into what was committed.
+//! `id:`, reach only clients that asked, are never replayed, and join into what was committed;
+//! with two processes on one Postgres database, they reach a stream served by the replica that
+//! does not drive the run, and cross only while someone there listens.
 
 use std::time::Duration;
 
@@ -333,4 +335,169 @@ async fn the_offline_model_streams_its_replies_word_by_word() {
     let written: Value = serde_json::from_str(&joined(&synthesis)).unwrap();
     assert_eq!(written["response"], run["finalResponse"]["response"]);
     app.stop().await;
+}
+
+/// A stream of `thread`'s events served by `p` (`query` appended), after observation `after`.
+async fn open_on(p: &crate::process::Proc, thread: &str, query: &str, after: i64) -> SseReader {
+    let resp = p
+        .client
+        .get(p.url(&format!("/v1/threads/{thread}/events{query}")))
+        .header("accept", "text/event-stream")
+        .header("last-event-id", after.to_string())
+        .send()
+        .await
+        .unwrap();
+    SseReader::new(resp)
+}
+
+/// The value of an unlabelled series in `p`'s `/metrics`.
+async fn metric(p: &crate::process::Proc, name: &str) -> f64 {
+    let text = p
+        .client
+        .get(p.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_reach_a_stream_on_another_replica_only_while_someone_there_listens() {
+    use crate::process::{Proc, env_for};
+    let db = crate::db::fresh_postgres_url().await;
+    let llm = FakeLlm::start().await;
+    llm.stream_slowly(20, Duration::from_millis(10));
+    llm.push_item("s2", Reply::Text("not streamed anywhere".into()));
+    llm.push_item("s2", Reply::Text(ANSWER.into()));
+    let mut env = env_for(&db, &llm.url);
+    // p1 drives every run; p2 only serves the API.
+    let p1 = Proc::start(&env).await;
+    env.push(("PES_WORKER_CONCURRENCY", "0".into()));
+    let p2 = Proc::start(&env).await;
+    // Everything the replicas tell each other, in the order Postgres delivers it.
+    let mut listener = sqlx::postgres::PgListener::connect(&db).await.unwrap();
+    listener.listen("pes").await.unwrap();
+    let (tx, mut notes) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    let listening = tokio::spawn(async move {
+        while let Ok(n) = listener.recv().await {
+            let _ = tx.send(serde_json::from_str(n.payload()).unwrap());
+        }
+    });
+    for t in ["quiet", "relay"] {
+        let (status, _) = p2.post("/v1/threads", json!({"threadId": t})).await;
+        assert_eq!(status, 201);
+    }
+
+    // Run A: a client on p2 watches without asking for tokens, nobody else watches.
+    let mut quiet = open_on(&p2, "quiet", "", 0).await;
+    let (status, a) = p1
+        .post("/v1/threads/quiet/runs", json!({"query": "first"}))
+        .await;
+    assert_eq!(status, 202, "{a}");
+    let frames = frames_until(&mut quiet, "RUN_COMPLETED").await;
+    assert!(!frames.iter().any(is_token));
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.event.as_deref() == Some("ITEM_STATUS_CHANGE"))
+    );
+    assert_eq!(metric(&p1, "pes_token_remote_threads").await, 0.0);
+
+    // Run B: a client on p2 asks for tokens, another does not; p1 learns of the first before
+    // the run starts.
+    let mut plain = open_on(&p2, "relay", "", 0).await;
+    let mut with = open_on(&p2, "relay", "?tokens=true", 0).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while metric(&p1, "pes_token_remote_threads").await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "p1 never heard of p2's stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, b) = p1
+        .post("/v1/threads/relay/runs", json!({"query": "what is 2+2?"}))
+        .await;
+    assert_eq!(status, 202, "{b}");
+    let run_b = b["runId"].as_str().unwrap();
+    let frames = frames_until(&mut with, "RUN_COMPLETED").await;
+    assert_eq!(data(frames.last().unwrap())["runId"], run_b);
+    // tokens_of checks every token frame: no id, run B's, the documented fields only.
+    let plan = tokens_of(&frames, run_b, Value::Null, "plan");
+    let plan_at = position(&frames, |o| o["type"] == "PLAN" && o["runId"] == run_b);
+    assert!(
+        !plan.is_empty() && plan.iter().all(|(i, _)| *i < plan_at),
+        "{plan:?}"
+    );
+    let written: Value = serde_json::from_str(&joined(&plan)).unwrap();
+    assert_eq!(written["todoList"].as_array().unwrap().len(), 2);
+    // s2's answer: after s2 started (the observation it was written after), before it completed,
+    // in several pieces as it was written, joining into what was committed.
+    let s2 = tokens_of(&frames, run_b, json!("s2"), "execute");
+    let s2_at = |status: &'static str| {
+        position(&frames, move |o| {
+            o["runId"] == run_b
+                && o["type"] == "ITEM_STATUS_CHANGE"
+                && o["content"]["itemId"] == "s2"
+                && o["content"]["status"] == status
+        })
+    };
+    let (started, done) = (s2_at("in_progress"), s2_at("completed"));
+    assert!(s2.len() >= 2, "live, not all at once: {s2:?}");
+    assert!(s2.iter().all(|(i, _)| started < *i && *i < done), "{s2:?}");
+    assert_eq!(joined(&s2), ANSWER);
+    let synthesis = tokens_of(&frames, run_b, Value::Null, "synthesize");
+    let final_at = position(&frames, |o| {
+        o["type"] == "FINAL_RESPONSE" && o["runId"] == run_b
+    });
+    assert!(!synthesis.is_empty() && synthesis.iter().all(|(i, _)| *i < final_at));
+    let written: Value = serde_json::from_str(&joined(&synthesis)).unwrap();
+    assert_eq!(
+        written["response"],
+        data(&frames[final_at])["content"]["response"]
+    );
+    // The client that did not ask still gets none.
+    let frames = frames_until(&mut plain, "RUN_COMPLETED").await;
+    assert!(!frames.iter().any(is_token));
+    assert_eq!(data(frames.last().unwrap())["runId"], run_b);
+
+    // On the wire: token payloads only for run B (none while nobody listened to run A), sent
+    // before run B's end was committed, all counted by p1.
+    let end_seq = data(frames.last().unwrap())["seq"].as_i64().unwrap();
+    let mut token_notes = Vec::new();
+    let mut wanted = 0;
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), notes.recv())
+            .await
+            .expect("run B's end is notified")
+            .unwrap();
+        match n["k"].as_str() {
+            Some("t") => token_notes.push(n),
+            Some("w") => wanted += 1,
+            Some("o") if n["thread"] == "relay" && n["seq"].as_i64() >= Some(end_seq) => break,
+            _ => {}
+        }
+    }
+    assert!(wanted >= 1, "p2 announced its stream");
+    assert!(!token_notes.is_empty());
+    for n in &token_notes {
+        assert_eq!(n["thread"], "relay", "{n}");
+        for d in n["deltas"].as_array().unwrap() {
+            assert_eq!(d["r"], run_b, "only run B's deltas crossed: {n}");
+        }
+    }
+    assert_eq!(
+        metric(&p1, "pes_token_relay_payloads_total").await,
+        token_notes.len() as f64
+    );
+    assert_eq!(metric(&p1, "pes_token_relay_dropped_total").await, 0.0);
+    assert_eq!(metric(&p2, "pes_token_relay_payloads_total").await, 0.0);
+    listening.abort();
+    p2.kill9().await;
+    p1.kill9().await;
 }

@@ -12,6 +12,7 @@
 //! The first two only wake: the tables are the truth, and whoever is woken re-reads them.
 
 pub mod bus;
+mod delta;
 pub mod replicas;
 pub mod token_relay;
 pub mod tokens;

@@ -46,9 +46,12 @@ pub async fn spawn(
     };
     tracker.spawn(listen(signals, commands.clone(), stop.clone()));
     tracker.spawn(poll_watched(commands.clone(), every, stop.clone()));
+    let tokens = commands.bus().tokens().clone();
+    let relay = tokens.relay().clone();
     super::token_relay::spawn(
         tracker,
-        commands.bus().tokens(),
+        &relay,
+        Box::new(move || tokens.subscribed()),
         commands.store().clone(),
         metrics.clone(),
         stop,

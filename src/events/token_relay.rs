@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use super::tokens::{Key, TokenChannels, TokenDelta};
+use super::delta::{Key, TokenDelta};
 use crate::store::{Signal, Store, TokenPiece};
 use crate::telemetry::metrics::Metrics;
 
@@ -192,14 +192,15 @@ impl Relay {
 
 /// Start the announcer and the sender on `tracker`, both ending when `stop` fires (call only
 /// when the store is shared).
+/// `subscribed` lists the threads streamed here now (with `?tokens=true`).
 pub fn spawn(
     tracker: &TaskTracker,
-    tokens: &TokenChannels,
+    relay: &Arc<Relay>,
+    subscribed: Subscribed,
     store: Arc<dyn Store>,
     metrics: Metrics,
     stop: &CancellationToken,
 ) {
-    let relay = tokens.relay();
     if relay
         .sink
         .set(Sink {
@@ -211,9 +212,12 @@ pub fn spawn(
         return;
     }
     relay.enabled.store(true, Ordering::Release);
-    tracker.spawn(announce(tokens.clone(), store, stop.clone()));
+    tracker.spawn(announce(relay.clone(), subscribed, store, stop.clone()));
     tracker.spawn(send(relay.clone(), stop.clone()));
 }
+
+/// The threads streamed here now, as the local channels know them.
+pub type Subscribed = Box<dyn Fn() -> Vec<Key> + Send + Sync>;
 
 /// Logs the first failure of a streak at `warn`, the rest at `debug`.
 #[derive(Default)]
@@ -233,15 +237,19 @@ impl Quiet {
 
 /// Announce the threads streamed here: a thread's first stream at once, all of them every
 /// [`ANNOUNCE_EVERY`].
-async fn announce(tokens: TokenChannels, store: Arc<dyn Store>, stop: CancellationToken) {
-    let relay = tokens.relay().clone();
+async fn announce(
+    relay: Arc<Relay>,
+    subscribed: Subscribed,
+    store: Arc<dyn Store>,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(ANNOUNCE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut quiet = Quiet::default();
     loop {
         let keys = tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tick.tick() => tokens.subscribed(),
+            _ = tick.tick() => subscribed(),
             _ = relay.announce.notified() => relay.take_fresh(),
         };
         if keys.is_empty() {

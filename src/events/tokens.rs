@@ -26,11 +26,11 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::sync::broadcast;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
+pub(crate) use super::delta::Key;
+pub use super::delta::TokenDelta;
 use super::token_relay::Relay;
 use crate::llm::Phase;
 use crate::model::ThreadId;
@@ -41,29 +41,7 @@ const CHANNEL_CAPACITY: usize = 1024;
 /// Registries smaller than this are never pruned.
 const PRUNE_FLOOR: usize = 64;
 
-/// One `event: token` frame: a piece of a model reply as it was written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct TokenDelta {
-    /// The run whose model is writing.
-    pub run_id: Uuid,
-    /// The todo item the reply is for; null for the run's plan and synthesis.
-    pub item_id: Option<String>,
-    /// `plan`, `execute`, `synthesize`, `compact` or `flowchart`. In structured phases (plan,
-    /// synthesis, compaction, a flowchart stage with a schema) the text is the JSON being
-    /// written.
-    #[schema(value_type = String)]
-    pub phase: Phase,
-    /// The next piece of text.
-    pub delta: String,
-    /// The thread's last `seq` committed by the run (or known to it) when this was written: a
-    /// stream sends the delta after the observations up to it.
-    #[serde(skip)]
-    pub after_seq: i64,
-}
-
 type Sender = broadcast::Sender<Arc<TokenDelta>>;
-pub(crate) type Key = (String, ThreadId);
 
 /// One thread's channel.
 struct Channel {

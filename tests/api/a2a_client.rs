@@ -73,7 +73,8 @@ impl Agent {
         let _ = self._child.kill().await;
     }
 
-    async fn client(&self) -> (A2aClient, card::RemoteCard) {
+    /// Our client of this agent, from its card.
+    pub(crate) async fn client(&self) -> (A2aClient, card::RemoteCard) {
         let card = card::fetch(
             &format!("{}/.well-known/agent-card.json", self.base),
             &BTreeMap::new(),

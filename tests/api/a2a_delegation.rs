@@ -4,11 +4,8 @@
 //! a v0.3-only agent, and kill -9 while a remote task is pending: the new process watches the
 //! recorded task again and never sends the message twice.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use pes_server::a2a::client::card;
-use pes_server::a2a::client::rpc::A2aClient;
 use serde_json::{Value, json};
 
 use crate::a2a_client::{Agent, python};
@@ -16,6 +13,18 @@ use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
 use crate::helpers::{Backend, spawn_with};
 use crate::process::{Proc, env_for};
+
+/// Script a one-item plan whose item delegates `message` to `agent` (the item's first turn).
+fn script_delegation(llm: &FakeLlm, item: &str, desc: &str, agent: &str, message: &str) {
+    llm.push("plan", plan(&[(item, desc, &["delegate_to_agent"], &[])]));
+    llm.push_item(
+        item,
+        Reply::ToolCalls(vec![(
+            "delegate_to_agent".into(),
+            json!({"agent": agent, "message": message}),
+        )]),
+    );
+}
 
 fn agents_json(agents: &[(&str, &Agent)]) -> String {
     let map: serde_json::Map<String, Value> = agents
@@ -131,17 +140,7 @@ async fn a_pending_delegation_survives_kill_9_without_being_sent_again(backend: 
     env.push(("PES_HEARTBEAT_MS", "200".into()));
     // Parked at once: the kill finds the run held by its watcher, not by a worker slot.
     env.push(("PES_A2A_PARK_AFTER_MS", "0".into()));
-    llm.push(
-        "plan",
-        plan(&[("s1", "Delegate", &["delegate_to_agent"], &[])]),
-    );
-    llm.push(
-        "execute",
-        Reply::ToolCalls(vec![(
-            "delegate_to_agent".into(),
-            json!({"agent": "slow", "message": "work on it"}),
-        )]),
-    );
+    script_delegation(&llm, "s1", "Delegate", "slow", "work on it");
     let p1 = Proc::start(&env).await;
     let (s, _) = p1.post("/v1/threads", json!({"threadId": "t"})).await;
     assert_eq!(s, 201);
@@ -168,14 +167,7 @@ async fn a_pending_delegation_survives_kill_9_without_being_sent_again(backend: 
     let out = &page["items"][0]["content"];
     assert_eq!(out["status"], "success", "{out}");
     // The remote saw one task only.
-    let card = card::fetch(
-        &format!("{}/.well-known/agent-card.json", slow.base),
-        &BTreeMap::new(),
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
-    let client = A2aClient::new(&card, &BTreeMap::new(), Duration::from_secs(10)).unwrap();
+    let (client, _) = slow.client().await;
     let (_, calls) = p2.get("/v1/threads/t/observations?type=TOOL_CALL").await;
     let call_id = calls["items"][0]["content"]["toolCallId"].as_str().unwrap();
     let context = format!("pes-{run_id}-{call_id}");
@@ -201,17 +193,7 @@ async fn cancelling_the_run_cancels_the_remote_task() {
         c.a2a_park_after_ms = 0;
     })
     .await;
-    llm.push(
-        "plan",
-        plan(&[("s1", "Delegate", &["delegate_to_agent"], &[])]),
-    );
-    llm.push(
-        "execute",
-        Reply::ToolCalls(vec![(
-            "delegate_to_agent".into(),
-            json!({"agent": "slow", "message": "work"}),
-        )]),
-    );
+    script_delegation(&llm, "s1", "Delegate", "slow", "work");
     let t = app.thread(json!({})).await;
     let (st, run) = app
         .post(&format!("/v1/threads/{t}/runs"), json!({"query": "go"}))
@@ -247,14 +229,7 @@ async fn cancelling_the_run_cancels_the_remote_task() {
         .wait_run(&t, &run_id, |r| r["status"] == "cancelled")
         .await;
     assert_eq!(done["status"], "cancelled");
-    let card = card::fetch(
-        &format!("{}/.well-known/agent-card.json", slow.base),
-        &BTreeMap::new(),
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
-    let client = A2aClient::new(&card, &BTreeMap::new(), Duration::from_secs(10)).unwrap();
+    let (client, _) = slow.client().await;
     let remote = client
         .get_task(&task_id, Duration::from_secs(10))
         .await
@@ -354,17 +329,7 @@ async fn a_run_waiting_on_a_remote_gives_its_worker_slot_back(backend: Backend) 
         c.a2a_park_after_ms = 0;
     })
     .await;
-    llm.push(
-        "plan",
-        plan(&[("a1", "Delegate", &["delegate_to_agent"], &[])]),
-    );
-    llm.push_item(
-        "a1",
-        Reply::ToolCalls(vec![(
-            "delegate_to_agent".into(),
-            json!({"agent": "slow", "message": "work on it"}),
-        )]),
-    );
+    script_delegation(&llm, "a1", "Delegate", "slow", "work on it");
     let ta = app.thread(json!({})).await;
     let (st, a) = app
         .post(&format!("/v1/threads/{ta}/runs"), json!({"query": "go"}))
@@ -432,17 +397,7 @@ async fn a_dead_remote_agent_becomes_a_tool_error() {
         c.a2a_unreachable_seconds = 2;
     })
     .await;
-    llm.push(
-        "plan",
-        plan(&[("s1", "Delegate", &["delegate_to_agent"], &[])]),
-    );
-    llm.push_item(
-        "s1",
-        Reply::ToolCalls(vec![(
-            "delegate_to_agent".into(),
-            json!({"agent": "slow", "message": "work"}),
-        )]),
-    );
+    script_delegation(&llm, "s1", "Delegate", "slow", "work");
     let t = app.thread(json!({})).await;
     let (st, run) = app
         .post(&format!("/v1/threads/{t}/runs"), json!({"query": "go"}))
@@ -550,14 +505,7 @@ async fn replicas_share_parked_runs_and_survive_kill_9() {
     }
     let (last_sent, first_back) = (sent.iter().max().unwrap(), back.iter().min().unwrap());
     assert!(last_sent < first_back, "sent {sent:?}, back {back:?}");
-    let card = card::fetch(
-        &format!("{}/.well-known/agent-card.json", slow.base),
-        &BTreeMap::new(),
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
-    let client = A2aClient::new(&card, &BTreeMap::new(), Duration::from_secs(10)).unwrap();
+    let (client, _) = slow.client().await;
     for (t, run_id) in threads.iter().zip(&runs) {
         let (_, calls) = p2
             .get(&format!("/v1/threads/{t}/observations?type=TOOL_CALL"))

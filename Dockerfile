@@ -9,7 +9,9 @@ COPY Cargo.toml Cargo.lock ./
 COPY crates/fake-openai/Cargo.toml crates/fake-openai/
 COPY crates/pes-bench/Cargo.toml crates/pes-bench/
 COPY src src
+# Embedded in the binary at compile time: the schema migrations and the web console's assets.
 COPY migrations migrations
+COPY console console
 # The target dir is a cache mount, not part of the image: the binary is copied out of it.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \

@@ -51,7 +51,9 @@ pub fn init(config: &Config) -> OtelGuard {
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed(),
+        // Colours for a person at a terminal; plain lines into a file or a log collector.
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed(),

@@ -31,6 +31,7 @@ mod mcp;
 mod metrics;
 mod openapi;
 mod otel;
+mod packaging;
 mod payloads;
 mod process;
 mod prom;

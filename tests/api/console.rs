@@ -185,6 +185,13 @@ async fn a_person_posts_a_query_watches_the_tree_approves_a_suspension_and_reads
     browser
         .click("li.obs[data-type=TOOL_CALL] > details > summary")
         .await;
+    // The content is drawn on the `toggle` event, which the browser fires after the click.
+    browser
+        .wait_for(
+            "the call's content",
+            "document.querySelector('li.obs[data-type=TOOL_CALL] > details > pre')?.textContent.length > 0",
+        )
+        .await;
     let content = browser
         .text("li.obs[data-type=TOOL_CALL] > details > pre")
         .await;

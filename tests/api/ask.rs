@@ -73,6 +73,16 @@ fn pump(mut from: impl tokio::io::AsyncRead + Unpin + Send + 'static, to: Arc<Ou
 impl Ask {
     /// Start the client against `base` with `args` after the query; its input stays open
     /// (written with [`Ask::say`]) unless `input` is given, which is written and closed.
+    /// `What is 6*7?` on a thread where the calculator needs a person's approval.
+    fn approval_needed(base: &str, input: Option<&str>) -> Ask {
+        Self::start(
+            base,
+            "What is 6*7?",
+            &["--config", r#"{"requireApproval": ["calculator"]}"#],
+            input,
+        )
+    }
+
     fn start(base: &str, query: &str, args: &[&str], input: Option<&str>) -> Ask {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pes-server"));
         cmd.env_clear()
@@ -291,12 +301,7 @@ async fn ask_exits_3_when_the_run_fails() {
 #[tokio::test]
 async fn ask_exits_5_when_a_suspension_waits_and_the_input_has_ended() {
     let app = spawn(Backend::Sqlite, None).await;
-    let ask = Ask::start(
-        &app.base,
-        "What is 6*7?",
-        &["--config", r#"{"requireApproval": ["calculator"]}"#],
-        Some(""),
-    );
+    let ask = Ask::approval_needed(&app.base, Some(""));
     let (status, out, err) = ask.finish().await;
     assert_eq!(status.code(), Some(5), "{out}\n{err}");
     assert!(err.contains("waits for a person"), "{err}");
@@ -309,12 +314,7 @@ async fn ask_exits_5_when_a_suspension_waits_and_the_input_has_ended() {
 #[tokio::test]
 async fn ask_cancels_the_run_after_ctrl_c_and_a_yes() {
     let app = spawn(Backend::Sqlite, None).await;
-    let mut ask = Ask::start(
-        &app.base,
-        "What is 6*7?",
-        &["--config", r#"{"requireApproval": ["calculator"]}"#],
-        None,
-    );
+    let mut ask = Ask::approval_needed(&app.base, None);
     ask.err.wait_for("[a]pprove").await;
     ask.interrupt();
     ask.err.wait_for("cancel the run? [y/N]").await;
@@ -333,12 +333,7 @@ async fn ask_survives_a_server_restart_and_prints_nothing_twice() {
     let url = database_url(Backend::Sqlite).await;
     let app = spawn_config(test_config(&url, None)).await;
     let port = app.base.rsplit(':').next().unwrap().to_owned();
-    let mut ask = Ask::start(
-        &app.base,
-        "What is 6*7?",
-        &["--config", r#"{"requireApproval": ["calculator"]}"#],
-        None,
-    );
+    let mut ask = Ask::approval_needed(&app.base, None);
     ask.err.wait_for("[a]pprove").await;
     let seen = ask.out.get().lines().count();
     app.stop().await;
@@ -388,12 +383,7 @@ async fn ask_says_plainly_when_the_server_needs_a_key_and_uses_one() {
 #[tokio::test]
 async fn a_second_ctrl_c_leaves_at_once_and_the_run_waits_on() {
     let app = spawn(Backend::Sqlite, None).await;
-    let ask = Ask::start(
-        &app.base,
-        "What is 6*7?",
-        &["--config", r#"{"requireApproval": ["calculator"]}"#],
-        None,
-    );
+    let ask = Ask::approval_needed(&app.base, None);
     ask.err.wait_for("[a]pprove").await;
     ask.interrupt();
     ask.err.wait_for("cancel the run? [y/N]").await;

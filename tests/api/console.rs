@@ -119,6 +119,18 @@ async fn assert_tree_matches_log(browser: &Browser, app: &TestApp, thread: &str)
     assert_eq!(shown, log, "the tree shows exactly the thread's log");
 }
 
+/// Once the thread page follows its stream live, post `query` from the page's form.
+async fn ask_from_the_page(browser: &Browser, query: &str) {
+    browser
+        .wait_for(
+            "the live stream",
+            "document.querySelector('.connection')?.dataset.state === 'live'",
+        )
+        .await;
+    browser.type_into("#query", query).await;
+    browser.click("#ask button[type=submit]").await;
+}
+
 #[tokio::test]
 async fn a_person_posts_a_query_watches_the_tree_approves_a_suspension_and_reads_the_answer() {
     let Some(browser) = Browser::start().await else {
@@ -144,17 +156,7 @@ async fn a_person_posts_a_query_watches_the_tree_approves_a_suspension_and_reads
             "location.search === '?thread=console-demo' && document.querySelector('#ask')",
         )
         .await;
-    browser
-        .wait_for(
-            "the live stream",
-            "document.querySelector('.connection')?.dataset.state === 'live'",
-        )
-        .await;
-
-    browser
-        .type_into("#query", "What is 6*7 and what time is it in Tokyo?")
-        .await;
-    browser.click("#ask button[type=submit]").await;
+    ask_from_the_page(&browser, "What is 6*7 and what time is it in Tokyo?").await;
 
     // The tree fills as the run goes: run → items → the calculator call → its suspension, while
     // the other item (the time) runs in parallel and completes.
@@ -521,16 +523,7 @@ async fn the_page_shows_parallel_items_in_flight_team_children_and_flowchart_ste
     app.thread(json!({"threadId": "refunds"})).await;
 
     browser.goto(&app.url("/console?thread=refunds")).await;
-    browser
-        .wait_for(
-            "the live stream",
-            "document.querySelector('.connection')?.dataset.state === 'live'",
-        )
-        .await;
-    browser
-        .type_into("#query", "Should we refund order 42?")
-        .await;
-    browser.click("#ask button[type=submit]").await;
+    ask_from_the_page(&browser, "Should we refund order 42?").await;
     browser
         .wait_for(
             "three items in flight at once",
@@ -660,14 +653,7 @@ async fn the_page_shows_the_model_writing_until_it_is_committed_and_nothing_twic
     app.thread(json!({"threadId": "live"})).await;
 
     browser.goto(&app.url("/console?thread=live")).await;
-    browser
-        .wait_for(
-            "the live stream",
-            "document.querySelector('.connection')?.dataset.state === 'live'",
-        )
-        .await;
-    browser.type_into("#query", "What is 2+2?").await;
-    browser.click("#ask button[type=submit]").await;
+    ask_from_the_page(&browser, "What is 2+2?").await;
 
     // The plan's JSON as it is written, under the run, before PLAN is committed.
     let plan = browser

@@ -379,6 +379,9 @@ impl Engine {
         };
         let (metrics, metrics_too, tool_too) =
             (self.metrics.clone(), self.metrics.clone(), tool.clone());
+        // A delegation dropped while it only waits on its remote was handed over (the run
+        // parked, or is drained), not cancelled: its call goes on elsewhere.
+        let (waiting, item_too) = (watching.clone(), item.clone());
         let fut = span.in_scope(|| self.start_step(ctx, item, step, watching));
         Box::pin(spans::timed(
             span.clone(),
@@ -390,7 +393,14 @@ impl Engine {
                 }
                 metrics.tool_call(&tool, outcome, took);
             },
-            move |took| metrics_too.tool_call(&tool_too, "cancelled", took),
+            move |took| {
+                let outcome = if waiting.contains(&item_too) {
+                    "parked"
+                } else {
+                    "cancelled"
+                };
+                metrics_too.tool_call(&tool_too, outcome, took);
+            },
         ))
     }
 

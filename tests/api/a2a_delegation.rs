@@ -380,6 +380,17 @@ async fn a_run_waiting_on_a_remote_gives_its_worker_slot_back(backend: Backend) 
         settled[0]["content"]["settled"]["result"],
         "slow: done after 6 s"
     );
+    // The metrics tell a parked call (handed to the watcher) from a cancelled one.
+    let page = crate::metrics::scrape(&app).await;
+    let calls = |outcome| {
+        page.value(
+            "pes_tool_calls_total",
+            &[("outcome", outcome), ("tool", "delegate_to_agent")],
+        )
+    };
+    assert!(calls("parked") >= 1.0, "parked: {}", calls("parked"));
+    assert_eq!(calls("cancelled"), 0.0);
+    assert_eq!(calls("ok"), 1.0);
     app.stop().await;
 }
 

@@ -39,6 +39,11 @@ impl Watching {
         self.items.lock().expect("never poisoned").remove(item);
     }
 
+    /// Whether `item` only waits on its remote task.
+    pub fn contains(&self, item: &str) -> bool {
+        self.items.lock().expect("never poisoned").contains(item)
+    }
+
     /// Whether every one of `items` only waits on a remote task (false for none).
     pub fn all<'i>(&self, mut items: impl Iterator<Item = &'i String>) -> bool {
         let set = self.items.lock().expect("never poisoned");

@@ -247,6 +247,23 @@ async fn tools_of_both_transports_work_in_a_run(backend: Backend) {
         if headers {
             assert_eq!(who["headers"]["authorization"], "Bearer sekret", "{who}");
             assert_eq!(who["headers"]["x-team"], "blue", "{who}");
+        } else {
+            // A stdio server starts with a cleared environment: the few variables a program
+            // needs and its own `env`, never ours (the test's DATABASE_URL, provider keys).
+            // Python adds LC_CTYPE itself when it finds the C locale (PEP 538).
+            let names: Vec<&str> = who["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            assert!(names.contains(&"MCP_COUNT_FILE"), "{who}");
+            for name in &names {
+                assert!(
+                    ["PATH", "HOME", "LANG", "TZ", "MCP_COUNT_FILE", "LC_CTYPE"].contains(name),
+                    "the stdio server inherited {name}: {who}"
+                );
+            }
         }
     }
     // isError is a tool error the model reads; bad arguments never reach the server.

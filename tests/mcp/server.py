@@ -75,7 +75,8 @@ async def slow(seconds: float) -> str:
 
 
 async def whoami(ctx: Context) -> str:
-    """Reports what this call carried: its _meta, the HTTP request headers and the server's pid."""
+    """Reports what this call carried: its _meta, the HTTP request headers, the server's pid and
+    the names of the environment variables it was started with."""
     params = ctx.request_context.params or {}
     meta = params.get("_meta")  # the raw object the client sent: every key kept
     headers = ctx.headers
@@ -84,6 +85,7 @@ async def whoami(ctx: Context) -> str:
             "meta": meta,
             "headers": {k.lower(): v for k, v in headers.items()} if headers is not None else {},
             "pid": os.getpid(),
+            "env": sorted(os.environ),
         }
     )
 

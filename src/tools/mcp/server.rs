@@ -391,7 +391,11 @@ async fn connect(
         }
         Transport::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).envs(env).kill_on_drop(true);
+            cmd.args(args)
+                .env_clear()
+                .envs(inherited_env())
+                .envs(env)
+                .kill_on_drop(true);
             let (process, stderr) = TokioChildProcess::builder(cmd)
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -480,4 +484,14 @@ mod tests {
             "Send message error Transport error: Client error: refused [code 7]"
         );
     }
+}
+
+/// What a stdio server inherits of our environment: only what a program needs to run (`PATH` to
+/// find its interpreter, `HOME`, the locale, the time zone). Everything else we hold (provider
+/// keys, `PES_API_KEYS`, the database URL) stays ours; a server that needs a value gets it from
+/// its own `env` in `PES_MCP_SERVERS`.
+fn inherited_env() -> impl Iterator<Item = (String, String)> {
+    const KEPT: [&str; 4] = ["PATH", "HOME", "LANG", "TZ"];
+    KEPT.into_iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_owned(), v)))
 }

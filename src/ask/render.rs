@@ -147,7 +147,10 @@ impl Tree {
             None => (0, None),
             Some(p) => match self.placed.get(p) {
                 Some((d, item)) => (d + 1, item.clone()),
-                None => (self.item_depth(p), Some(p.to_owned())),
+                // An item's own status line sits at the item's depth; what happens inside
+                // the item (its tool calls, thoughts, questions) one step further in.
+                None if kind == "ITEM_STATUS_CHANGE" => (self.item_depth(p), Some(p.to_owned())),
+                None => (self.item_depth(p) + 1, Some(p.to_owned())),
             },
         }
     }
@@ -347,6 +350,17 @@ mod tests {
             &obs("o2", "PLAN", Some("s1"), "Plan of team s1", team),
             plain,
         );
+        let started = json!({"itemId": "s1.a", "status": "in_progress", "previousStatus": "pending"});
+        assert_eq!(
+            t.lines(
+                &obs("o2b", "ITEM_STATUS_CHANGE", Some("s1.a"), "s1.a: pending → in_progress", started),
+                plain
+            )[0]
+            .find('['),
+            Some(4),
+            "an item's status line at the item's depth"
+        );
+        // A tool call one step under its item's status line.
         let call =
             json!({"toolCallId": "c1", "name": "calculator", "arguments": {"expression": "1+1"}});
         assert_eq!(
@@ -354,12 +368,12 @@ mod tests {
                 &obs("o3", "TOOL_CALL", Some("s1.a"), "calculator", call),
                 plain
             ),
-            vec![r#"    [s1.a] TOOL_CALL calculator {"expression":"1+1"}"#]
+            vec![r#"      [s1.a] TOOL_CALL calculator {"expression":"1+1"}"#]
         );
         let step = obs("o4", "FLOWCHART_STEP", Some("o3"), "fee", json!({}));
         assert_eq!(
             t.lines(&step, plain),
-            vec!["      [s1.a] FLOWCHART_STEP fee"]
+            vec!["        [s1.a] FLOWCHART_STEP fee"]
         );
         let result = json!({"toolCallId": "c1", "name": "calculator", "status": "success", "output": {"result": 2}});
         assert_eq!(
@@ -367,7 +381,7 @@ mod tests {
                 &obs("o5", "TOOL_EXECUTION", Some("s1.a"), "calculator", result),
                 plain
             ),
-            vec![r#"      [s1.a] TOOL_EXECUTION calculator → {"result":2}"#]
+            vec![r#"        [s1.a] TOOL_EXECUTION calculator → {"result":2}"#]
         );
     }
 

@@ -171,13 +171,19 @@ async fn ask_prints_the_live_tree_and_the_answer_and_exits_0() {
         out.contains("\nPLAN Plan: 4 items\n  - step-1 Calculate 17*23\n"),
         "{out}"
     );
+    // The item's status line at the item's depth, its tool call one step in, the result under
+    // the call.
     assert!(
-        out.contains("  [step-1] TOOL_CALL calculator {\"expression\":\"17*23\"}"),
+        out.contains("\n  [step-1] ITEM_STATUS_CHANGE"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n    [step-1] TOOL_CALL calculator {\"expression\":\"17*23\"}"),
         "{out}"
     );
     assert!(
         out.contains(
-            "    [step-1] TOOL_EXECUTION calculator → {\"expression\":\"17*23\",\"result\":391}"
+            "\n      [step-1] TOOL_EXECUTION calculator → {\"expression\":\"17*23\",\"result\":391}"
         ),
         "{out}"
     );

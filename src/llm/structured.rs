@@ -72,8 +72,83 @@ fn check_reply(content: Option<&str>, schema_value: &Value) -> Result<Value, Str
     };
     // JSON text inside the reply may spell a NUL (`\u0000`) that no store can hold.
     crate::model::scrub_nul(&mut value);
+    fill_omitted_nullables(schema_value, schema_value, &mut value, 0);
     schema::validate(schema_value, &value).map_err(|errors| errors.join("; "))?;
     Ok(value)
+}
+
+/// How deep [`fill_omitted_nullables`] follows a schema (recursive `$ref`s end here).
+const MAX_FILL_DEPTH: usize = 32;
+
+/// Set every property the reply left out, whose schema allows `null`, to `null`, throughout the
+/// value: a strict provider always sends such a property (strict schemas list every property as
+/// required), but Anthropic's tool input and local servers leave it out, and an absent optional
+/// field means the same as its null. `root` resolves local `$ref`s (`#/$defs/…`).
+fn fill_omitted_nullables(root: &Value, schema: &Value, value: &mut Value, depth: usize) {
+    if depth > MAX_FILL_DEPTH {
+        return;
+    }
+    let schema = resolve(root, schema);
+    // A union: fill by the first branch that describes the value's kind.
+    if let Some(branches) = schema.get("anyOf").and_then(Value::as_array) {
+        let kind = if value.is_object() { "object" } else if value.is_array() { "array" } else { "" };
+        if let Some(b) = branches
+            .iter()
+            .find(|b| !kind.is_empty() && has_type(resolve(root, b), kind))
+        {
+            fill_omitted_nullables(root, b, value, depth + 1);
+        }
+        return;
+    }
+    match value {
+        Value::Object(map) => {
+            let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+                return;
+            };
+            for (name, prop) in props {
+                match map.get_mut(name) {
+                    Some(v) => fill_omitted_nullables(root, prop, v, depth + 1),
+                    None if allows_null(resolve(root, prop), root) => {
+                        map.insert(name.clone(), Value::Null);
+                    }
+                    None => {}
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for v in items {
+                    fill_omitted_nullables(root, item_schema, v, depth + 1);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `schema` itself, or what its local `$ref` (`#/…`) points at.
+fn resolve<'a>(root: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema.get("$ref").and_then(Value::as_str) {
+        Some(r) if r.starts_with('#') => root.pointer(&r[1..]).unwrap_or(schema),
+        _ => schema,
+    }
+}
+
+fn has_type(schema: &Value, kind: &str) -> bool {
+    match schema.get("type") {
+        Some(Value::String(t)) => t == kind,
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == kind),
+        _ => false,
+    }
+}
+
+fn allows_null(schema: &Value, root: &Value) -> bool {
+    has_type(schema, "null")
+        || schema.get("nullable") == Some(&Value::Bool(true))
+        || schema
+            .get("anyOf")
+            .and_then(Value::as_array)
+            .is_some_and(|bs| bs.iter().any(|b| has_type(resolve(root, b), "null")))
 }
 
 /// Ask for a JSON reply matching `request.response_format` and return it with the reply of the
@@ -189,6 +264,40 @@ mod tests {
             }),
             tokens: crate::llm::Tokens::none(),
         }
+    }
+
+    #[test]
+    fn an_omitted_nullable_property_is_read_as_null() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "todoList": {"type": "array", "items": {"$ref": "#/$defs/item"}},
+                "title": {"type": "string"}
+            },
+            "required": ["todoList", "title"],
+            "additionalProperties": false,
+            "$defs": {"item": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string"},
+                    "kind": {"type": ["string", "null"]},
+                    "role": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                    "toolAllowlist": {"type": ["array", "null"], "items": {"type": "string"}}
+                },
+                "required": ["id", "kind", "role", "toolAllowlist"],
+                "additionalProperties": false
+            }}
+        });
+        let reply = r#"{"todoList": [{"id": "a"}, {"id": "b", "kind": "leaf"}]}"#;
+        let v = check_reply(Some(reply), &schema).unwrap_err();
+        // `title` is required and not nullable: still an error, the one that is left.
+        assert!(v.contains("title"), "{v}");
+        let reply = r#"{"title": "t", "todoList": [{"id": "a"}, {"id": "b", "kind": "leaf"}]}"#;
+        let v = check_reply(Some(reply), &schema).unwrap();
+        assert_eq!(v["todoList"][0]["kind"], Value::Null);
+        assert_eq!(v["todoList"][0]["role"], Value::Null);
+        assert_eq!(v["todoList"][0]["toolAllowlist"], Value::Null);
+        assert_eq!(v["todoList"][1]["kind"], "leaf");
     }
 
     #[test]

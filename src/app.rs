@@ -140,6 +140,7 @@ impl App {
         store.migrate().await.context("applying migrations")?;
         let metrics = Metrics::new();
         let (providers, default_provider) = build_providers(&config)?;
+        metrics.configure_models(providers.values().filter_map(|p| p.default_model()));
         // Every model call is traced and counted, whatever the provider.
         let providers: Providers = providers
             .into_iter()
@@ -216,6 +217,14 @@ impl App {
                 flowchart_max_steps: config.flowchart_max_steps,
                 a2a_park_after: Duration::from_millis(config.a2a_park_after_ms),
                 a2a_unreachable_for: Duration::from_secs(config.a2a_unreachable_seconds),
+                tool_result_max_bytes: usize::try_from(config.tool_result_max_bytes)
+                    .unwrap_or(usize::MAX),
+                require_approval: config
+                    .require_approval
+                    .iter()
+                    .map(|n| n.trim().to_owned())
+                    .filter(|n| !n.is_empty())
+                    .collect(),
                 ..EngineSettings::default()
             },
         );
@@ -272,6 +281,7 @@ impl App {
             commands,
             metrics,
             api_keys: Arc::new(api_keys),
+            streams: crate::http::quota::StreamSlots::new(config.tenant_max_streams),
             config: Arc::new(config),
         };
         Ok(App {

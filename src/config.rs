@@ -184,6 +184,41 @@ pub struct Config {
     #[arg(long, env = "PES_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
 
+    /// Tools every call of which waits for a person's decision, on every thread (comma-separated
+    /// names). A floor: thread and run configs add to it, never remove from it.
+    #[arg(long, env = "PES_REQUIRE_APPROVAL", value_delimiter = ',')]
+    pub require_approval: Vec<String>,
+
+    /// The bearer key `/metrics` needs; unset: `/metrics` is open (its labels hold no tenant
+    /// data either way).
+    #[arg(long, env = "PES_METRICS_KEY", hide_env_values = true)]
+    pub metrics_key: Option<String>,
+
+    /// Queued and running runs one tenant may hold at once; a run past it is refused with 429
+    /// `quota_exceeded`.
+    #[arg(long, env = "PES_TENANT_MAX_ACTIVE_RUNS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub tenant_max_active_runs: u64,
+
+    /// Event streams (SSE, A2A streams) one tenant may hold open at once in one process; one
+    /// past it is refused with 429 `quota_exceeded`.
+    #[arg(long, env = "PES_TENANT_MAX_STREAMS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub tenant_max_streams: u64,
+
+    /// Flowcharts one tenant may store; creating one past it is refused with 429
+    /// `quota_exceeded`.
+    #[arg(long, env = "PES_TENANT_MAX_FLOWCHARTS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub tenant_max_flowcharts: u64,
+
+    /// The most bytes of one tool result that is stored and shown to the model, whatever the
+    /// tool (built-in, HTTP, MCP, flowchart, remote agent); the rest is cut with a marker that
+    /// says how much was cut.
+    #[arg(long, env = "PES_TOOL_RESULT_MAX_BYTES", default_value_t = 262_144,
+          value_parser = clap::value_parser!(u64).range(1024..=16_777_216))]
+    pub tool_result_max_bytes: u64,
+
     /// The URL other agents reach this service at (scheme, host, port, optional path prefix),
     /// for the A2A agent card (`<PES_PUBLIC_URL>/a2a`); default `http://<the bound address>`. Set
     /// it when binding `0.0.0.0` or serving behind a proxy.

@@ -525,8 +525,31 @@ pub struct AgentRole {
 /// deadline can always be computed and stored.
 pub const MAX_SUSPENSION_TTL_SECONDS: u64 = 31_536_000;
 
+/// A tool list that may only narrow `base`: `over`'s names that `base` allows (every name when
+/// `base` allows every tool).
+fn narrowed(base: Option<&Vec<String>>, over: Option<&Vec<String>>) -> Option<Vec<String>> {
+    match (base, over) {
+        (Some(b), Some(o)) => Some(o.iter().filter(|n| b.contains(n)).cloned().collect()),
+        (b, o) => o.or(b).cloned(),
+    }
+}
+
+/// A list that may only grow: `base`'s names, then `over`'s new ones.
+fn union(base: Option<&Vec<String>>, over: Option<&Vec<String>>) -> Option<Vec<String>> {
+    match (base, over) {
+        (Some(b), Some(o)) => {
+            let mut all = b.clone();
+            all.extend(o.iter().filter(|n| !b.contains(n)).cloned());
+            Some(all)
+        }
+        (b, o) => o.or(b).cloned(),
+    }
+}
+
 impl AgentConfig {
-    /// `self` with every field `over` sets replacing ours.
+    /// `self` with every field `over` sets replacing ours, except the two policy floors:
+    /// `requireApproval` is the union of both (an override adds approvals, never drops one) and
+    /// `tools` the override's names that ours allow (an override narrows, never widens).
     pub fn overlay(&self, over: &AgentConfig) -> AgentConfig {
         AgentConfig {
             provider: over.provider.clone().or_else(|| self.provider.clone()),
@@ -538,11 +561,11 @@ impl AgentConfig {
             persona: over.persona.clone().or_else(|| self.persona.clone()),
             max_iterations: over.max_iterations.or(self.max_iterations),
             max_items: over.max_items.or(self.max_items),
-            tools: over.tools.clone().or_else(|| self.tools.clone()),
-            require_approval: over
-                .require_approval
-                .clone()
-                .or_else(|| self.require_approval.clone()),
+            tools: narrowed(self.tools.as_ref(), over.tools.as_ref()),
+            require_approval: union(
+                self.require_approval.as_ref(),
+                over.require_approval.as_ref(),
+            ),
             suspension_ttl_seconds: over.suspension_ttl_seconds.or(self.suspension_ttl_seconds),
             tool_validation_mode: over.tool_validation_mode.or(self.tool_validation_mode),
             max_parallel_items: over.max_parallel_items.or(self.max_parallel_items),
@@ -1039,13 +1062,81 @@ pub struct Suspension {
     /// Results of other calls of the same model turn that already ran.
     pub partial_tool_results: Vec<ToolResultRecord>,
     pub status: SuspensionStatus,
-    #[serde(default)]
+    /// How it was resolved, beside the other fields: `decision` (`approve`, `edit`, `reject`,
+    /// `respond`) with its `reason`, `modifiedArgs` and `response`. Absent while pending.
+    #[serde(flatten, with = "resolution")]
+    #[schema(schema_with = resolution::schema)]
     pub decision: Option<ResumeDecision>,
     pub created_at: DateTime<Utc>,
     #[serde(default)]
     pub resolved_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// A suspension's decision on the wire: its fields beside the suspension's own (`decision`,
+/// `reason`, `modifiedArgs`, `response`), none while it is pending.
+mod resolution {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use utoipa::openapi::schema::{Object, ObjectBuilder, SchemaType, Type};
+    use utoipa::openapi::{RefOr, Schema};
+
+    use super::ResumeDecision;
+
+    pub fn serialize<S: Serializer>(d: &Option<ResumeDecision>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => d.serialize(s),
+            None => serde_json::Map::new().serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ResumeDecision>, D::Error> {
+        let fields = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
+        if !fields.contains_key("decision") {
+            return Ok(None);
+        }
+        let mut map = serde_json::Map::new();
+        for k in ["decision", "reason", "modifiedArgs", "response"] {
+            if let Some(v) = fields.get(k) {
+                map.insert(k.to_owned(), v.clone());
+            }
+        }
+        serde_json::from_value(serde_json::Value::Object(map))
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+
+    pub fn schema() -> Object {
+        let prop = |t: Option<Type>, desc: &str| -> RefOr<Schema> {
+            let b = ObjectBuilder::new().description(Some(desc));
+            let b = match t {
+                Some(t) => b.schema_type(t),
+                None => b.schema_type(SchemaType::AnyValue),
+            };
+            b.build().into()
+        };
+        ObjectBuilder::new()
+            .property(
+                "decision",
+                RefOr::Ref(utoipa::openapi::Ref::from_schema_name("Decision")),
+            )
+            .property(
+                "reason",
+                prop(Some(Type::String), "Why the person decided so (any decision)."),
+            )
+            .property(
+                "modifiedArgs",
+                prop(None, "The arguments the call ran with instead (`edit`)."),
+            )
+            .property(
+                "response",
+                prop(None, "What became the call's result (`respond`)."),
+            )
+            .description(Some(
+                "How a resolved suspension was decided; absent while it is pending.",
+            ))
+            .build()
+    }
 }
 
 /// Replace every NUL character in the strings (and keys) of `value` with U+FFFD. Text that comes
@@ -1221,5 +1312,30 @@ mod tests {
         let merged = thread.overlay(&run);
         assert_eq!(merged.model.as_deref(), Some("b"));
         assert_eq!(merged.max_iterations, Some(3));
+    }
+
+    #[test]
+    fn a_run_adds_approvals_and_narrows_tools_but_never_loosens_the_thread() {
+        let names = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let thread = AgentConfig {
+            tools: names(&["calculator", "current_time"]),
+            require_approval: names(&["calculator"]),
+            ..Default::default()
+        };
+        let run = AgentConfig {
+            tools: names(&["current_time", "ask_user"]),
+            require_approval: names(&["current_time"]),
+            ..Default::default()
+        };
+        let merged = thread.overlay(&run);
+        assert_eq!(merged.tools, names(&["current_time"]));
+        assert_eq!(merged.require_approval, names(&["calculator", "current_time"]));
+        let dropped = thread.overlay(&AgentConfig {
+            require_approval: Some(vec![]),
+            ..Default::default()
+        });
+        assert_eq!(dropped.require_approval, names(&["calculator"]));
+        let open = AgentConfig::default().overlay(&run);
+        assert_eq!(open.tools, names(&["current_time", "ask_user"]));
     }
 }

@@ -103,11 +103,8 @@ impl FlowHost for RunFlowHost<'_> {
             thread_id: self.thread_id.to_string(),
             idempotency_key: key,
         };
-        let tool = if self.tools.contains(name) {
-            name
-        } else {
-            "unknown"
-        };
+        let label = self.tools.metric_label(name, &args);
+        let tool = label.as_str();
         let outcome = crate::telemetry::spans::timed(
             span.clone(),
             self.tools.invoke(name, args, &ctx),

@@ -100,6 +100,12 @@ pub struct EngineSettings {
     /// How long a remote agent may stay unreachable before a delegation to it fails with a
     /// tool error (`PES_A2A_UNREACHABLE_SECONDS`).
     pub a2a_unreachable_for: std::time::Duration,
+    /// Tools every call of which needs a person, on every thread (`PES_REQUIRE_APPROVAL`): added
+    /// to each run's `requireApproval`.
+    pub require_approval: Vec<String>,
+    /// The most bytes of one tool result that is stored and shown to the model
+    /// (`PES_TOOL_RESULT_MAX_BYTES`): see [`tool_calls::cap_result`].
+    pub tool_result_max_bytes: usize,
 }
 
 impl Default for EngineSettings {
@@ -119,6 +125,8 @@ impl Default for EngineSettings {
             flowchart_max_steps: 1000,
             a2a_park_after: std::time::Duration::from_secs(2),
             a2a_unreachable_for: std::time::Duration::from_secs(120),
+            require_approval: Vec::new(),
+            tool_result_max_bytes: 262_144,
         }
     }
 }
@@ -248,7 +256,14 @@ impl Engine {
         journal: &dyn Journal,
         signals: &Signals,
     ) -> Result<RunEnd, EngineError> {
-        let cfg = input.thread.config.overlay(&input.run.config);
+        let mut cfg = input.thread.config.overlay(&input.run.config);
+        if !self.settings.require_approval.is_empty() {
+            // The server-wide floor (`PES_REQUIRE_APPROVAL`) under whatever the thread and run say.
+            cfg = cfg.overlay(&crate::model::AgentConfig {
+                require_approval: Some(self.settings.require_approval.clone()),
+                ..Default::default()
+            });
+        }
         let provider_name = cfg
             .provider
             .clone()

@@ -359,7 +359,7 @@ impl Engine {
     }
 
     /// Start the I/O of one step. A tool call runs in its `execute_tool` span and is counted
-    /// by tool and outcome (a name no tool has is counted as `unknown`).
+    /// by tool and outcome (under [`crate::tools::ToolRegistry::metric_label`]).
     fn start_io<'f>(
         &'f self,
         ctx: &Ctx<'f>,
@@ -371,11 +371,10 @@ impl Engine {
             return self.start_step(ctx, item, step, watching);
         };
         let span = spans::execute_tool(&call.name, &call.id);
-        let known = self.tools.contains(&call.name) || ctx.flowcharts.contains_key(&call.name);
-        let tool = if known {
-            call.name.clone()
+        let tool = if !self.tools.contains(&call.name) && ctx.flowcharts.contains_key(&call.name) {
+            "flowchart".to_owned()
         } else {
-            "unknown".to_owned()
+            self.tools.metric_label(&call.name, &call.arguments)
         };
         let (metrics, metrics_too, tool_too) =
             (self.metrics.clone(), self.metrics.clone(), tool.clone());

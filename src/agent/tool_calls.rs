@@ -124,6 +124,7 @@ impl Engine {
         let Some(idx) = ctx.item_idx(item_id) else {
             return;
         };
+        let result = cap_result(result, self.settings.tool_result_max_bytes);
         let it = &mut ctx.items[idx];
         let was_waiting = it.status == ItemStatus::Waiting;
         if was_waiting {
@@ -232,6 +233,46 @@ pub(super) async fn invoke_tool(
     }
 }
 
+/// `result` with its output and error at most `max` bytes each (as JSON text), whatever the tool
+/// that made it: every result passes here on its way into the journal, so no source (built-in,
+/// HTTP, MCP, flowchart, remote agent) can store more or put more in a prompt. A string output is
+/// cut on a character boundary; any other output too large becomes the start of its JSON text as
+/// a string. Either way a marker says how many bytes were cut.
+pub(super) fn cap_result(mut result: ToolResultRecord, max: usize) -> ToolResultRecord {
+    if let Some(e) = &result.error
+        && e.len() > max
+    {
+        result.error = Some(cut(e, max));
+    }
+    let text = match &result.output {
+        Value::String(s) if s.len() > max => s.clone(),
+        Value::String(_) => return result,
+        other => {
+            let json = other.to_string();
+            if json.len() <= max {
+                return result;
+            }
+            json
+        }
+    };
+    result.output = Value::String(cut(&text, max));
+    result
+}
+
+/// The first `max` bytes of `text` (at a character boundary) and a marker saying how much was cut.
+fn cut(text: &str, max: usize) -> String {
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}…[truncated: {} of {} bytes cut (PES_TOOL_RESULT_MAX_BYTES)]",
+        &text[..end],
+        text.len() - end,
+        text.len()
+    )
+}
+
 /// A failed call's record, `error` as its reason.
 pub(super) fn error_record(call: &ToolCallRecord, error: String) -> ToolResultRecord {
     ToolResultRecord {
@@ -252,5 +293,34 @@ fn tool_message_text(r: &ToolResultRecord) -> String {
         },
         (_, Some(e)) => json!({"error": e}).to_string(),
         _ => r.output.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod cap_tests {
+    use super::*;
+
+    fn record(output: Value) -> ToolResultRecord {
+        ToolResultRecord {
+            tool_call_id: "c".into(),
+            name: "t".into(),
+            status: ToolResultStatus::Success,
+            output,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_large_result_is_cut_with_a_marker_and_a_small_one_is_kept() {
+        let small = record(json!({"a": 1}));
+        assert_eq!(cap_result(small.clone(), 64), small);
+        let big = cap_result(record(Value::String("é".repeat(100))), 51);
+        let text = big.output.as_str().unwrap();
+        assert!(text.starts_with(&"é".repeat(25)), "{text}");
+        assert!(text.contains("truncated: 150 of 200 bytes cut"), "{text}");
+        let obj = cap_result(record(json!({"rows": vec![1; 1000]})), 100);
+        let text = obj.output.as_str().unwrap();
+        assert!(text.starts_with("{\"rows\":[1,1,"), "{text}");
+        assert!(text.contains("truncated:"), "{text}");
     }
 }

@@ -95,7 +95,9 @@ const REQUEST_TIMEOUT: Shared = (
 const UNSUPPORTED_MEDIA_TYPE: Shared = (
     "UnsupportedMediaType",
     "415",
-    "The body is not sent as `Content-Type: application/json` (`unsupported_media_type`).",
+    "The body is not sent as JSON (`Content-Type: application/json`, or another \
+     `application/*+json` type such as `application/a2a+json`): refused before it is read, so a \
+     cross-site form or `text/plain` request cannot start work (`unsupported_media_type`).",
 );
 const INVALID_BODY: Shared = (
     "InvalidBody",
@@ -115,8 +117,27 @@ const HEADERS_TOO_LARGE: Shared = (
     "The request headers are larger than the server reads.",
 );
 
+const QUOTA_EXCEEDED: Shared = (
+    "QuotaExceeded",
+    "429",
+    "The tenant holds as much as its quota allows: queued and running runs \
+     (`PES_TENANT_MAX_ACTIVE_RUNS`), open event streams (`PES_TENANT_MAX_STREAMS`) or flowcharts \
+     (`PES_TENANT_MAX_FLOWCHARTS`); `detail` names which (`quota_exceeded`). `Retry-After` says \
+     when to try again.",
+);
+
+/// The routes that start something a tenant quota counts (method, path).
+const QUOTA_ROUTES: [(&str, &str); 5] = [
+    ("post", "/v1/threads/{threadId}/runs"),
+    ("post", "/v1/threads/{threadId}/runs/wait"),
+    ("get", "/v1/threads/{threadId}/events"),
+    ("post", "/v1/suspensions/{suspensionId}/resume"),
+    ("put", "/v1/flowcharts/{name}"),
+];
+
 /// Every shared response, for the components section.
-const SHARED: [Shared; 9] = [
+const SHARED: [Shared; 10] = [
+    QUOTA_EXCEEDED,
     MALFORMED_JSON,
     REQUEST_TIMEOUT,
     UNAUTHORIZED,
@@ -137,6 +158,12 @@ fn shared_response((_, status, description): Shared) -> Response {
         response["headers"] = json!({"WWW-Authenticate": {
             "description": "Always `Bearer`.",
             "schema": {"type": "string"},
+        }});
+    }
+    if status == "429" {
+        response["headers"] = json!({"Retry-After": {
+            "description": "Seconds to wait before trying again.",
+            "schema": {"type": "integer", "minimum": 1},
         }});
     }
     serde_json::from_value(response).expect("a response object")
@@ -240,10 +267,21 @@ pub(super) fn add_shared_parts(api: &mut Document) {
             .responses
             .insert(shared.0.to_owned(), RefOr::T(shared_response(shared)));
     }
+    for (method, path) in QUOTA_ROUTES {
+        let item = api.paths.paths.get_mut(path);
+        let op = item.and_then(|i| match method {
+            "get" => i.get.as_mut(),
+            "put" => i.put.as_mut(),
+            _ => i.post.as_mut(),
+        });
+        if let Some(op) = op {
+            add(op, QUOTA_EXCEEDED);
+        }
+    }
     for (path, item) in api.paths.paths.iter_mut() {
         let guarded = path.starts_with("/v1/") || path == A2A_PATH;
-        // JSON-RPC reads any body it can parse and answers what it cannot as a JSON-RPC error
-        // (documented by the route): no content-type or body-shape problems.
+        // JSON-RPC answers a body it cannot parse as a JSON-RPC error (documented by the route):
+        // no body-shape problems, but a body not declared JSON is refused before it is read.
         let json_rpc = path == A2A_PATH;
         let ops = [
             &mut item.get,
@@ -263,7 +301,7 @@ pub(super) fn add_shared_parts(api: &mut Document) {
                 op.security = Some(vec![]);
             }
             if json_rpc {
-                for shared in [REQUEST_TIMEOUT, PAYLOAD_TOO_LARGE] {
+                for shared in [REQUEST_TIMEOUT, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE] {
                     add(op, shared);
                 }
             } else if op.request_body.is_some() {
@@ -427,6 +465,17 @@ mod tests {
     }
 
     #[test]
+    fn the_routes_a_quota_counts_document_429_with_retry_after() {
+        let doc = document();
+        for (method, path) in super::QUOTA_ROUTES {
+            let op = doc["paths"][path][method].clone();
+            assert!(op.is_object(), "{method} {path} exists");
+            let r = response(&doc, &op, "429").unwrap_or_else(|| panic!("{method} {path}"));
+            assert!(r["headers"]["Retry-After"].is_object(), "{method} {path}");
+        }
+    }
+
+    #[test]
     fn open_routes_need_no_key_and_every_v1_route_documents_401() {
         let doc = document();
         assert_eq!(doc["security"], json!([{"bearer": []}]));
@@ -440,7 +489,12 @@ mod tests {
                 assert!(r["headers"]["WWW-Authenticate"].is_object());
             } else {
                 assert_eq!(op["security"], json!([]), "{method} {path} needs no key");
-                assert!(op["responses"].get("401").is_none());
+                // `/metrics` alone may be closed by the operator (`PES_METRICS_KEY`).
+                assert_eq!(
+                    op["responses"].get("401").is_some(),
+                    path == "/metrics",
+                    "{method} {path}"
+                );
             }
         }
         for open in [
@@ -469,10 +523,10 @@ mod tests {
                     bad["content"]["application/json"]["schema"]["$ref"],
                     "#/components/schemas/JsonRpcResponse"
                 );
-                for status in ["408", "413"] {
+                for status in ["408", "413", "415"] {
                     assert!(response(&doc, &op, status).is_some(), "/a2a lacks {status}");
                 }
-                for status in ["415", "422"] {
+                for status in ["422"] {
                     assert!(
                         response(&doc, &op, status).is_none(),
                         "/a2a never answers {status}"

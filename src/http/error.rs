@@ -88,6 +88,13 @@ pub enum ApiError {
     MethodNotAllowed(String),
     #[error("the service is not ready: {0}")]
     Unavailable(String),
+    /// 429 `quota_exceeded`: the tenant holds as much of something as its quota allows (the
+    /// detail names the quota's setting); `Retry-After` says when to try again.
+    #[error("{detail}")]
+    QuotaExceeded {
+        detail: String,
+        retry_after_seconds: u64,
+    },
     /// Something failed that the client cannot fix; the source error (and its chain) is kept so
     /// it is logged once, whole, in the request's span (which carries the request id).
     #[error("internal error")]
@@ -167,6 +174,11 @@ impl ApiError {
                 "method_not_allowed",
                 "Method not allowed",
             ),
+            Self::QuotaExceeded { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota_exceeded",
+                "Quota exceeded",
+            ),
             Self::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -191,6 +203,13 @@ impl IntoResponse for ApiError {
             }
             other => other.to_string(),
         };
+        let retry_after = match &self {
+            Self::QuotaExceeded {
+                retry_after_seconds,
+                ..
+            } => Some(*retry_after_seconds),
+            _ => None,
+        };
         let errors = match self {
             Self::InvalidFields { errors, .. } => Some(errors),
             _ => None,
@@ -208,6 +227,12 @@ impl IntoResponse for ApiError {
             axum::http::header::CONTENT_TYPE,
             axum::http::HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(seconds) = retry_after {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
+        }
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tracing::warn;
 use utoipa::ToSchema;
@@ -71,9 +71,25 @@ const BACKLOG_TIMEOUT: Duration = Duration::from_secs(2);
 /// Prometheus text-format metrics (the list is in the README). The gauges of what waits (queued
 /// runs, pending suspensions) are read from the store now; should it not answer within two
 /// seconds, they keep their last value.
+///
+/// Open unless `PES_METRICS_KEY` is set; then it needs `Authorization: Bearer <that key>` (the API
+/// keys of tenants do not open it: it describes the whole service).
 #[utoipa::path(get, path = "/metrics", tag = "health", security(()),
-    responses((status = 200, description = "Metrics", content_type = "text/plain", body = String)))]
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    responses(
+        (status = 200, description = "Metrics", content_type = "text/plain", body = String),
+        (status = 401, description = "`PES_METRICS_KEY` is set and the request does not carry it as `Authorization: Bearer <key>` (`unauthorized`)", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(key) = state.config.metrics_key.as_deref().filter(|k| !k.is_empty()) {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
     let backlog = match tokio::time::timeout(BACKLOG_TIMEOUT, state.store.backlog()).await {
         Ok(Ok(b)) => Some(b),
         Ok(Err(e)) => {
@@ -97,6 +113,12 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),
     )
+        .into_response()
+}
+
+/// Compare two secrets in time that depends on their lengths only, not on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Add `/openapi.json` and `/docs`, which the documentation UI serves, to the document.

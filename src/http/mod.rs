@@ -11,6 +11,7 @@ pub mod doc;
 pub mod error;
 pub mod flowcharts;
 pub mod health;
+pub mod quota;
 pub mod runs;
 pub mod serve;
 pub mod sse;
@@ -63,6 +64,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// API key → tenant; empty when authentication is off.
     pub api_keys: Arc<HashMap<String, String>>,
+    /// Open event streams per tenant (`PES_TENANT_MAX_STREAMS`).
+    pub streams: quota::StreamSlots,
 }
 
 /// The tenant of the request, resolved from its API key (the default tenant when keys are off).
@@ -101,6 +104,63 @@ async fn authenticate(State(state): State<AppState>, mut req: Request, next: Nex
         }
         None => ApiError::Unauthorized.into_response(),
     }
+}
+
+/// Whether a `Content-Type` names JSON: `application/json` or any `application/*+json`
+/// (`application/a2a+json`, `application/merge-patch+json`), parameters such as `charset` allowed.
+fn is_json_media_type(value: &str) -> bool {
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.ends_with("+json"))
+}
+
+/// Refuses, with 415, a write (POST, PUT, PATCH, DELETE) whose body is not declared JSON: a
+/// `Content-Type` other than JSON, or a body sent with none. This is what keeps another web site
+/// from starting work through a visitor's browser: an HTML form or a `text/plain` `fetch` is a
+/// "simple" cross-site request that needs no preflight, while a JSON body does. It runs before the
+/// handler, so routes that read raw bytes (`/a2a`) or no body at all (cancel) are covered alike.
+async fn require_json_bodies(req: Request, next: Next) -> Response {
+    use axum::http::{Method, header};
+    let writes = matches!(
+        *req.method(),
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    if writes {
+        let headers = req.headers();
+        match headers.get(header::CONTENT_TYPE) {
+            Some(v) => {
+                let ok = v.to_str().is_ok_and(is_json_media_type);
+                if !ok {
+                    return ApiError::UnsupportedMediaType(format!(
+                        "expected a body with `Content-Type: application/json`, not `{}`",
+                        String::from_utf8_lossy(v.as_bytes())
+                    ))
+                    .into_response();
+                }
+            }
+            None => {
+                let has_body = headers
+                    .get(header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.trim() != "0")
+                    || headers.contains_key(header::TRANSFER_ENCODING);
+                if has_body {
+                    return ApiError::UnsupportedMediaType(
+                        "a body needs `Content-Type: application/json`".into(),
+                    )
+                    .into_response();
+                }
+            }
+        }
+    }
+    next.run(req).await
 }
 
 /// A thread id from the path; an id that cannot exist is simply not found.
@@ -270,6 +330,7 @@ fn on_response(res: &Response, latency: std::time::Duration, span: &tracing::Spa
 pub fn router(state: AppState) -> Router {
     let v1 = v1_routes()
         .merge(guarded_routes())
+        .layer(axum::middleware::from_fn(require_json_bodies))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authenticate,

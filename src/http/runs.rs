@@ -93,6 +93,22 @@ pub(crate) async fn enqueue(
     }
     let config = body.config.unwrap_or_default();
     check_config(state, &tenant, &config).await?;
+    if config.require_approval.is_some() || config.tools.is_some() {
+        // Read only when the run touches the policy: the common run costs no extra query.
+        if let Some(thread) = state.store.get_thread(&tenant, &thread_id).await? {
+            check_policy_floor(&thread.config, &config)?;
+        }
+    }
+    let max_active = state.config.tenant_max_active_runs;
+    if state.store.count_active_runs(&tenant, max_active).await? >= max_active {
+        return Err(ApiError::QuotaExceeded {
+            detail: format!(
+                "the tenant has {max_active} runs queued or running, its quota \
+                 (PES_TENANT_MAX_ACTIVE_RUNS): post again when some have ended"
+            ),
+            retry_after_seconds: 5,
+        });
+    }
     let strategy = body
         .multitask_strategy
         .unwrap_or(MultitaskStrategy::Enqueue);
@@ -110,6 +126,38 @@ pub(crate) async fn enqueue(
         })
         .await?;
     Ok((created.run, created.created))
+}
+
+/// A run may tighten its thread's tool policy, never loosen it: its `requireApproval` keeps every
+/// tool the thread's names (the engine also takes the union, so a later change to the thread
+/// cannot open a gap), and its `tools` stay within the thread's.
+///
+/// # Errors
+/// 422 `policy_floor` naming the first tool the run would drop or add.
+fn check_policy_floor(thread: &AgentConfig, run: &AgentConfig) -> Result<(), ApiError> {
+    if let (Some(floor), Some(asked)) = (&thread.require_approval, &run.require_approval)
+        && let Some(dropped) = floor.iter().find(|n| !asked.contains(n))
+    {
+        return Err(ApiError::Unprocessable {
+            code: "policy_floor",
+            detail: format!(
+                "config.requireApproval may add tools to the thread's, never drop one: \
+                 `{dropped}` needs approval on this thread"
+            ),
+        });
+    }
+    if let (Some(allowed), Some(asked)) = (&thread.tools, &run.tools)
+        && let Some(extra) = asked.iter().find(|n| !allowed.contains(n))
+    {
+        return Err(ApiError::Unprocessable {
+            code: "policy_floor",
+            detail: format!(
+                "config.tools may narrow the thread's tools, never widen them: `{extra}` is not \
+                 enabled on this thread"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The thread id of a run request. Without `ifNotExists: "create"` an id that cannot exist names
@@ -151,12 +199,14 @@ pub async fn create_run(
 ) -> Result<Response, ApiError> {
     let id = run_thread_id(&thread_id, &body)?;
     let streamed = wants_event_stream(&headers);
+    // Taken before the run exists: a stream the quota refuses starts no work.
+    let slot = streamed.then(|| state.streams.take(&tenant)).transpose()?;
     // Subscribed before the run exists, so its first deltas are not missed.
     let tokens = (streamed && params.tokens == Some(true))
         .then(|| state.bus.tokens().subscribe(&tenant, &id));
     let trace = TraceContext::for_run(&headers);
     let (run, created) = enqueue(&state, tenant.clone(), id.clone(), body, trace).await?;
-    if streamed {
+    if let Some(slot) = slot {
         let spec = StreamSpec {
             tenant,
             thread_id: id,
@@ -166,7 +216,7 @@ pub async fn create_run(
             run_id: Some(run.run_id),
             until_run_end: true,
         };
-        return Ok(observation_sse(&state, spec, tokens).into_response());
+        return Ok(observation_sse(&state, spec, tokens, slot).into_response());
     }
     let status = if created {
         StatusCode::ACCEPTED

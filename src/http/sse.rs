@@ -30,6 +30,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::threads::Page;
+use super::quota::StreamSlot;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
 use crate::events::{BusMsg, TokenDelta, TokenSubscription};
 use crate::model::{Observation, ObservationType, ThreadId};
@@ -330,9 +331,12 @@ pub fn observation_sse(
     state: &AppState,
     spec: StreamSpec,
     tokens: Option<TokenSubscription>,
+    slot: StreamSlot,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
     let thread_id = spec.thread_id.clone();
     let events = observation_stream(state, spec, tokens).map(move |item| {
+        // The tenant's stream slot lives as long as the stream.
+        let _slot = &slot;
         Ok(match item {
             StreamItem::Obs(o) => to_event(&o),
             StreamItem::ThreadDeleted => thread_deleted_event(&thread_id),
@@ -509,6 +513,7 @@ pub async fn events(
         .get_thread(&tenant, &id)
         .await?
         .ok_or_else(ApiError::thread_not_found)?;
+    let slot = state.streams.take(&tenant)?;
     let tokens = (params.tokens == Some(true)).then(|| state.bus.tokens().subscribe(&tenant, &id));
     let spec = StreamSpec {
         tenant,
@@ -519,5 +524,5 @@ pub async fn events(
         run_id: params.run_id,
         until_run_end: false,
     };
-    Ok(observation_sse(&state, spec, tokens))
+    Ok(observation_sse(&state, spec, tokens, slot))
 }

@@ -230,6 +230,8 @@ pub async fn resume_suspension(
     }
     let decision = decide(&state, &s, body)?;
     let streamed = wants_event_stream(&headers);
+    // Taken before the decision: a stream the quota refuses changes nothing.
+    let slot = streamed.then(|| state.streams.take(&tenant)).transpose()?;
     // Subscribed before the run goes on, so its first deltas are not missed.
     let tokens = (streamed && params.tokens == Some(true))
         .then(|| state.bus.tokens().subscribe(&tenant, &s.thread_id));
@@ -248,7 +250,7 @@ pub async fn resume_suspension(
         }
         Err(e) => return Err(e.into()),
     };
-    if streamed {
+    if let Some(slot) = slot {
         let after = done
             .observations
             .last()
@@ -263,7 +265,7 @@ pub async fn resume_suspension(
             run_id: Some(done.run.run_id),
             until_run_end: true,
         };
-        return Ok(observation_sse(&state, spec, tokens).into_response());
+        return Ok(observation_sse(&state, spec, tokens, slot).into_response());
     }
     Ok((StatusCode::ACCEPTED, AppJson(done.run)).into_response())
 }

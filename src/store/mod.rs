@@ -399,6 +399,10 @@ pub trait Store: Send + Sync + 'static {
     /// primary key, so one row; another tenant's run is `None`.
     async fn find_run(&self, tenant: &str, run_id: Uuid) -> StoreResult<Option<Run>>;
 
+    /// How many of the tenant's runs are queued or running, counted up to `cap` (a count past
+    /// it answers `cap`): what the per-tenant quota compares with its limit.
+    async fn count_active_runs(&self, tenant: &str, cap: u64) -> StoreResult<u64>;
+
     /// The tenant's runs that `filter` selects, across threads, newest first (`created_at` desc,
     /// then id desc), at most `limit` after `cursor`; with the number of runs the filter selects
     /// in all.

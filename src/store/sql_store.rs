@@ -152,6 +152,10 @@ impl Store for SqlStore {
         self.run_by_id(tenant, run_id).await
     }
 
+    async fn count_active_runs(&self, tenant: &str, cap: u64) -> StoreResult<u64> {
+        self.active_runs(tenant, cap).await
+    }
+
     async fn list_tenant_runs(
         &self,
         tenant: &str,

@@ -60,6 +60,21 @@ impl SqlStore {
         .await
     }
 
+    pub(crate) async fn active_runs(&self, tenant: &str, cap: u64) -> StoreResult<u64> {
+        let n = self
+            .read()
+            .await?
+            .one(
+                q("SELECT COUNT(*) AS n FROM (SELECT 1 FROM runs \
+                   WHERE tenant = $1 AND status IN ('queued', 'running') LIMIT $2) a")
+                .bind(tenant)
+                .bind(i64::try_from(cap).unwrap_or(i64::MAX)),
+            )
+            .await?
+            .int("n")?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     pub(crate) async fn tenant_runs(
         &self,
         tenant: &str,

@@ -8,9 +8,11 @@
 //! price is that series are recorded through this handle rather than the `metrics` macros; a
 //! library that records through the global facade is not seen (none of ours does).
 //!
-//! Labels are low-cardinality by construction: run and item statuses, outcomes, provider names,
-//! tool names the registry knows (an unknown name the model made up is `unknown`), and model names
-//! capped at [`MAX_MODELS`] distinct values (then `other`). Never a thread, run or item id.
+//! Labels are low-cardinality and hold no tenant data, by construction: run and item statuses,
+//! outcomes, provider names, tools as the operator configured them (a built-in tool's name,
+//! `mcp:<server>`, `a2a:<agent>`, `flowchart` for every tenant's flowchart, else `other`: see
+//! [`crate::tools::ToolRegistry::metric_label`]) and the configured model names (any other model
+//! a thread names is `other`). Never a thread, run or item id, nor anything a tenant named.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,7 +26,7 @@ use metrics_exporter_prometheus::{
 use crate::agent::changes::{Batch, Op};
 use crate::model::{ItemStatus, ObservationType, Usage};
 
-/// Distinct model names kept as label values; later ones are counted as `other`.
+/// Configured model names kept as label values at most; any other model is counted as `other`.
 pub const MAX_MODELS: usize = 32;
 
 const RUNS_CLAIMED: &str = "pes_runs_claimed_total";
@@ -193,7 +195,7 @@ pub struct Metrics {
 struct Inner {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
-    /// Model names seen so far (label values), at most [`MAX_MODELS`].
+    /// The configured model names (label values), at most [`MAX_MODELS`].
     models: Mutex<HashSet<String>>,
 }
 
@@ -401,22 +403,35 @@ impl Metrics {
             .record(took.as_secs_f64());
     }
 
-    /// `model` as a label value: itself while fewer than [`MAX_MODELS`] names were seen, then
-    /// `other` for new names (a thread may name any model string).
-    fn model_label(&self, model: &str) -> String {
-        let mut seen = self
+    /// Declare the model names the operator configured (each provider's default model): the
+    /// only model names a label may carry, at most [`MAX_MODELS`].
+    pub fn configure_models<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let mut known = self
             .inner
             .models
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if seen.contains(model) {
-            return model.to_owned();
+        for name in names {
+            if known.len() < MAX_MODELS {
+                known.insert(name.to_owned());
+            }
         }
-        if seen.len() < MAX_MODELS {
-            seen.insert(model.to_owned());
-            return model.to_owned();
+    }
+
+    /// `model` as a label value: itself when the operator configured it, else `other`. A thread
+    /// may name any model string: it is tenant data, never a label (it would leak one tenant's
+    /// names to whoever reads `/metrics`, and grow the page without bound).
+    fn model_label(&self, model: &str) -> String {
+        let known = self
+            .inner
+            .models
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if known.contains(model) {
+            model.to_owned()
+        } else {
+            "other".to_owned()
         }
-        "other".to_owned()
     }
 }
 
@@ -477,14 +492,16 @@ mod tests {
     }
 
     #[test]
-    fn model_names_beyond_the_cap_are_counted_as_other() {
+    fn only_configured_model_names_are_labels() {
         let m = Metrics::new();
-        for i in 0..MAX_MODELS + 5 {
-            m.model_call("openai", &format!("m{i}"), "ok", Duration::ZERO, None);
+        m.configure_models(["gpt-x"]);
+        m.model_call("openai", "gpt-x", "ok", Duration::ZERO, None);
+        for i in 0..5 {
+            m.model_call("openai", &format!("tenant-model-{i}"), "ok", Duration::ZERO, None);
         }
         let text = m.render();
-        assert!(text.contains("model=\"m0\""));
-        assert!(!text.contains(&format!("model=\"m{}\"", MAX_MODELS)));
+        assert!(text.contains("model=\"gpt-x\""), "{text}");
+        assert!(!text.contains("tenant-model"), "{text}");
         assert!(
             text.contains(
                 "pes_model_calls_total{provider=\"openai\",model=\"other\",outcome=\"ok\"} 5"

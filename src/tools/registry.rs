@@ -195,6 +195,33 @@ impl ToolRegistry {
         self.read().tools.contains_key(name)
     }
 
+    /// The `tool` label a call of `name` is counted under in `/metrics`: only names the operator
+    /// configured, never a tenant's. A built-in (or configured HTTP) tool is its name, an MCP tool
+    /// `mcp:<server>`, a delegation `a2a:<agent>` (an agent the tool offers, else `a2a:other`),
+    /// anything else (a flowchart is labelled by the caller, a name the model made up) `other`.
+    pub fn metric_label(&self, name: &str, args: &Value) -> String {
+        let cat = self.read();
+        let Some(entry) = cat.tools.get(name) else {
+            return "other".into();
+        };
+        let tool = &entry.tool;
+        match tool.source() {
+            ToolSource::Builtin => name.to_owned(),
+            ToolSource::Mcp => format!("mcp:{}", tool.server().unwrap_or("other")),
+            ToolSource::Flowchart => "flowchart".into(),
+            ToolSource::A2a => {
+                let params = tool.parameters();
+                let offered = params["properties"]["agent"]["enum"].as_array();
+                match args.get("agent").and_then(Value::as_str) {
+                    Some(a) if offered.is_some_and(|l| l.iter().any(|v| v == a)) => {
+                        format!("a2a:{a}")
+                    }
+                    _ => "a2a:other".into(),
+                }
+            }
+        }
+    }
+
     /// True when `name` may be named in a thread's config: a registered tool, or a tool under a
     /// declared server that cannot say what it serves right now (it is down).
     pub fn is_known(&self, name: &str) -> bool {

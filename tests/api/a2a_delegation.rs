@@ -385,7 +385,7 @@ async fn a_run_waiting_on_a_remote_gives_its_worker_slot_back(backend: Backend) 
     let calls = |outcome| {
         page.value(
             "pes_tool_calls_total",
-            &[("outcome", outcome), ("tool", "delegate_to_agent")],
+            &[("outcome", outcome), ("tool", "a2a:slow")],
         )
     };
     assert!(calls("parked") >= 1.0, "parked: {}", calls("parked"));

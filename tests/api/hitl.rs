@@ -77,7 +77,12 @@ async fn approval_suspends_before_the_tool_runs_and_approve_runs_it_once(backend
     assert_eq!(s, 200);
     assert_eq!(one["runId"], run["runId"]);
 
-    let (s, resumed) = resume(&app, &sid, json!({"decision": "approve"})).await;
+    let (s, resumed) = resume(
+        &app,
+        &sid,
+        json!({"decision": "approve", "reason": "looks right"}),
+    )
+    .await;
     assert_eq!(s, 202, "{resumed}");
     assert_eq!(
         resumed["runId"], run["runId"],
@@ -109,7 +114,12 @@ async fn approval_suspends_before_the_tool_runs_and_approve_runs_it_once(backend
         .get(&format!("/v1/threads/{t}/suspensions?status=all"))
         .await;
     assert_eq!(all["items"][0]["status"], "resolved");
-    assert_eq!(all["items"][0]["decision"]["decision"], "approve");
+    // The decision's name, with what came with it beside it.
+    assert_eq!(all["items"][0]["decision"], "approve");
+    assert_eq!(all["items"][0]["reason"], "looks right");
+    let (_, one) = app.get(&format!("/v1/suspensions/{sid}")).await;
+    assert_eq!(one["decision"], "approve", "{one}");
+    assert_eq!(one["reason"], "looks right", "{one}");
 
     let (s, b) = resume(&app, &sid, json!({"decision": "approve"})).await;
     assert_eq!(s, 409, "{b}");

@@ -39,6 +39,7 @@ mod reclaim;
 mod reporting;
 mod store;
 mod teams;
+mod tenancy;
 mod tokens;
 mod tool_safety;
 mod tools;

@@ -160,11 +160,12 @@ async fn call(
         }
         Method::SendStreamingMessage => {
             let p: SendMessageParams = params(req.params)?;
+            let slot = state.streams.take(tenant).map_err(api_error)?;
             let sent = send(state, tenant, p).await?;
             // From where the message took effect: a new task's every update, a resumed one's
             // since the answer.
             Ok(Answer::Stream(
-                task_events(state, sent.run, Some(sent.after), req.id, version).await?,
+                task_events(state, sent.run, Some(sent.after), req.id, version, slot).await?,
             ))
         }
         Method::GetTask => {
@@ -204,8 +205,9 @@ async fn call(
                         })?,
                 ),
             };
+            let slot = state.streams.take(tenant).map_err(api_error)?;
             Ok(Answer::Stream(
-                task_events(state, run, replay, req.id, version).await?,
+                task_events(state, run, replay, req.id, version, slot).await?,
             ))
         }
         Method::ListTasks => {
@@ -243,6 +245,10 @@ fn api_error(e: ApiError) -> RpcError {
         400 | 422 => RpcError::invalid_params(e),
         409 => RpcError::unsupported(e),
         503 => RpcError::internal().with("detail", e.to_string()),
+        // A tenant quota: the caller may try again later (`detail` says which quota).
+        429 => RpcError::internal()
+            .with("detail", e.to_string())
+            .with("code", "quota_exceeded"),
         _ => {
             if let ApiError::Internal(cause) = &e {
                 tracing::error!(

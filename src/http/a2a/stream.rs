@@ -18,6 +18,7 @@ use crate::a2a::rpc::{RpcError, success};
 use crate::a2a::tasks::TaskFold;
 use crate::a2a::types::{StreamResponse, Version};
 use crate::http::AppState;
+use crate::http::quota::StreamSlot;
 use crate::http::sse::{StreamItem, StreamSpec, observation_stream};
 use crate::model::Run;
 use crate::store::ObservationQuery;
@@ -36,6 +37,7 @@ pub async fn task_events(
     replay_to: Option<i64>,
     rpc_id: Value,
     version: Version,
+    slot: StreamSlot,
 ) -> Result<Response, RpcError> {
     let mut fold = TaskFold::new(&run);
     let mut point = run.start_seq;
@@ -89,7 +91,7 @@ pub async fn task_events(
     let first = frame(point, &StreamResponse::Task(task), &rpc_id);
     let head = futures::stream::iter([Ok::<_, Infallible>(first)]);
     if fold.finished() {
-        return Ok(sse(state, head.boxed()));
+        return Ok(sse(state, head.boxed(), slot));
     }
     let spec = StreamSpec {
         tenant: run.tenant.clone(),
@@ -124,15 +126,21 @@ pub async fn task_events(
         },
     )
     .flatten();
-    Ok(sse(state, head.chain(updates).boxed()))
+    Ok(sse(state, head.chain(updates).boxed(), slot))
 }
 
+/// The SSE response; `slot` (the tenant's stream quota) is held until the body is dropped.
 fn sse(
     state: &AppState,
     events: futures::stream::BoxStream<'static, Result<Event, Infallible>>,
+    slot: StreamSlot,
 ) -> Response {
+    let events = events.map(move |e| {
+        let _slot = &slot;
+        e
+    });
     let keepalive = Duration::from_secs(state.config.sse_keepalive_seconds.max(1));
-    let events: std::pin::Pin<Box<dyn Stream<Item = _> + Send>> = events;
+    let events: std::pin::Pin<Box<dyn Stream<Item = _> + Send>> = Box::pin(events);
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(keepalive).text("keep-alive"))
         .into_response()

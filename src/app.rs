@@ -185,16 +185,21 @@ impl App {
         let a2a_agents =
             crate::a2a::client::config::parse(config.a2a_agents.as_deref().unwrap_or(""))
                 .map_err(|e| anyhow::anyhow!(e))?;
+        // Read either way, so a bad PES_A2A_ALLOW stops the start before an agent is added.
+        let a2a_net = crate::a2a::client::net::NetSettings::from_config(&config)
+            .map_err(anyhow::Error::msg)?;
         let remote_agents = if a2a_agents.is_empty() {
             None
         } else {
             let agents = crate::a2a::client::agents::RemoteAgents::start(
                 a2a_agents,
+                a2a_net,
                 Duration::from_secs(config.a2a_card_refresh_seconds),
                 &tracker,
                 &tools_stop,
             )
-            .await;
+            .await
+            .map_err(anyhow::Error::msg)?;
             tools.register(Arc::new(crate::a2a::client::agents::DelegateTool::new(
                 &agents,
             )));

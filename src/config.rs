@@ -396,7 +396,8 @@ pub struct Config {
     pub flowchart_max_steps: u32,
 
     /// Remote A2A agents runs may delegate to (operator only): inline JSON or the path of a JSON
-    /// file, `{"<agent>": {"url": "<agent card URL>", "headers"?}}`.
+    /// file, `{"<agent>": {"url": "<agent card URL>", "headers"?, "origins"?}}`. `headers` go only
+    /// to the card URL's origin and the `origins` listed (a card cannot redirect them elsewhere).
     #[arg(long, env = "PES_A2A_AGENTS")]
     pub a2a_agents: Option<String>,
 
@@ -418,6 +419,22 @@ pub struct Config {
     #[arg(long, env = "PES_A2A_UNREACHABLE_SECONDS", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub a2a_unreachable_seconds: u64,
+
+    /// What remote A2A agents' endpoints and redirects may reach beyond public addresses, in the
+    /// form of `PES_HTTP_TOOL_ALLOW` (host names, addresses, CIDRs). A card names its own endpoint,
+    /// so without this a card could send our requests to loopback, private or metadata addresses;
+    /// the origin of each agent's configured card URL (and its `origins`) is always allowed.
+    /// Allowing a host does not send it the agent's configured headers. Default: nothing.
+    #[arg(long, env = "PES_A2A_ALLOW")]
+    pub a2a_allow: Option<String>,
+
+    /// The most bytes read of a remote agent's card, of one JSON-RPC reply, and of one stream
+    /// event; past it the read stops and the call fails with an error that says so (a remote
+    /// never makes us hold more). Remote text placed in a delegation's result or question is cut
+    /// to it too. Default 1 MiB.
+    #[arg(long, env = "PES_A2A_MAX_BYTES", default_value_t = 1_048_576,
+          value_parser = clap::value_parser!(u64).range(1024..=67_108_864))]
+    pub a2a_max_bytes: u64,
 
     /// MCP servers to connect (operator only, never the API): inline JSON or the path of a JSON
     /// file, `{"<server>": {"url", "headers"?} | {"command", "args"?, "env"?}}`. Their tools are
@@ -488,6 +505,7 @@ impl Config {
             &mut self.public_url,
             &mut self.mcp_servers,
             &mut self.a2a_agents,
+            &mut self.a2a_allow,
             &mut self.http_tool_allow,
             &mut self.log,
         ] {

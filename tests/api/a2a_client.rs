@@ -6,10 +6,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use pes_server::a2a::client::card::{self, Protocol};
+use pes_server::a2a::client::config::AgentConfig;
+use pes_server::a2a::client::net::{Net, NetSettings, Reach};
 use pes_server::a2a::client::rpc::{A2aClient, RemoteEvent, RemoteState};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -73,17 +76,19 @@ impl Agent {
         let _ = self._child.kill().await;
     }
 
-    /// Our client of this agent, from its card.
+    /// Our client of this agent, from its card (its card URL's origin is configured, so the
+    /// loopback agent is reached without an allow list).
     pub(crate) async fn client(&self) -> (A2aClient, card::RemoteCard) {
-        let card = card::fetch(
-            &format!("{}/.well-known/agent-card.json", self.base),
-            &BTreeMap::new(),
-            T,
-        )
-        .await
-        .unwrap();
-        let client = A2aClient::new(&card, &BTreeMap::new(), T).unwrap();
-        (client, card)
+        let config = AgentConfig {
+            name: "test".into(),
+            card_url: format!("{}/.well-known/agent-card.json", self.base),
+            headers: BTreeMap::new(),
+            origins: vec![],
+        };
+        let net = Arc::new(Net::new(NetSettings::default()).unwrap());
+        let reach = Reach::new(net, &config).unwrap();
+        let card = card::fetch(&reach, &config.card_url, T).await.unwrap();
+        (A2aClient::new(reach, &card), card)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The remote agents runs may delegate to: their cards, fetched at start (bounded) and refreshed
 //! in the background, and the `delegate_to_agent` tool the model calls. The call itself is run by
 //! the engine (`agent/delegation/`), which records the remote task durably before it waits.
+//! Every request to an agent goes through its [`Reach`] (SSRF guard, headers, size bound).
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -13,6 +14,7 @@ use tracing::{info, warn};
 
 use super::card::{self, RemoteCard};
 use super::config::AgentConfig;
+use super::net::{Net, NetSettings, Reach, bound_text};
 use super::rpc::A2aClient;
 use crate::tools::{Tool, ToolContext, ToolError, ToolSource};
 
@@ -22,9 +24,14 @@ pub const DELEGATE_TOOL: &str = "delegate_to_agent";
 /// How long fetching a card, and one call to a remote agent, may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The most bytes of an agent's card text (description, skills) in the tool's description: it is
+/// in every prompt that offers the tool, so far less than a card may hold.
+const DESCRIBE_MAX_BYTES: usize = 2048;
+
 /// One remote agent and what we know of it.
 pub struct RemoteAgent {
     pub config: AgentConfig,
+    reach: Reach,
     card: RwLock<Result<RemoteCard, String>>,
 }
 
@@ -40,16 +47,16 @@ impl RemoteAgent {
     /// A client for it (from its current card).
     ///
     /// # Errors
-    /// No card could be fetched yet, or a configured header is invalid.
+    /// No card could be fetched yet.
     pub fn client(&self) -> Result<A2aClient, String> {
         let card = self
             .card()
             .map_err(|e| format!("the agent `{}` is unavailable: {e}", self.config.name))?;
-        A2aClient::new(&card, &self.config.headers, Duration::from_secs(10))
+        Ok(A2aClient::new(self.reach.clone(), &card))
     }
 
     async fn refresh(&self) {
-        let fetched = card::fetch(&self.config.card_url, &self.config.headers, CALL_TIMEOUT).await;
+        let fetched = card::fetch(&self.reach, &self.config.card_url, CALL_TIMEOUT).await;
         if let Err(e) = &fetched {
             warn!(agent = %self.config.name, error = %e, "A2A agent card not fetched");
         }
@@ -68,22 +75,30 @@ pub struct RemoteAgents {
 
 impl RemoteAgents {
     /// Fetch every card (waiting at most `CALL_TIMEOUT`), then refresh them every `refresh` on
-    /// `tracker` until `stop`.
+    /// `tracker` until `stop`. `net` says what they may reach and how much is read of them.
+    ///
+    /// # Errors
+    /// The HTTP clients cannot be built, or an agent's configuration cannot be used.
     pub async fn start(
         configs: Vec<AgentConfig>,
+        net: NetSettings,
         refresh: Duration,
         tracker: &TaskTracker,
         stop: &CancellationToken,
-    ) -> Arc<Self> {
+    ) -> Result<Arc<Self>, String> {
+        let net = Arc::new(Net::new(net)?);
         let agents: Vec<Arc<RemoteAgent>> = configs
             .into_iter()
             .map(|config| {
-                Arc::new(RemoteAgent {
+                let reach = Reach::new(net.clone(), &config)
+                    .map_err(|e| format!("A2A agent `{}`: {e}", config.name))?;
+                Ok(Arc::new(RemoteAgent {
                     config,
+                    reach,
                     card: RwLock::new(Err("not fetched yet".into())),
-                })
+                }))
             })
-            .collect();
+            .collect::<Result<_, String>>()?;
         futures::future::join_all(agents.iter().map(|a| a.refresh())).await;
         for a in &agents {
             let (a, stop) = (a.clone(), stop.clone());
@@ -96,8 +111,13 @@ impl RemoteAgents {
                 }
             });
         }
-        info!(agents = agents.len(), "A2A agents configured");
-        Arc::new(Self { agents })
+        info!(
+            agents = agents.len(),
+            allowed = %net.allow_list(),
+            "A2A agents configured; their endpoints reach public addresses, their configured \
+             origins, and beyond them only what PES_A2A_ALLOW allows"
+        );
+        Ok(Arc::new(Self { agents }))
     }
 
     /// The agent named `name`.
@@ -110,16 +130,16 @@ impl RemoteAgents {
         self.agents.iter().map(|a| a.config.name.clone()).collect()
     }
 
-    /// What the model reads of them: one line per agent, its description and skills.
+    /// What the model reads of them: one line per agent, its description and skills (the remote's
+    /// text cut to `DESCRIBE_MAX_BYTES` per agent).
     pub fn describe(&self) -> String {
         self.agents
             .iter()
             .map(|a| match a.card() {
                 Ok(c) => {
                     let skills: Vec<&str> = c.skills.iter().map(|s| s.1.as_str()).collect();
-                    format!(
-                        "- {}: {}{}",
-                        a.config.name,
+                    let text = format!(
+                        "{}{}",
                         if c.description.is_empty() {
                             &c.name
                         } else {
@@ -130,9 +150,18 @@ impl RemoteAgents {
                         } else {
                             format!(" (skills: {})", skills.join(", "))
                         }
+                    );
+                    format!(
+                        "- {}: {}",
+                        a.config.name,
+                        bound_text(&text, DESCRIBE_MAX_BYTES, 0)
                     )
                 }
-                Err(e) => format!("- {}: unavailable now ({e})", a.config.name),
+                Err(e) => format!(
+                    "- {}: unavailable now ({})",
+                    a.config.name,
+                    bound_text(&e, DESCRIBE_MAX_BYTES, 0)
+                ),
             })
             .collect::<Vec<_>>()
             .join("\n")

@@ -48,35 +48,22 @@ impl RemoteCard {
     }
 }
 
-/// Fetch and read the card at `url`, sending `headers`.
+/// Fetch and read the card at `url`, as `reach` allows: redirects followed hop by hop through
+/// the guard, the agent's headers only to its configured origins, at most `PES_A2A_MAX_BYTES`
+/// read.
 ///
 /// # Errors
-/// The card cannot be fetched, is not JSON, or lacks what delegation needs.
+/// The card cannot be fetched (refused, too large, unreachable), is not JSON, or lacks what
+/// delegation needs.
 pub async fn fetch(
+    reach: &super::net::Reach,
     url: &str,
-    headers: &std::collections::BTreeMap<String, String>,
     timeout: std::time::Duration,
 ) -> Result<RemoteCard, String> {
-    let client = crate::net::client_builder()
-        .timeout(timeout)
-        .build()
-        .map_err(|e| format!("building the HTTP client: {e}"))?;
-    let mut req = client.get(url);
-    for (k, v) in headers {
-        req = req.header(k.as_str(), v.as_str());
-    }
-    let resp = req
-        .send()
+    let card = reach
+        .get_json(url, timeout)
         .await
-        .map_err(|e| format!("fetching the agent card {url}: {e}"))?;
-    let status = resp.status();
-    if !status.is_success() {
-        return Err(format!("fetching the agent card {url}: HTTP {status}"));
-    }
-    let card: Value = resp
-        .json()
-        .await
-        .map_err(|e| format!("the agent card at {url} is not JSON: {e}"))?;
+        .map_err(|e| format!("fetching the agent card: {e}"))?;
     RemoteCard::parse(&card)
 }
 

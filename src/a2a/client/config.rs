@@ -1,7 +1,13 @@
 //! `PES_A2A_AGENTS`: the remote agents the operator lets runs delegate to, read once at start.
 //! Like MCP servers they come only from the operator, never from the API. The value is inline
 //! JSON (it starts with `{`) or the path of a JSON file: `{"<agent>": {"url": "<agent card URL>",
-//! "headers"?: {…}}}`. Every mistake is a start-up error naming the agent and the field.
+//! "headers"?: {…}, "origins"?: ["https://…"]}}`. Every mistake is a start-up error naming the
+//! agent and the field.
+//!
+//! The card URL's origin, and each of `origins`, are the agent's configured origins: reached
+//! without the SSRF guard (the operator wrote them) and the only ones sent its `headers` (see
+//! `net`). A card that names its endpoint on another origin needs that origin in `origins` to
+//! get the headers.
 
 use std::collections::BTreeMap;
 
@@ -14,8 +20,11 @@ pub struct AgentConfig {
     pub name: String,
     /// Where its agent card is (`https://host/.well-known/agent-card.json`).
     pub card_url: String,
-    /// Headers sent with every request to it (e.g. `Authorization`).
+    /// Headers sent with every request to its configured origins (e.g. `Authorization`).
     pub headers: BTreeMap<String, String>,
+    /// Origins beyond the card URL's that the operator vouches for (`https://api.example`):
+    /// reached without the guard, and sent `headers`.
+    pub origins: Vec<String>,
 }
 
 /// The agents `PES_A2A_AGENTS` names, sorted by name.
@@ -63,7 +72,10 @@ fn agent(name: &str, entry: Value) -> Result<AgentConfig, String> {
         return Err(format!("agent `{name}`: expected an object"));
     };
     let card_url = match fields.remove("url") {
-        Some(Value::String(u)) if u.starts_with("http://") || u.starts_with("https://") => u,
+        Some(Value::String(u)) if u.starts_with("http://") || u.starts_with("https://") => {
+            http_url(&u).map_err(|e| format!("agent `{name}`: url `{u}` {e}"))?;
+            u
+        }
         Some(Value::String(u)) => {
             return Err(format!(
                 "agent `{name}`: url must be http:// or https://, got `{u}`"
@@ -97,16 +109,49 @@ fn agent(name: &str, entry: Value) -> Result<AgentConfig, String> {
             ));
         }
     };
+    let origins = match fields.remove("origins") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|o| {
+                let shown = o.as_str().map_or_else(|| o.to_string(), str::to_owned);
+                let bad = |why: &str| format!("agent `{name}`: origins: `{shown}` {why}");
+                let text = o.as_str().ok_or_else(|| bad("is not a string"))?;
+                let url = http_url(text).map_err(|e| bad(&e))?;
+                if !matches!(url.path(), "" | "/") || url.query().is_some() {
+                    return Err(bad(
+                        "is not an origin (scheme, host and port only, e.g. `https://api.example`)",
+                    ));
+                }
+                Ok(text.to_owned())
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(format!(
+                "agent `{name}`: origins must be a list of origins (`https://host[:port]`)"
+            ));
+        }
+    };
     if let Some(extra) = fields.keys().next() {
         return Err(format!(
-            "agent `{name}`: unknown field `{extra}` (allowed: url, headers)"
+            "agent `{name}`: unknown field `{extra}` (allowed: url, headers, origins)"
         ));
     }
     Ok(AgentConfig {
         name: name.to_owned(),
         card_url,
         headers,
+        origins,
     })
+}
+
+/// An absolute http or https URL with a host.
+fn http_url(text: &str) -> Result<reqwest::Url, String> {
+    let url = reqwest::Url::parse(text).map_err(|e| format!("is not a valid URL ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("must be an http:// or https:// URL with a host".into());
+    }
+    Ok(url)
 }
 
 #[cfg(test)]
@@ -116,12 +161,14 @@ mod tests {
     #[test]
     fn agents_parse_and_mistakes_are_named() {
         let agents = parse(
-            r#"{"research": {"url": "https://r.example/.well-known/agent-card.json", "headers": {"Authorization": "Bearer k"}}, "echo": {"url": "http://127.0.0.1:9/.well-known/agent-card.json"}}"#,
+            r#"{"research": {"url": "https://r.example/.well-known/agent-card.json", "headers": {"Authorization": "Bearer k"}, "origins": ["https://api.r.example", "http://10.0.0.1:8080/"]}, "echo": {"url": "http://127.0.0.1:9/.well-known/agent-card.json"}}"#,
         )
         .unwrap();
         assert_eq!(agents.len(), 2);
         assert_eq!(agents[0].name, "echo");
+        assert!(agents[0].origins.is_empty());
         assert_eq!(agents[1].headers["Authorization"], "Bearer k");
+        assert_eq!(agents[1].origins.len(), 2);
         assert!(parse("").unwrap().is_empty());
         for (value, says) in [
             ("{", "not valid JSON"),
@@ -141,6 +188,19 @@ mod tests {
                 "unknown field `card`",
             ),
             ("/no/such/agents.json", "cannot read the file"),
+            (r#"{"a": {"url": "http://"}}"#, "is not a valid URL"),
+            (
+                r#"{"a": {"url": "http://x", "origins": "https://y"}}"#,
+                "origins must be a list",
+            ),
+            (
+                r#"{"a": {"url": "http://x", "origins": ["https://y/a2a"]}}"#,
+                "`https://y/a2a` is not an origin",
+            ),
+            (
+                r#"{"a": {"url": "http://x", "origins": ["ftp://y"]}}"#,
+                "must be an http:// or https:// URL",
+            ),
         ] {
             let e = parse(value).unwrap_err();
             assert!(e.contains(says), "{value}: {e}");

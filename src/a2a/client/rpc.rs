@@ -5,18 +5,23 @@
 //! are read with the protocol's own types (`crate::a2a::types`, either generation) into the
 //! shape delegation needs ([`RemoteTask`], [`RemoteEvent`]).
 //!
+//! Requests go through [`Reach`] (the SSRF guard for endpoints the operator did not configure,
+//! the agent's headers only to the ones it did, no redirect followed); a reply and each stream
+//! event are read up to `PES_A2A_MAX_BYTES` and refused past it ([`RpcError::Refused`]).
+//!
 //! A stream ends when the remote closes it; its end is judged by state (terminal or
 //! `input-required`), never by a `final` flag (v1.0 has none, and v0.3 sets it false on
 //! `input-required` although the stream closes).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
 use super::card::{Protocol, RemoteCard};
+use super::net::{NetError, Reach, too_large};
 use crate::a2a::types::{Message, Part, PartContent, StreamResponse, Task, TaskState};
 
 /// Where a remote task stands.
@@ -89,6 +94,10 @@ pub enum RpcError {
     /// No usable answer: unreachable, an HTTP error, or a reply that is not JSON-RPC.
     #[error("{0}")]
     Transport(String),
+    /// Refused on our side, so trying again gives the same: an endpoint or redirect the SSRF
+    /// guard refuses, or a reply or stream event larger than `PES_A2A_MAX_BYTES`.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl RpcError {
@@ -96,54 +105,52 @@ impl RpcError {
     pub fn is_task_not_found(&self) -> bool {
         matches!(self, Self::Remote { code: -32001, .. })
     }
+
+    /// Refused on our side: not worth retrying.
+    pub fn is_refused(&self) -> bool {
+        matches!(self, Self::Refused(_))
+    }
+
+    /// A [`NetError`] of `method`'s request, named.
+    fn of(method: &str, e: NetError) -> Self {
+        match e {
+            NetError::Refused(m) => Self::Refused(format!("{method}: {m}")),
+            NetError::Transport(m) => Self::Transport(format!("{method}: {m}")),
+        }
+    }
 }
 
 /// A JSON-RPC client of one remote agent.
 #[derive(Clone)]
 pub struct A2aClient {
-    http: reqwest::Client,
+    reach: Reach,
     endpoint: String,
     protocol: Protocol,
-    headers: reqwest::header::HeaderMap,
 }
 
 impl A2aClient {
-    /// A client of the agent `card` describes, sending `headers` with every request; `timeout`
-    /// bounds each call but not a stream.
-    ///
-    /// # Errors
-    /// A header that is not valid, or an HTTP client that cannot be built.
-    pub fn new(
-        card: &RemoteCard,
-        headers: &BTreeMap<String, String>,
-        connect_timeout: Duration,
-    ) -> Result<Self, String> {
-        let mut map = reqwest::header::HeaderMap::new();
-        for (k, v) in headers {
-            let (Ok(k), Ok(v)) = (
-                reqwest::header::HeaderName::from_bytes(k.as_bytes()),
-                reqwest::header::HeaderValue::from_str(v),
-            ) else {
-                return Err(format!("the header `{k}` is not a valid HTTP header"));
-            };
-            map.insert(k, v);
-        }
-        if card.protocol == Protocol::V1 {
-            map.insert(
-                "a2a-version",
-                reqwest::header::HeaderValue::from_static("1.0"),
-            );
-        }
-        let http = crate::net::client_builder()
-            .connect_timeout(connect_timeout)
-            .build()
-            .map_err(|e| format!("building the HTTP client: {e}"))?;
-        Ok(Self {
-            http,
+    /// A client of the agent `card` describes, reached as `reach` allows (the agent's headers
+    /// only to its configured origins; any other endpoint through the SSRF guard).
+    pub fn new(reach: Reach, card: &RemoteCard) -> Self {
+        Self {
+            reach,
             endpoint: card.endpoint.clone(),
             protocol: card.protocol,
-            headers: map,
-        })
+        }
+    }
+
+    /// The most bytes read of a reply or a stream event; remote text for a prompt is cut to it.
+    pub fn max_bytes(&self) -> usize {
+        self.reach.max_bytes()
+    }
+
+    /// The protocol's own headers, sent to every endpoint.
+    fn protocol_headers(&self) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        if self.protocol == Protocol::V1 {
+            map.insert("a2a-version", HeaderValue::from_static("1.0"));
+        }
+        map
     }
 
     fn method(&self, v1: &'static str, v03: &'static str) -> &'static str {
@@ -164,16 +171,22 @@ impl A2aClient {
         timeout: Duration,
     ) -> Result<Value, RpcError> {
         let resp = self
-            .http
-            .post(&self.endpoint)
-            .headers(self.headers.clone())
-            .timeout(timeout)
-            .json(&self.envelope(method, params))
-            .send()
+            .reach
+            .post(
+                &self.endpoint,
+                &self.protocol_headers(),
+                &self.envelope(method, params),
+                Some(timeout),
+            )
             .await
-            .map_err(|e| RpcError::Transport(format!("{method} to {}: {e}", self.endpoint)))?;
+            .map_err(|e| RpcError::of(method, e))?;
         let status = resp.status();
-        let body: Value = resp.json().await.map_err(|e| {
+        let body = self
+            .reach
+            .read_body(resp, "the reply")
+            .await
+            .map_err(|e| RpcError::of(method, e))?;
+        let body: Value = serde_json::from_slice(&body).map_err(|e| {
             RpcError::Transport(format!(
                 "{method}: HTTP {status}, not a JSON-RPC answer: {e}"
             ))
@@ -300,15 +313,21 @@ impl A2aClient {
         id: &str,
     ) -> Result<BoxStream<'static, Result<RemoteEvent, RpcError>>, RpcError> {
         let method = self.method("SubscribeToTask", "tasks/resubscribe");
+        let mut headers = self.protocol_headers();
+        headers.insert(
+            reqwest::header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
         let resp = self
-            .http
-            .post(&self.endpoint)
-            .headers(self.headers.clone())
-            .header(reqwest::header::ACCEPT, "text/event-stream")
-            .json(&self.envelope(method, json!({"id": id})))
-            .send()
+            .reach
+            .post(
+                &self.endpoint,
+                &headers,
+                &self.envelope(method, json!({"id": id})),
+                None,
+            )
             .await
-            .map_err(|e| RpcError::Transport(format!("{method} to {}: {e}", self.endpoint)))?;
+            .map_err(|e| RpcError::of(method, e))?;
         let is_sse = resp
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
@@ -316,14 +335,17 @@ impl A2aClient {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if !is_sse {
             // A refusal comes back as one JSON-RPC error.
-            let body: Value = resp
-                .json()
+            let body = self
+                .reach
+                .read_body(resp, "the reply")
                 .await
+                .map_err(|e| RpcError::of(method, e))?;
+            let body: Value = serde_json::from_slice(&body)
                 .map_err(|e| RpcError::Transport(format!("{method}: not a stream: {e}")))?;
             result_of(body)?;
             return Err(RpcError::Transport(format!("{method}: not a stream")));
         }
-        Ok(sse_events(resp))
+        Ok(sse_events(resp, self.reach.max_bytes()))
     }
 }
 
@@ -448,52 +470,116 @@ pub(crate) fn event_of(v: &Value) -> Option<RemoteEvent> {
     })
 }
 
-/// The events of a JSON-RPC SSE response: each `data:` block is one JSON-RPC answer.
-fn sse_events(resp: reqwest::Response) -> BoxStream<'static, Result<RemoteEvent, RpcError>> {
-    let bytes = resp.bytes_stream();
-    futures::stream::unfold(
-        (bytes, String::new(), false),
-        |(mut bytes, mut buf, done)| async move {
-            if done {
-                return None;
+/// Server-sent events read from bytes as they come, each event's data bounded: complete lines are
+/// taken from the buffer as soon as they end, a `data:` line is added to the event being built,
+/// and a blank line ends the event. Neither an event's data nor a line still being received may
+/// pass `max` bytes, so what is held stays within about `max` plus one network chunk.
+struct SseParser {
+    buf: Vec<u8>,
+    data: String,
+    has_data: bool,
+    max: usize,
+}
+
+impl SseParser {
+    fn new(max: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            data: String::new(),
+            has_data: false,
+            max,
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8]) {
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// The data of the next complete event in what was pushed (`None`: more bytes are needed).
+    ///
+    /// # Errors
+    /// The event (or a line of it) is larger than `max`: the stream cannot go on.
+    fn next_event(&mut self) -> Option<Result<String, NetError>> {
+        while let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
+            let mut line: Vec<u8> = self.buf.drain(..=nl).collect();
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
             }
-            loop {
-                if let Some(end) = buf.find("\n\n") {
-                    let block: String = buf.drain(..end + 2).collect();
-                    let data: Vec<&str> = block
-                        .lines()
-                        .filter_map(|l| l.strip_prefix("data:"))
-                        .map(str::trim_start)
-                        .collect();
-                    if data.is_empty() {
-                        continue;
-                    }
-                    let item = serde_json::from_str::<Value>(&data.join("\n"))
-                        .map_err(|e| {
-                            RpcError::Transport(format!("a stream event that is not JSON: {e}"))
-                        })
-                        .and_then(result_of)
-                        .and_then(|r| {
-                            event_of(&r).ok_or_else(|| {
-                                RpcError::Transport(format!(
-                                    "an event of no known kind: {}",
-                                    crate::llm::truncate(&r.to_string(), 200)
-                                ))
-                            })
-                        });
-                    return Some((item, (bytes, buf, false)));
+            if line.is_empty() {
+                if self.has_data {
+                    self.has_data = false;
+                    return Some(Ok(std::mem::take(&mut self.data)));
                 }
-                match bytes.next().await {
-                    Some(Ok(chunk)) => {
-                        buf.push_str(&String::from_utf8_lossy(&chunk).replace("\r\n", "\n"))
+                continue;
+            }
+            // Other fields (`event:`, `id:`, `retry:`) and comments carry nothing we read.
+            let Some(value) = line.strip_prefix(b"data:") else {
+                continue;
+            };
+            let value = value.strip_prefix(b" ").unwrap_or(value);
+            let sep = usize::from(self.has_data);
+            if self.data.len() + sep + value.len() > self.max {
+                return Some(Err(too_large("a stream event", self.max)));
+            }
+            if self.has_data {
+                self.data.push('\n');
+            }
+            self.data.push_str(&String::from_utf8_lossy(value));
+            self.has_data = true;
+        }
+        if self.buf.len() > self.max {
+            return Some(Err(too_large("a stream event", self.max)));
+        }
+        None
+    }
+}
+
+/// The events of a JSON-RPC SSE response: each event's data is one JSON-RPC answer, at most
+/// `max` bytes. An event past it ends the stream with a [`RpcError::Refused`].
+fn sse_events(
+    resp: reqwest::Response,
+    max: usize,
+) -> BoxStream<'static, Result<RemoteEvent, RpcError>> {
+    futures::stream::unfold(
+        (Some(resp), SseParser::new(max)),
+        |(mut resp, mut parser)| async move {
+            loop {
+                match parser.next_event() {
+                    Some(Ok(data)) => {
+                        let item = serde_json::from_str::<Value>(&data)
+                            .map_err(|e| {
+                                RpcError::Transport(format!("a stream event that is not JSON: {e}"))
+                            })
+                            .and_then(result_of)
+                            .and_then(|r| {
+                                event_of(&r).ok_or_else(|| {
+                                    RpcError::Transport(format!(
+                                        "an event of no known kind: {}",
+                                        crate::llm::truncate(&r.to_string(), 200)
+                                    ))
+                                })
+                            });
+                        return Some((item, (resp, parser)));
                     }
+                    // Nothing after an error: no connection, nothing buffered.
                     Some(Err(e)) => {
                         return Some((
-                            Err(RpcError::Transport(format!("the stream broke: {e}"))),
-                            (bytes, buf, true),
+                            Err(RpcError::of("the stream", e)),
+                            (None, SseParser::new(0)),
                         ));
                     }
-                    None => return None,
+                    None => {}
+                }
+                match resp.as_mut()?.chunk().await {
+                    Ok(Some(chunk)) => parser.push(&chunk),
+                    Ok(None) => return None,
+                    Err(e) => {
+                        return Some((
+                            Err(RpcError::Transport(format!("the stream broke: {e}"))),
+                            (None, SseParser::new(0)),
+                        ));
+                    }
                 }
             }
         },
@@ -548,5 +634,38 @@ mod tests {
                 .unwrap_err()
                 .is_task_not_found()
         );
+    }
+
+    #[test]
+    fn stream_events_are_read_across_chunks_and_bounded_each() {
+        let mut p = SseParser::new(1024);
+        p.push(b": keep-alive\r\n\r\nevent: x\r\ndata: {\"a\":");
+        assert!(p.next_event().is_none(), "the event is not complete yet");
+        p.push(b"1}\r\ndata: 2\r\n\r\ndata: \xc3");
+        assert_eq!(p.next_event().unwrap().unwrap(), "{\"a\":1}\n2");
+        assert!(p.next_event().is_none());
+        p.push(b"\xa9\n\n");
+        assert_eq!(
+            p.next_event().unwrap().unwrap(),
+            "é",
+            "a character split between chunks"
+        );
+
+        // An event's data lines add up past the bound.
+        let mut p = SseParser::new(1024);
+        let line = format!("data: {}\n", "x".repeat(600));
+        p.push(line.as_bytes());
+        assert!(p.next_event().is_none());
+        p.push(line.as_bytes());
+        let err = p.next_event().unwrap().unwrap_err().to_string();
+        assert!(
+            err.contains("larger than 1024 bytes (PES_A2A_MAX_BYTES)"),
+            "{err}"
+        );
+
+        // A line that never ends is refused once it passes the bound, not held.
+        let mut p = SseParser::new(1024);
+        p.push(format!("data: {}", "y".repeat(1100)).as_bytes());
+        assert!(p.next_event().unwrap().is_err());
     }
 }

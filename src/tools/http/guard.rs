@@ -13,6 +13,10 @@
 //! address connected (a name that resolves differently a moment later — DNS rebinding — gains
 //! nothing). IP-literal URLs never reach a resolver; [`Guard::check_url`] judges them, before the
 //! request and on every redirect.
+//!
+//! The A2A client (`a2a::client::net`) uses the same guard for remote agents' endpoints, with its
+//! own allow list (`PES_A2A_ALLOW`): an [`AllowList`] remembers the setting it was read from, and
+//! every refusal names that setting.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -23,7 +27,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-/// The setting that lists what the operator allows; named in every refusal.
+/// The setting that lists what the operator allows the HTTP tool; named in its refusals.
 pub const ALLOW_VAR: &str = "PES_HTTP_TOOL_ALLOW";
 
 /// Why an address is not a public one the tool may reach.
@@ -229,23 +233,51 @@ fn classify_v4(ip: Ipv4Addr) -> Option<Blocked> {
         .map(|(_, kind)| *kind)
 }
 
-/// What the operator allows beyond public addresses: exact host names and CIDRs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What the operator allows beyond public addresses: exact host names and CIDRs, and the setting
+/// they come from (refusals name it, so the operator knows what to change).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllowList {
     hosts: BTreeSet<String>,
     nets: Vec<IpNet>,
+    setting: &'static str,
+}
+
+impl Default for AllowList {
+    /// Nothing allowed, for the HTTP tool.
+    fn default() -> Self {
+        Self::empty(ALLOW_VAR)
+    }
 }
 
 impl AllowList {
+    /// Nothing allowed; refusals name `setting`.
+    pub fn empty(setting: &'static str) -> Self {
+        Self {
+            hosts: BTreeSet::new(),
+            nets: Vec::new(),
+            setting,
+        }
+    }
+
     /// Parse `PES_HTTP_TOOL_ALLOW`: comma-separated host names (`localhost`, `api.internal`),
     /// CIDRs (`10.0.0.0/8`, `::1/128`) and single addresses (`127.0.0.1`, `[::1]`).
     ///
     /// # Errors
     /// The first entry that is none of these, named, with what was expected.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let mut list = AllowList::default();
+        Self::parse_setting(ALLOW_VAR, raw)
+    }
+
+    /// Parse an allow list of the same form read from `setting` (e.g. `PES_A2A_ALLOW`), which
+    /// its errors and the guard's refusals name.
+    ///
+    /// # Errors
+    /// The first entry that is not a host name, an address or a CIDR, named, with what was
+    /// expected.
+    pub fn parse_setting(setting: &'static str, raw: &str) -> Result<Self, String> {
+        let mut list = AllowList::empty(setting);
         for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let bad = |why: &str| format!("{ALLOW_VAR}: `{entry}` {why}");
+            let bad = |why: &str| format!("{setting}: `{entry}` {why}");
             if entry.contains('/') {
                 let net: IpNet = entry
                     .parse()
@@ -327,8 +359,9 @@ fn normalize_host(host: &str) -> String {
 /// Why the guard stopped a request. Its message is what the model reads.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GuardError {
-    #[error("refused: {0}; the operator can allow it in {ALLOW_VAR}")]
-    Refused(String),
+    /// Why, and the setting that could allow it.
+    #[error("refused: {0}; the operator can allow it in {1}")]
+    Refused(String, &'static str),
     #[error("refused: only http and https URLs are allowed, not `{0}:`")]
     Scheme(String),
     #[error("refused: `{0}` has no host")]
@@ -378,7 +411,10 @@ impl Guard {
             .parse::<IpAddr>()
             && let Some(r) = self.refusal(ip)
         {
-            return Err(GuardError::Refused(format!("{ip} is {r}")));
+            return Err(GuardError::Refused(
+                format!("{ip} is {r}"),
+                self.allow.setting,
+            ));
         }
         Ok(())
     }
@@ -421,7 +457,7 @@ impl Guard {
                 format!("`{host}` resolves only to {}", each.join(", "))
             }
         };
-        Err(GuardError::Refused(why))
+        Err(GuardError::Refused(why, self.allow.setting))
     }
 }
 
@@ -565,6 +601,25 @@ mod tests {
     }
 
     #[test]
+    fn another_setting_s_list_is_named_in_its_errors_and_refusals() {
+        let err = AllowList::parse_setting("PES_A2A_ALLOW", "a b").unwrap_err();
+        assert!(err.starts_with("PES_A2A_ALLOW: `a b`"), "{err}");
+        let g = Guard::new(AllowList::parse_setting("PES_A2A_ALLOW", "10.0.0.0/8").unwrap());
+        let err = g
+            .check_url(&Url::parse("http://127.0.0.1:9/a2a").unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.ends_with("the operator can allow it in PES_A2A_ALLOW"),
+            "{err}"
+        );
+        assert!(
+            g.check_url(&Url::parse("http://10.1.2.3/").unwrap())
+                .is_ok()
+        );
+    }
+
+    #[test]
     fn allowed_cidrs_open_their_addresses_only() {
         let g = Guard::new(AllowList::parse("127.0.0.1/32, 10.0.0.0/8, ::1/128").unwrap());
         let ok = |s: &str| g.refusal(s.parse().unwrap()).is_none();
@@ -613,7 +668,7 @@ mod tests {
         // The URL parser reads every spelling of an IPv4 address, so none slips by as a name.
         for sneaky in ["http://2130706433/", "http://0x7f.1/", "http://0177.0.0.1/"] {
             assert!(
-                matches!(check(sneaky), Err(GuardError::Refused(_))),
+                matches!(check(sneaky), Err(GuardError::Refused(..))),
                 "{sneaky}"
             );
         }

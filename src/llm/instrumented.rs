@@ -76,6 +76,7 @@ mod tests {
     #[tokio::test]
     async fn a_wrapped_provider_answers_as_before_and_its_calls_are_counted() {
         let metrics = Metrics::new();
+        metrics.configure_models(["m1"]);
         let plain: Arc<dyn LlmProvider> = Arc::new(OfflineProvider::new());
         let wrapped = Instrumented::wrap(plain.clone(), metrics.clone());
         assert_eq!(wrapped.name(), plain.name());

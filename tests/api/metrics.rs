@@ -133,12 +133,18 @@ async fn the_gauges_show_what_waits(backend: Backend) {
         .await;
     let run = app.run_wait(&t, "what is 2+2?").await;
     assert_eq!(run["status"], "suspended", "{run}");
-    // A second run of the thread waits in the queue behind the suspended one.
+    // A second run of the thread waits in the queue behind the suspended one (the thread no
+    // longer asks for approval: a run may not drop the thread's own).
+    let r = app
+        .client
+        .patch(app.url(&format!("/v1/threads/{t}")))
+        .json(&json!({"config": {"requireApproval": []}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
     let (s, queued) = app
-        .post(
-            &format!("/v1/threads/{t}/runs"),
-            json!({"query": "and 3+3?", "config": {"requireApproval": []}}),
-        )
+        .post(&format!("/v1/threads/{t}/runs"), json!({"query": "and 3+3?"}))
         .await;
     assert_eq!(s, 202, "{queued}");
     let events = SseReader::new(

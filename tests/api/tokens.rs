@@ -225,12 +225,13 @@ async fn streamed_runs_and_resumes_carry_their_tokens(backend: Backend, api: Api
         "tool said {\"expression\":\"2+2\",\"result\":4}"
     );
     assert!(!tokens_of(&frames, &run_id, Value::Null, "synthesize").is_empty());
-    // Without tokens=true, a streamed run has none.
+    // Without tokens=true, a streamed run has none (on a thread that asks for no approval).
+    let t = app.thread(json!({})).await;
     let resp = app
         .client
         .post(app.url(&format!("/v1/threads/{t}/runs")))
         .header("accept", "text/event-stream")
-        .json(&json!({"query": "and again?", "config": {"requireApproval": []}}))
+        .json(&json!({"query": "and again?"}))
         .send()
         .await
         .unwrap();

@@ -65,18 +65,20 @@ pub async fn fetch(
     for (k, v) in headers {
         req = req.header(k.as_str(), v.as_str());
     }
+    // The URL may carry credentials (user info, a token parameter): errors never show them.
+    let shown = crate::config::redact_url(url);
     let resp = req
         .send()
         .await
-        .map_err(|e| format!("fetching the agent card {url}: {e}"))?;
+        .map_err(|e| format!("fetching the agent card {shown}: {}", e.without_url()))?;
     let status = resp.status();
     if !status.is_success() {
-        return Err(format!("fetching the agent card {url}: HTTP {status}"));
+        return Err(format!("fetching the agent card {shown}: HTTP {status}"));
     }
     let card: Value = resp
         .json()
         .await
-        .map_err(|e| format!("the agent card at {url} is not JSON: {e}"))?;
+        .map_err(|e| format!("the agent card at {shown} is not JSON: {}", e.without_url()))?;
     RemoteCard::parse(&card)
 }
 

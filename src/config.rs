@@ -718,7 +718,8 @@ pub fn redact_urls_in(text: &str) -> String {
             })
             .map_or(rest.len(), |i| sep + i);
         // Punctuation after a URL ends the sentence, not the URL (`connecting to <url>: …`).
-        let end = sep + 3 + rest[sep + 3..end].trim_end_matches([':', ',', '.', ';']).len();
+        let after_scheme = rest[sep + 3..end].trim_end_matches([':', ',', '.', ';']);
+        let end = sep + 3 + after_scheme.len();
         out.push_str(&rest[..start]);
         out.push_str(&redact_url(&rest[start..end]));
         rest = &rest[end..];

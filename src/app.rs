@@ -1,8 +1,9 @@
-//! Start-up and shutdown: [`App::build`] connects and migrates the store, builds the engine, binds
-//! the listener (port 0 picks a free one) and prepares the worker; [`App::run_until_stopped`]
-//! serves until the shutdown token fires, then drains: the worker stops claiming, runs in flight
-//! get `PES_SHUTDOWN_GRACE_SECONDS` to finish, and whatever is still running is released so
-//! another replica resumes it at once.
+//! Start-up and shutdown: [`App::build`] refuses an API open to other hosts that nothing says is
+//! meant to be open, connects (waiting for a database that is still coming up) and migrates the
+//! store, builds the engine, binds the listener (port 0 picks a free one) and prepares the
+//! worker; [`App::run_until_stopped`] serves until the shutdown token fires, then drains: the
+//! worker stops claiming, runs in flight get `PES_SHUTDOWN_GRACE_SECONDS` to finish, and whatever
+//! is still running is released so another replica resumes it at once.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::agent::{Engine, EngineSettings};
 use crate::commands::RunCommands;
-use crate::config::Config;
+use crate::config::{Config, redact_url};
 use crate::events::{EventBus, replicas};
 use crate::http::serve::ServeSettings;
 use crate::http::{self, AppState};
@@ -38,16 +39,29 @@ use crate::worker::{Stops, Worker, WorkerSettings};
 /// Model providers by name.
 pub type Providers = HashMap<String, Arc<dyn LlmProvider>>;
 
-/// Open the store `url` names: `postgres://…` or `sqlite://…`.
+/// The first wait between two attempts to reach the database at start-up.
+const DB_RETRY_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait between two attempts (the wait doubles up to it).
+const DB_RETRY_MAX: Duration = Duration::from_secs(5);
+/// The longest one connection attempt may take (a host that drops packets never refuses).
+const DB_ATTEMPT_MAX: Duration = Duration::from_secs(10);
+/// The shortest one attempt is given, even when the wait has run out.
+const DB_ATTEMPT_MIN: Duration = Duration::from_secs(1);
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Open the store `url` names: `postgres://…` or `sqlite://…`, in one attempt.
 ///
 /// # Errors
 /// An unsupported scheme, or the database cannot be reached or created.
 pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Arc<dyn Store>> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+    if is_postgres(url) {
         Ok(Arc::new(
             PgStore::connect(url, max_connections)
                 .await
-                .context("connecting to Postgres")?,
+                .with_context(|| format!("connecting to Postgres at {}", redact_url(url)))?,
         ))
     } else if url.starts_with("sqlite:") {
         Ok(Arc::new(
@@ -60,6 +74,61 @@ pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Ar
         anyhow::bail!(
             "PES_DATABASE_URL must start with postgres:// or sqlite:// (got a `{scheme}:` URL)"
         )
+    }
+}
+
+/// Open the store like [`connect_store`], waiting up to `wait` for a Postgres server that does not
+/// answer yet: attempts are retried with a backoff from 100 ms doubling to 5 s, each retry logged
+/// with the URL's password hidden. Errors that waiting cannot fix (a refused login, a missing
+/// database, a bad URL) end the wait at once; SQLite is opened once.
+///
+/// # Errors
+/// Those of [`connect_store`]; or the server still did not answer when `wait` ran out.
+pub async fn connect_store_waiting(
+    url: &str,
+    max_connections: u32,
+    wait: Duration,
+) -> anyhow::Result<Arc<dyn Store>> {
+    if !is_postgres(url) {
+        return connect_store(url, max_connections).await;
+    }
+    let shown = redact_url(url);
+    let started = tokio::time::Instant::now();
+    let deadline = started + wait;
+    let mut delay = DB_RETRY_FIRST;
+    let mut attempt: u32 = 1;
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let budget = remaining.clamp(DB_ATTEMPT_MIN, DB_ATTEMPT_MAX);
+        let error = match tokio::time::timeout(budget, PgStore::probe(url)).await {
+            Ok(Ok(())) => return connect_store(url, max_connections).await,
+            Ok(Err(e)) if crate::store::postgres::is_transient_connect_error(&e) => e.to_string(),
+            Ok(Err(e)) => {
+                return Err(
+                    anyhow::Error::new(e).context(format!("connecting to Postgres at {shown}"))
+                );
+            }
+            Err(_) => format!("no answer within {} ms", budget.as_millis()),
+        };
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if remaining.is_zero() {
+            anyhow::bail!(
+                "Postgres at {shown} did not answer within {} s (PES_DB_CONNECT_TIMEOUT_SECONDS; \
+                 {attempt} attempts): {error}",
+                wait.as_secs()
+            );
+        }
+        let pause = delay.min(remaining);
+        warn!(
+            database = %shown,
+            attempt,
+            retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+            %error,
+            "the database does not answer yet; retrying"
+        );
+        tokio::time::sleep(pause).await;
+        delay = (delay * 2).min(DB_RETRY_MAX);
+        attempt += 1;
     }
 }
 
@@ -136,7 +205,13 @@ impl App {
     /// The store cannot be opened or migrated, a provider cannot be built, or the address cannot
     /// be bound.
     pub async fn build(config: Config) -> anyhow::Result<App> {
-        let store = connect_store(&config.database_url, config.database_max_connections).await?;
+        config.check_exposure()?;
+        let store = connect_store_waiting(
+            &config.database_url,
+            config.database_max_connections,
+            Duration::from_secs(config.db_connect_timeout_seconds),
+        )
+        .await?;
         store.migrate().await.context("applying migrations")?;
         let metrics = Metrics::new();
         let (providers, default_provider) = build_providers(&config)?;
@@ -239,7 +314,15 @@ impl App {
             None => engine,
         });
         let api_keys: HashMap<String, String> = config.parsed_api_keys().into_iter().collect();
-        if api_keys.is_empty() {
+        if api_keys.is_empty() && config.binds_beyond_loopback() {
+            // Only reached with PES_ALLOW_UNAUTHENTICATED (check_exposure refused otherwise).
+            warn!(
+                bind = %config.bind,
+                "PES_ALLOW_UNAUTHENTICATED is on and PES_API_KEYS is not set: ANYONE who can \
+                 reach {} can use the API, every tenant's threads included, without a key",
+                config.bind
+            );
+        } else if api_keys.is_empty() {
             warn!("PES_API_KEYS is not set: the API accepts requests without authentication");
         }
         warn_if_fd_limit_is_low(config.max_connections, u64::from(config.llm_max_in_flight));

@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 /// Durable Plan-Execute-Synthesize agents behind an HTTP API.
 #[derive(Debug, Clone, Parser)]
@@ -103,6 +103,15 @@ pub struct Config {
     #[arg(long, env = "PES_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
     pub database_max_connections: u32,
 
+    /// How long start-up waits for an unreachable Postgres (seconds): connecting is retried with
+    /// backoff (100 ms doubling to 5 s), so a service started with its database (compose,
+    /// Kubernetes) comes up once the database does instead of exiting at once; past it the
+    /// process exits non-zero. 0 tries once. A refused login or a missing database is not waited
+    /// for.
+    #[arg(long, env = "PES_DB_CONNECT_TIMEOUT_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub db_connect_timeout_seconds: u64,
+
     /// The default provider (threads may name another configured one): `openai`, `anthropic`
     /// or `offline`. Default: `openai` when `PES_LLM_BASE_URL`, `PES_LLM_API_KEY`,
     /// `OPENAI_API_KEY` or `OPENAI_BASE_URL` is set, else `anthropic` when `ANTHROPIC_API_KEY` or
@@ -180,7 +189,8 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub llm_max_in_flight: u32,
 
-    /// Comma-separated `key` or `key:tenant`; unset means no authentication (warned at start).
+    /// Comma-separated `key` or `key:tenant`; unset means no authentication (warned at start, and
+    /// refused on a non-loopback `PES_BIND` unless `PES_ALLOW_UNAUTHENTICATED` is on).
     #[arg(long, env = "PES_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
 
@@ -218,6 +228,12 @@ pub struct Config {
     #[arg(long, env = "PES_TOOL_RESULT_MAX_BYTES", default_value_t = 262_144,
           value_parser = clap::value_parser!(u64).range(1024..=16_777_216))]
     pub tool_result_max_bytes: u64,
+
+    /// Serve without `PES_API_KEYS` on a non-loopback `PES_BIND` (default false). Without keys
+    /// anyone who reaches the port can use every tenant's threads, so start-up refuses that
+    /// unless this says it is on purpose (behind an authenticating proxy, on a private network).
+    #[arg(long, env = "PES_ALLOW_UNAUTHENTICATED", default_value_t = false)]
+    pub allow_unauthenticated: bool,
 
     /// The URL other agents reach this service at (scheme, host, port, optional path prefix),
     /// for the A2A agent card (`<PES_PUBLIC_URL>/a2a`); default `http://<the bound address>`. Set
@@ -477,15 +493,56 @@ pub struct Config {
 
 impl Cli {
     /// Parse flags and environment, treating empty variables as unset (as compose files write
-    /// them).
+    /// them). `--help` names each setting's variable but never prints its value: see
+    /// [`Cli::command_for_help`].
     pub fn parse_normalized() -> Self {
-        let mut cli = Cli::parse();
+        let matches = Self::command_for_help().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         cli.config = cli.config.normalized();
         cli
+    }
+
+    /// The command line, with every setting's environment value hidden from `--help` (clap
+    /// prints `[env: X=value]` otherwise). Values are hidden for all settings, not only the
+    /// known secrets, so a secret setting added later (or one that embeds a secret, as the
+    /// database URL, MCP and A2A configurations do) cannot leak through `--help`.
+    pub fn command_for_help() -> clap::Command {
+        fn hide(cmd: clap::Command) -> clap::Command {
+            cmd.mut_args(|a| a.hide_env_values(true))
+                .mut_subcommands(hide)
+        }
+        hide(<Self as CommandFactory>::command())
     }
 }
 
 impl Config {
+    /// Whether `PES_BIND` is reachable from other hosts: any address but loopback
+    /// (`127.0.0.0/8`, `::1`, and `::ffff:127.x.y.z`).
+    pub fn binds_beyond_loopback(&self) -> bool {
+        !self.bind.ip().to_canonical().is_loopback()
+    }
+
+    /// Refuse a non-loopback `PES_BIND` without API keys unless `PES_ALLOW_UNAUTHENTICATED` says
+    /// it is on purpose: the one-line error says how to fix it.
+    ///
+    /// # Errors
+    /// The API would be open to other hosts and nothing says that is intended.
+    pub fn check_exposure(&self) -> anyhow::Result<()> {
+        if self.binds_beyond_loopback()
+            && self.parsed_api_keys().is_empty()
+            && !self.allow_unauthenticated
+        {
+            anyhow::bail!(
+                "refusing to serve without authentication on {}, which other hosts can reach: \
+                 set PES_API_KEYS (comma-separated `key` or `key:tenant`), or \
+                 PES_ALLOW_UNAUTHENTICATED=true to run it open on purpose, or bind a loopback \
+                 address (PES_BIND=127.0.0.1:8080)",
+                self.bind
+            );
+        }
+        Ok(())
+    }
+
     /// Parse from the process's environment only (no flags); for tests and embedding.
     pub fn from_env() -> Self {
         Cli::parse_from(["pes-server"]).config.normalized()
@@ -646,9 +703,189 @@ impl Config {
     }
 }
 
+/// `url` fit for a log line or an error message: a password in its user info and the value of
+/// each query parameter that names a password, secret or token become `***`
+/// (`postgres://pes:***@db:5432/pes`). Everything else (user, host, port, database) is kept,
+/// because that is what an operator needs to see which database was meant.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let mut out = String::with_capacity(url.len());
+    out.push_str(&url[..scheme_end]);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            match userinfo.split_once(':') {
+                Some((user, _password)) => {
+                    out.push_str(user);
+                    out.push_str(":***");
+                }
+                None => out.push_str(userinfo),
+            }
+            out.push('@');
+            out.push_str(host);
+        }
+        None => out.push_str(authority),
+    }
+    let (before_fragment, fragment) = match tail.split_once('#') {
+        Some((b, f)) => (b, Some(f)),
+        None => (tail, None),
+    };
+    match before_fragment.split_once('?') {
+        Some((path, query)) => {
+            out.push_str(path);
+            out.push('?');
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if is_secret_name(k) => format!("{k}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            out.push_str(&pairs.join("&"));
+        }
+        None => out.push_str(before_fragment),
+    }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
+}
+
+/// `text` (an error message) with every URL in it passed through [`redact_url`]: HTTP clients
+/// name the URL they failed on, password and token included.
+pub fn redact_urls_in(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(sep) = rest.find("://") {
+        let start = rest[..sep]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |i| i + 1);
+        let end = rest[sep..]
+            .find(|c: char| {
+                c.is_whitespace() || matches!(c, ')' | '(' | '"' | '\'' | '<' | '>' | '`')
+            })
+            .map_or(rest.len(), |i| sep + i);
+        // Punctuation after a URL ends the sentence, not the URL (`connecting to <url>: …`).
+        let after_scheme = rest[sep + 3..end].trim_end_matches([':', ',', '.', ';']);
+        let end = sep + 3 + after_scheme.len();
+        out.push_str(&rest[..start]);
+        out.push_str(&redact_url(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether a parameter's name says its value is a credential.
+fn is_secret_name(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "secret", "token", "auth", "key"]
+        .iter()
+        .any(|w| name.contains(w))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redacted_urls_keep_everything_but_the_secrets() {
+        for (url, shown) in [
+            (
+                "postgres://pes:s3cret@db:5432/pes",
+                "postgres://pes:***@db:5432/pes",
+            ),
+            (
+                "postgresql://u:p@ss:w@rd@h/db?sslmode=require&password=x",
+                "postgresql://u:***@h/db?sslmode=require&password=***",
+            ),
+            (
+                "postgres://postgres@127.0.0.1:5432/x",
+                "postgres://postgres@127.0.0.1:5432/x",
+            ),
+            (
+                "postgres://h/db?user=u&PassWord=x#f",
+                "postgres://h/db?user=u&PassWord=***#f",
+            ),
+            ("sqlite://pes-data/pes.db", "sqlite://pes-data/pes.db"),
+            ("sqlite::memory:", "sqlite::memory:"),
+            (
+                "https://k:v@mcp.example/x?token=t",
+                "https://k:***@mcp.example/x?token=***",
+            ),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+        assert_eq!(
+            redact_urls_in(
+                "connecting to http://u:pw@h/mcp?token=t: error sending request for url \
+                 (http://h/mcp?token=t), sqlite://x"
+            ),
+            "connecting to http://u:***@h/mcp?token=***: error sending request for url \
+             (http://h/mcp?token=***), sqlite://x"
+        );
+    }
+
+    #[test]
+    fn help_never_prints_an_environment_value() {
+        fn check(cmd: &clap::Command) {
+            for arg in cmd.get_arguments() {
+                if arg.get_env().is_some() {
+                    assert!(
+                        arg.is_hide_env_values_set(),
+                        "`--{}` would print its environment value in --help",
+                        arg.get_id()
+                    );
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub);
+            }
+        }
+        check(&Cli::command_for_help());
+    }
+
+    #[test]
+    fn an_open_api_on_a_non_loopback_address_needs_a_decision() {
+        let mut c = Cli::parse_from(["pes-server"]).config;
+        c.api_keys = None;
+        c.allow_unauthenticated = false;
+        for loopback in [
+            "127.0.0.1:8080",
+            "127.1.2.3:0",
+            "[::1]:8080",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            c.bind = loopback.parse().unwrap();
+            c.check_exposure().unwrap();
+        }
+        for open in [
+            "0.0.0.0:8080",
+            "[::]:8080",
+            "10.1.2.3:80",
+            "[::ffff:10.0.0.1]:1",
+        ] {
+            c.bind = open.parse().unwrap();
+            let e = c.check_exposure().unwrap_err().to_string();
+            assert!(
+                e.contains("PES_API_KEYS") && e.contains("PES_ALLOW_UNAUTHENTICATED=true"),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+        c.api_keys = Some(" , ".into());
+        assert!(c.check_exposure().is_err(), "no usable key is no key");
+        c.api_keys = Some("k1".into());
+        c.check_exposure().unwrap();
+        c.api_keys = None;
+        c.allow_unauthenticated = true;
+        c.check_exposure().unwrap();
+    }
 
     /// The settings with no variable of the environment (so a developer's keys change nothing).
     fn bare() -> Config {

@@ -28,9 +28,10 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::Migrate => {
-            let store = pes_server::app::connect_store(
+            let store = pes_server::app::connect_store_waiting(
                 &cli.config.database_url,
                 cli.config.database_max_connections,
+                std::time::Duration::from_secs(cli.config.db_connect_timeout_seconds),
             )
             .await?;
             store.migrate().await?;

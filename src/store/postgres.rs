@@ -22,6 +22,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use sqlx::Connection;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
@@ -71,9 +72,37 @@ impl PgStore {
         Ok(Self::from_pool(pool))
     }
 
+    /// Open and close one connection to `url`: whether the server answers and lets us in,
+    /// without a pool's own retries (start-up waits for the database with this, so each attempt
+    /// is seen, and the pool is built once it answers).
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] with sqlx's error; [`is_transient_connect_error`] tells the ones
+    /// worth waiting out.
+    pub async fn probe(url: &str) -> StoreResult<()> {
+        let conn = PgConnection::connect(url).await?;
+        conn.close().await.ok();
+        Ok(())
+    }
+
     /// Wrap an existing pool.
     pub fn from_pool(pool: PgPool) -> SqlStore {
         SqlStore::new(Db::Pg(pool))
+    }
+}
+
+/// Whether connecting failed for a reason that passes by itself: the server is not up yet (refused,
+/// reset, unresolvable name while a compose network comes up, a timeout), is starting or
+/// restarting (`57P03` cannot_connect_now, `57P01` admin_shutdown), or has no connection slot
+/// free (`53300`). A bad URL, TLS setup, a refused login or a missing database are not: waiting
+/// would not fix them.
+pub fn is_transient_connect_error(error: &StoreError) -> bool {
+    match error {
+        StoreError::Database(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut) => true,
+        StoreError::Database(sqlx::Error::Database(e)) => {
+            matches!(e.code().as_deref(), Some("57P03" | "57P01" | "53300"))
+        }
+        _ => false,
     }
 }
 

@@ -106,12 +106,32 @@ impl SqliteStore {
     }
 }
 
+/// Create the database's folder when missing and check that this process can write in it (SQLite
+/// writes the database, its `-wal` and `-shm` files there). The error names the folder and what to
+/// do, instead of SQLite's "unable to open database file".
 fn create_folder(path: &Path) -> StoreResult<()> {
-    std::fs::create_dir_all(path).map_err(|e| {
+    let unusable = |what: &str, e: std::io::Error| {
         StoreError::Database(sqlx::Error::Configuration(
-            format!("cannot create the database folder {}: {e}", path.display()).into(),
+            format!(
+                "the database folder {} {what} ({e}): make it a folder the service's user may \
+                 write in (in the container: the volume at /var/lib/pes/data must be writable by \
+                 uid 10001), or point PES_DATABASE_URL at one",
+                path.display()
+            )
+            .into(),
         ))
-    })
+    };
+    std::fs::create_dir_all(path).map_err(|e| unusable("cannot be created", e))?;
+    // Permission bits say nothing for root, nor about read-only mounts: try it.
+    let probe = path.join(format!(".pes-write-check-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)
+        .map_err(|e| unusable("is not writable", e))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// Runs the embedded migrations on the writer connection (the only writer of the process).

@@ -37,6 +37,7 @@ mod process;
 mod prom;
 mod reclaim;
 mod reporting;
+mod startup;
 mod store;
 mod teams;
 mod tenancy;

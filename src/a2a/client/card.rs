@@ -63,7 +63,10 @@ pub async fn fetch(
     let card = reach
         .get_json(url, timeout)
         .await
-        .map_err(|e| format!("fetching the agent card: {e}"))?;
+        // The URL may carry credentials (user info, a token parameter): errors never show them.
+        .map_err(|e| {
+            crate::config::redact_urls_in(&format!("fetching the agent card: {e}"))
+        })?;
     RemoteCard::parse(&card)
 }
 

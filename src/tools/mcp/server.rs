@@ -384,10 +384,12 @@ async fn connect(
             let config =
                 StreamableHttpClientTransportConfig::with_uri(url.clone()).custom_headers(custom);
             let transport = StreamableHttpClientTransport::with_client(client, config);
-            handler
-                .serve(transport)
-                .await
-                .map_err(|e| format!("connecting to {url}: {}", root_cause(&e)))
+            handler.serve(transport).await.map_err(|e| {
+                // The URL may carry credentials (user info, a token parameter): never shown.
+                let shown = crate::config::redact_url(url.as_ref());
+                let cause = crate::config::redact_urls_in(&root_cause(&e));
+                format!("connecting to {shown}: {cause}")
+            })
         }
         Transport::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);

@@ -334,9 +334,19 @@ where
             )));
         }
         reject_nul(&value)?;
-        super::strict_json::from_value(&value)
+        super::strict_json::from_value_at(&value)
             .map(Self)
-            .map_err(|e| ApiError::Validation(format!("invalid body: {e}")))
+            .map_err(|e| {
+                // Name the field that does not fit (`query: invalid type: …`), so a client
+                // sees where to look; a problem with the body as a whole has no path.
+                let path = e.path().to_string();
+                let inner = e.into_inner();
+                if path.is_empty() || path == "." {
+                    ApiError::Validation(format!("invalid body: {inner}"))
+                } else {
+                    ApiError::Validation(format!("invalid body: {path}: {inner}"))
+                }
+            })
     }
 }
 

@@ -259,12 +259,55 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     api
 }
 
+/// The first segments of the `/v1` routes: a path that starts with one of them but not with
+/// `/v1` is most likely a `/v1` route without its prefix.
+const V1_RESOURCES: [&str; 5] = ["threads", "suspensions", "tools", "flowcharts", "runs"];
+
 async fn not_found(req: Request) -> ApiError {
-    ApiError::RouteNotFound(format!("{} {}", req.method(), req.uri().path()))
+    let path = req.uri().path();
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+    if V1_RESOURCES.contains(&first) {
+        return ApiError::RouteNotFound(format!(
+            "{} {path}: the API's routes start with `/v1` (did you mean `/v1{path}`?)",
+            req.method()
+        ));
+    }
+    ApiError::RouteNotFound(format!("{} {path}", req.method()))
 }
 
 async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::MethodNotAllowed(req.method().to_string())
+    ApiError::MethodNotAllowed(format!("{} on {}", req.method(), req.uri().path()))
+}
+
+/// A 405 names the methods the route has: axum sets `Allow` on the response of the fallback
+/// above; this copies it into the problem's `detail`.
+async fn name_allowed_methods(req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    if res.status() != axum::http::StatusCode::METHOD_NOT_ALLOWED {
+        return res;
+    }
+    let Some(allow) = res
+        .headers()
+        .get(axum::http::header::ALLOW)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    else {
+        return res;
+    };
+    let (parts, body) = res.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
+        return Response::from_parts(parts, axum::body::Body::empty());
+    };
+    let mut problem: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(_) => return Response::from_parts(parts, axum::body::Body::from(bytes)),
+    };
+    if let Some(detail) = problem.get("detail").and_then(|d| d.as_str()) {
+        problem["detail"] = format!("{detail}; allowed: {allow}").into();
+    }
+    let mut parts = parts;
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(problem.to_string()))
 }
 
 /// The header that carries a request's id, both ways.
@@ -342,7 +385,7 @@ pub fn router(state: AppState) -> Router {
         .split_for_parts();
     let api = openapi();
     let max_body = state.config.max_body_bytes;
-    router
+    let router = router
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
         .merge(console::router())
         .fallback(not_found)
@@ -363,7 +406,11 @@ pub fn router(state: AppState) -> Router {
             HeaderName::from_static(REQUEST_ID),
             MakeRequestUuid,
         ))
-        .with_state(state)
+        .with_state(state);
+    // Outside the routes: `Allow` is set on a 405 after a route's own layers have run.
+    Router::new()
+        .fallback_service(router)
+        .layer(axum::middleware::from_fn(name_allowed_methods))
 }
 
 #[cfg(test)]

@@ -112,6 +112,8 @@ pub(crate) async fn enqueue(
     let strategy = body
         .multitask_strategy
         .unwrap_or(MultitaskStrategy::Enqueue);
+    let create_thread = body.if_not_exists == Some(IfNotExists::Create);
+    let shown_id = thread_id.to_string();
     let created = state
         .commands
         .enqueue(NewRun {
@@ -121,10 +123,21 @@ pub(crate) async fn enqueue(
             config,
             strategy,
             idempotency_key: body.idempotency_key,
-            create_thread: body.if_not_exists == Some(IfNotExists::Create),
+            create_thread,
             trace_context: trace.map(|t| t.to_stored()),
         })
-        .await?;
+        .await
+        .map_err(|e| match e {
+            // Say how to get the thread the client evidently expected.
+            crate::store::StoreError::ThreadNotFound => ApiError::NotFound {
+                code: "thread_not_found",
+                detail: format!(
+                    "thread `{shown_id}` not found: create it with `POST /v1/threads`, or post \
+                     the run with `\"ifNotExists\": \"create\"` to create it on the fly"
+                ),
+            },
+            other => other.into(),
+        })?;
     Ok((created.run, created.created))
 }
 

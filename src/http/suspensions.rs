@@ -114,10 +114,24 @@ pub struct ResumeRequest {
     pub response: Option<Value>,
 }
 
-fn already(status: SuspensionStatus) -> ApiError {
+/// 409 for a suspension that is no longer pending, saying how and when it was resolved, so the
+/// person who came second knows what happened.
+fn already(s: Option<&Suspension>) -> ApiError {
+    let status = s.map(|s| s.status).unwrap_or(SuspensionStatus::Resolved);
+    let how = s
+        .and_then(|s| s.decision.as_ref().map(|d| (d, s.resolved_at)))
+        .map(|(d, at)| {
+            let at = at.map(|t| format!(" at {}", t.to_rfc3339())).unwrap_or_default();
+            let reason = d
+                .reason()
+                .map(|r| format!(" (reason: {r})"))
+                .unwrap_or_default();
+            format!(": decided `{}`{at}{reason}", d.kind())
+        })
+        .unwrap_or_default();
     ApiError::Conflict {
         code: "suspension_resolved",
-        detail: format!("the suspension is already {status}"),
+        detail: format!("the suspension is already {status}{how}"),
     }
 }
 
@@ -226,7 +240,7 @@ pub async fn resume_suspension(
         .await?
         .ok_or_else(ApiError::suspension_not_found)?;
     if s.status != SuspensionStatus::Pending {
-        return Err(already(s.status));
+        return Err(already(Some(&s)));
     }
     let decision = decide(&state, &s, body)?;
     let streamed = wants_event_stream(&headers);
@@ -244,9 +258,7 @@ pub async fn resume_suspension(
         Ok(done) => done,
         Err(StoreError::Conflict(_)) => {
             let now = state.store.get_suspension(&tenant, id).await?;
-            return Err(already(
-                now.map(|s| s.status).unwrap_or(SuspensionStatus::Resolved),
-            ));
+            return Err(already(now.as_ref()));
         }
         Err(e) => return Err(e.into()),
     };

@@ -594,3 +594,57 @@ async fn every_response_carries_a_request_id(backend: Backend) {
     assert_eq!(r.headers()["x-request-id"], "client-chosen-42");
 }
 both_stores!(request_ids, every_response_carries_a_request_id);
+
+/// Errors a newcomer meets in the first hour say what to do next.
+async fn errors_tell_a_newcomer_what_to_do(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn(backend, Some(&llm)).await;
+    // A run posted to a thread that does not exist names both ways to create it.
+    let (s, b) = app
+        .post("/v1/threads/nope/runs", json!({"query": "hi"}))
+        .await;
+    assert_problem(s, &b, 404, "thread_not_found");
+    let detail = b["detail"].as_str().unwrap();
+    assert!(detail.contains("ifNotExists") && detail.contains("POST /v1/threads"), "{b}");
+    // A type error names the field.
+    let t = app.thread(json!({})).await;
+    let (s, b) = app
+        .post(&format!("/v1/threads/{t}/runs"), json!({"query": 42}))
+        .await;
+    assert_problem(s, &b, 422, "validation_failed");
+    assert!(b["detail"].as_str().unwrap().contains("query: invalid type"), "{b}");
+    // A 405 names the methods the route has, in `detail` and in `Allow`.
+    let r = app
+        .client
+        .put(app.url(&format!("/v1/threads/{t}")))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let allow = r.headers()["allow"].to_str().unwrap().to_owned();
+    assert!(allow.contains("PATCH") && allow.contains("GET"), "{allow}");
+    let (s, b) = crate::helpers::read(r).await;
+    assert_problem(s, &b, 405, "method_not_allowed");
+    assert!(b["detail"].as_str().unwrap().contains("PATCH"), "{b}");
+    // A `/v1` route without its prefix says so.
+    let (s, b) = app.get("/threads").await;
+    assert_problem(s, &b, 404, "route_not_found");
+    assert!(b["detail"].as_str().unwrap().contains("/v1/threads"), "{b}");
+    // A 409 on a decided suspension says which decision and when.
+    let t = app
+        .thread(json!({"config": {"requireApproval": ["calculator"]}}))
+        .await;
+    let run = app.run_wait(&t, "what is 2+2?").await;
+    let sid = run["suspension"]["suspensionId"].as_str().unwrap();
+    let resume = format!("/v1/suspensions/{sid}/resume");
+    let (s, _) = app
+        .post(&resume, json!({"decision": "reject", "reason": "not now"}))
+        .await;
+    assert_eq!(s, 202);
+    let (s, b) = app.post(&resume, json!({"decision": "approve"})).await;
+    assert_problem(s, &b, 409, "suspension_resolved");
+    let detail = b["detail"].as_str().unwrap();
+    assert!(detail.contains("`reject`") && detail.contains("not now"), "{b}");
+    app.stop().await;
+}
+both_stores!(newcomer_errors, errors_tell_a_newcomer_what_to_do);

@@ -18,7 +18,8 @@ use tracing::{info, warn};
 
 use crate::agent::{Engine, EngineSettings};
 use crate::commands::RunCommands;
-use crate::config::{Config, redact_url};
+use crate::config::Config;
+use crate::redact::redact_url;
 use crate::events::{EventBus, replicas};
 use crate::http::serve::ServeSettings;
 use crate::http::{self, AppState};

@@ -14,7 +14,8 @@
 //! - [`store`]: all SQL, behind the [`store::Store`] trait (Postgres and SQLite);
 //! - [`llm`]: model providers (`openai`, `offline`);
 //! - [`tools`]: the tool registry and built-in tools;
-//! - [`memory`]: returns freed heap memory to the system (glibc).
+//! - [`memory`]: returns freed heap memory to the system (glibc);
+//! - [`redact`]: URLs with their secrets replaced, for logs and errors.
 //! - [`model`]: domain types shared by every layer.
 
 pub mod a2a;
@@ -30,6 +31,7 @@ pub mod llm;
 pub mod memory;
 pub mod model;
 pub mod net;
+pub mod redact;
 pub mod registry;
 pub mod store;
 pub mod telemetry;

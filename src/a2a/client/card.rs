@@ -65,7 +65,7 @@ pub async fn fetch(
         .await
         // The URL may carry credentials (user info, a token parameter): errors never show them.
         .map_err(|e| {
-            crate::config::redact_urls_in(&format!("fetching the agent card: {e}"))
+            crate::redact::redact_urls_in(&format!("fetching the agent card: {e}"))
         })?;
     RemoteCard::parse(&card)
 }

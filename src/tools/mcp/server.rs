@@ -386,8 +386,8 @@ async fn connect(
             let transport = StreamableHttpClientTransport::with_client(client, config);
             handler.serve(transport).await.map_err(|e| {
                 // The URL may carry credentials (user info, a token parameter): never shown.
-                let shown = crate::config::redact_url(url.as_ref());
-                let cause = crate::config::redact_urls_in(&root_cause(&e));
+                let shown = crate::redact::redact_url(url.as_ref());
+                let cause = crate::redact::redact_urls_in(&root_cause(&e));
                 format!("connecting to {shown}: {cause}")
             })
         }

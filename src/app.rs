@@ -296,6 +296,13 @@ impl App {
                 max_team_depth: config.max_team_depth,
                 decision_poll: Duration::from_millis(config.decision_poll_ms.max(10)),
                 flowchart_max_steps: config.flowchart_max_steps,
+                flowchart_expr: crate::flowchart::expr::Evaluator::new(
+                    crate::flowchart::expr::ExprLimits {
+                        max_value_bytes: usize::try_from(config.flowchart_max_value_bytes)
+                            .unwrap_or(usize::MAX),
+                        timeout: Duration::from_millis(config.flowchart_expr_timeout_ms),
+                    },
+                ),
                 a2a_park_after: Duration::from_millis(config.a2a_park_after_ms),
                 a2a_unreachable_for: Duration::from_secs(config.a2a_unreachable_seconds),
                 tool_result_max_bytes: usize::try_from(config.tool_result_max_bytes)

@@ -411,6 +411,23 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub flowchart_max_steps: u32,
 
+    /// The largest value a flowchart may compute or keep, in bytes of JSON: what a stage writes,
+    /// a call's result, and every value an expression computes on the way (one expression also
+    /// works in at most 16 times this much memory). A flowchart that passes it ends with a tool
+    /// error naming the stage, so no tenant's expression can fill the process's memory or the
+    /// database.
+    #[arg(long, env = "PES_FLOWCHART_MAX_VALUE_BYTES", default_value_t = 1_048_576,
+          value_parser = clap::value_parser!(u64).range(64..=268_435_456))]
+    pub flowchart_max_value_bytes: u64,
+
+    /// How long one flowchart expression may run (milliseconds of its thread's CPU time, so a
+    /// busy machine does not fail it); one that runs longer stops with a tool error naming the
+    /// stage. Expressions run on threads of their own at a lower priority, never the ones that
+    /// serve requests, at most one less than the CPUs at once.
+    #[arg(long, env = "PES_FLOWCHART_EXPR_TIMEOUT_MS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub flowchart_expr_timeout_ms: u64,
+
     /// Remote A2A agents runs may delegate to (operator only): inline JSON or the path of a JSON
     /// file, `{"<agent>": {"url": "<agent card URL>", "headers"?, "origins"?}}`. `headers` go only
     /// to the card URL's origin and the `origins` listed (a card cannot redirect them elsewhere).

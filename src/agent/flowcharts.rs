@@ -53,6 +53,9 @@ pub(super) struct RunFlowHost<'a> {
     pub run_id: uuid::Uuid,
     /// The thread's `requireApproval`.
     pub require_approval: Vec<String>,
+    /// The tools the calling item may call (the thread's tools, the item's `toolAllowlist`,
+    /// its role's tools): all its `tool` stages may call.
+    pub may_call: Vec<String>,
     /// The suspensions of this call's gated `tool` stages (ids `<toolCallId>:…`).
     pub decisions: Vec<Suspension>,
 }
@@ -93,6 +96,10 @@ impl FlowHost for RunFlowHost<'_> {
         let mut batch = Batch::new(self.tenant.clone(), self.thread_id.clone());
         batch.observe(obs);
         self.journal.commit(batch).await.map_err(|e| e.to_string())
+    }
+
+    fn may_call(&self, tool: &str) -> bool {
+        self.may_call.iter().any(|t| t == tool)
     }
 
     async fn call_tool(&self, name: &str, args: Value, key: String) -> Result<Value, String> {

@@ -94,6 +94,9 @@ pub struct EngineSettings {
     pub decision_poll: std::time::Duration,
     /// Stages one flowchart call may execute, sub-flows included (`PES_FLOWCHART_MAX_STEPS`).
     pub flowchart_max_steps: u32,
+    /// Where flowchart expressions run and their bounds (`PES_FLOWCHART_MAX_VALUE_BYTES`,
+    /// `PES_FLOWCHART_EXPR_TIMEOUT_MS`): a handle shared by every run of the engine.
+    pub flowchart_expr: crate::flowchart::expr::Evaluator,
     /// How long a run holds its worker slot while all it has in flight waits on remote agents
     /// before it parks (`PES_A2A_PARK_AFTER_MS`): see [`RunEnd::WaitingRemote`].
     pub a2a_park_after: std::time::Duration,
@@ -123,6 +126,7 @@ impl Default for EngineSettings {
             max_team_depth: 2,
             decision_poll: std::time::Duration::from_secs(5),
             flowchart_max_steps: 1000,
+            flowchart_expr: crate::flowchart::expr::Evaluator::default(),
             a2a_park_after: std::time::Duration::from_secs(2),
             a2a_unreachable_for: std::time::Duration::from_secs(120),
             require_approval: Vec::new(),

@@ -436,7 +436,18 @@ impl Engine {
             }),
             Next::Invoke(call, args) if flowchart(self, ctx, &call.name).is_some() => {
                 let tool = flowchart(self, ctx, &call.name).expect("checked").clone();
+                // Its `tool` stages may call what the calling item may call, no more.
+                let may_call = ctx.item_idx(&item).map_or_else(
+                    || self.enabled_tools(ctx),
+                    |i| {
+                        self.enabled_tools(ctx)
+                            .into_iter()
+                            .filter(|t| self.item_may_call(ctx, &ctx.items[i], t))
+                            .collect()
+                    },
+                );
                 let host = super::flowcharts::RunFlowHost {
+                    may_call,
                     journal: ctx.journal,
                     tools: &self.tools,
                     metrics: &self.metrics,
@@ -454,6 +465,7 @@ impl Engine {
                 };
                 let limits = crate::flowchart::interpreter::FlowLimits {
                     max_steps: self.settings.flowchart_max_steps.max(1),
+                    expr: self.settings.flowchart_expr.clone(),
                 };
                 Box::pin(async move {
                     match super::flowcharts::invoke_flowchart(&host, &tool, &call, args, limits)

@@ -2,44 +2,57 @@
 //! `select` each rule's condition, the values it read and whether it matched.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use super::expr;
+use super::expr::{self, Evaluator, ExprError};
 
 /// A JSON object.
 pub(super) type Object = Map<String, Value>;
 
-/// Arguments computed from their expressions, and what they read.
-pub(super) fn eval_args(
+/// Arguments computed from their expressions, and what they read (also when one fails: the
+/// reads so far go into the failed stage's step).
+pub(super) async fn eval_args(
+    evaluator: &Evaluator,
     args: &BTreeMap<String, Value>,
-    data: &Value,
-) -> Result<(Object, Object), String> {
+    data: &Arc<Value>,
+) -> (Result<Object, ExprError>, Object) {
     let mut out = Map::new();
     let mut reads = Map::new();
     for (k, e) in args {
         reads.extend(expr::reads(e, data));
-        out.insert(
-            k.clone(),
-            expr::eval(e, data).map_err(|m| format!("argument `{k}`: {m}"))?,
-        );
+        match evaluator.eval(e, data).await {
+            Ok(v) => {
+                out.insert(k.clone(), v);
+            }
+            Err(err) => {
+                let err = ExprError {
+                    message: format!("argument `{k}`: {}", err.message),
+                    ..err
+                };
+                return (Err(err), reads);
+            }
+        }
     }
-    Ok((out, reads))
+    (Ok(out), reads)
 }
 
 /// Evaluate each rule's condition: the evidence (`{index, condition, inputs, matched}` per rule)
 /// and the indices that matched. For `decide` (`first_only`), a rule after the first match that
-/// fails to evaluate is recorded with its error instead of failing the stage.
-pub(super) fn evaluate_rules<'a>(
+/// fails to evaluate is recorded with its error instead of failing the stage, unless a bound
+/// stopped it (that always fails the stage).
+pub(super) async fn evaluate_rules<'a>(
+    evaluator: &Evaluator,
     conditions: impl Iterator<Item = &'a Value>,
-    data: &Value,
+    data: &Arc<Value>,
     first_only: bool,
-) -> Result<(Vec<Value>, Vec<usize>), String> {
+) -> Result<(Vec<Value>, Vec<usize>), ExprError> {
     let mut evidence = Vec::new();
     let mut matched = Vec::new();
     for (index, condition) in conditions.enumerate() {
         let inputs = expr::reads(condition, data);
-        match expr::eval(condition, data) {
+        match evaluator.eval(condition, data).await {
             Ok(v) => {
                 let hit = expr::truthy(&v);
                 if hit {
@@ -47,10 +60,15 @@ pub(super) fn evaluate_rules<'a>(
                 }
                 evidence.push(json!({"index": index, "condition": condition, "inputs": inputs, "matched": hit}));
             }
-            Err(e) if first_only && !matched.is_empty() => {
-                evidence.push(json!({"index": index, "condition": condition, "inputs": inputs, "matched": false, "error": e}));
+            Err(e) if first_only && !matched.is_empty() && !e.limit => {
+                evidence.push(json!({"index": index, "condition": condition, "inputs": inputs, "matched": false, "error": e.message}));
             }
-            Err(e) => return Err(format!("rule {index}: {e}")),
+            Err(e) => {
+                return Err(ExprError {
+                    message: format!("rule {index}: {}", e.message),
+                    ..e
+                });
+            }
         }
     }
     if first_only {

@@ -24,6 +24,11 @@ pub trait FlowHost: Send + Sync {
     ) -> Result<Option<FlowchartRecord>, String>;
     /// Commit one step durably (its observation), before the call goes on.
     async fn commit_step(&self, step: StepRecord) -> Result<(), String>;
+    /// Whether a `tool` stage may call `tool`: only the tools the calling item may call (the
+    /// thread's tools, the item's `toolAllowlist`, its role's tools; DESIGN.md §7.1).
+    fn may_call(&self, _tool: &str) -> bool {
+        true
+    }
     /// Call a registered tool (validated, bounded by the tool timeout) under `key`.
     async fn call_tool(&self, name: &str, args: Value, key: String) -> Result<Value, String>;
     /// Whether a `tool` stage's call may run: a tool that needs a person (a blocking tool, or
@@ -70,8 +75,8 @@ pub struct StepRecord {
     pub content: Value,
 }
 
-/// Why a call ended without a result: the stage (`<flowchart>/<stage>`, or the flowchart for a
-/// limit before any stage) and what went wrong.
+/// Why a call ended without a result: the stage (its id, `<flow stage>/<stage>` inside a
+/// sub-flow, or `result` when the call's result is too large) and what went wrong.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("flowchart stopped at stage `{stage}`: {message}")]
 pub struct FlowError {
@@ -80,8 +85,12 @@ pub struct FlowError {
 }
 
 /// Limits of one call.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct FlowLimits {
     /// Stages executed per call, sub-flows included (`PES_FLOWCHART_MAX_STEPS`).
     pub max_steps: u32,
+    /// Where its expressions run, and their bounds (`PES_FLOWCHART_MAX_VALUE_BYTES`, which
+    /// also bounds every value a stage writes and the call's result, and
+    /// `PES_FLOWCHART_EXPR_TIMEOUT_MS`).
+    pub expr: super::expr::Evaluator,
 }

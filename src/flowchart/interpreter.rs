@@ -3,6 +3,14 @@
 //! decision) before the next one runs. Where the call resumes after a crash, the committed steps
 //! are replayed in order: their writes rebuild the state and their decisions pick the same way,
 //! and none of them runs again; execution goes on from the first stage with no committed step.
+//! A stage that fails (its expression, its tool, a bound of §7.1) commits its step with the
+//! error; replayed, that step ends the call with the same error, so the stage never runs again.
+//!
+//! Expressions run through the call's [`super::expr::Evaluator`], off the runtime's threads and
+//! under its bounds; every value a stage writes, and the call's result, is at most
+//! `PES_FLOWCHART_MAX_VALUE_BYTES`. A step inside a sub-flow names the sub-flow (`flowchart`)
+//! and its own stage (`stage`); its `path` (`<flow stage>/<stage>`) is unique within the call
+//! and is what replay matches.
 //!
 //! What the call needs from the run it serves (tools, the model, stored flowcharts, the
 //! journal) comes through [`FlowHost`], so the walk itself is plain code over JSON.
@@ -50,8 +58,9 @@ struct Frame {
 }
 
 impl Frame {
-    fn data(&self) -> Value {
-        json!({"args": self.args, "state": self.state})
+    /// What its expressions read, `{args, state}` (shared with the threads that evaluate them).
+    fn data(&self) -> Arc<Value> {
+        Arc::new(json!({"args": self.args, "state": self.state}))
     }
 }
 
@@ -136,15 +145,57 @@ impl<'h> FlowCall<'h> {
     async fn run_frame(&mut self, mut frame: Frame) -> Result<Value, FlowError> {
         let start = frame.record.spec.flowchart.start.clone();
         match self.run_chain(&mut frame, &start).await? {
+            // An `end` stage's result was checked as the value it writes.
             Ended::End(Some(result)) => Ok(result),
-            Ended::End(None) | Ended::Chain => match &frame.record.spec.result_mapper {
-                Some(mapper) => expr::eval(mapper, &frame.data()).map_err(|m| FlowError {
-                    stage: format!("{}{}", frame.prefix, "resultMapper"),
-                    message: m,
-                }),
-                None => Ok(Value::Object(frame.state.clone())),
-            },
+            Ended::End(None) | Ended::Chain => {
+                let (stage, result) = match &frame.record.spec.result_mapper {
+                    Some(mapper) => {
+                        let stage = format!("{}resultMapper", frame.prefix);
+                        match self.limits.expr.eval(mapper, &frame.data()).await {
+                            Ok(v) => (stage, v),
+                            Err(e) => {
+                                return Err(FlowError {
+                                    stage,
+                                    message: e.message,
+                                });
+                            }
+                        }
+                    }
+                    None => (
+                        format!("{}result", frame.prefix),
+                        Value::Object(frame.state.clone()),
+                    ),
+                };
+                match self.oversize("the call's result", &result) {
+                    Some(message) => Err(FlowError { stage, message }),
+                    None => Ok(result),
+                }
+            }
         }
+    }
+
+    /// Why `value` (what `what` names) may not be written: larger than
+    /// `PES_FLOWCHART_MAX_VALUE_BYTES`.
+    fn oversize(&self, what: &str, value: &Value) -> Option<String> {
+        let max = self.limits.expr.limits().max_value_bytes;
+        if expr::json_size(value, max).is_some() {
+            return None;
+        }
+        // How large, counted up to a few times the limit (the counting is the work).
+        let far = max.saturating_mul(4);
+        let size = expr::json_size(value, far)
+            .map_or_else(|| format!("more than {far}"), |n| n.to_string());
+        Some(format!(
+            "{what} is {size} bytes of JSON, more than the limit of {max} bytes \
+             (PES_FLOWCHART_MAX_VALUE_BYTES)"
+        ))
+    }
+
+    /// The first of `writes` that is too large to write, as a stage error.
+    fn oversize_writes(&self, writes: &Map<String, Value>) -> Option<String> {
+        writes
+            .iter()
+            .find_map(|(k, v)| self.oversize(&format!("the value of `{k}`"), v))
     }
 
     /// Run the chain from `start` until a stage without `next` or an `end`.
@@ -194,7 +245,9 @@ impl<'h> FlowCall<'h> {
         Ok((key, *n, self.steps))
     }
 
-    /// The committed record of this step, when the call is replaying.
+    /// The committed record of this step, when the call is replaying. A step committed with an
+    /// error ends the call again with that error: a stage that failed (or passed a limit) is
+    /// never run again.
     fn recorded(&mut self, key: &str, step: u32) -> Result<Option<Recorded>, FlowError> {
         let Some(head) = self.replay.front() else {
             return Ok(None);
@@ -203,16 +256,56 @@ impl<'h> FlowCall<'h> {
             return Ok(None);
         }
         let rec = self.replay.pop_front().expect("a head");
-        if rec.content["stage"] != key {
+        if path_of(&rec.content) != key {
             return Err(FlowError {
                 stage: key.to_owned(),
                 message: format!(
                     "the committed steps do not follow this flowchart (step {step} was `{}`)",
-                    rec.content["stage"]
+                    path_of(&rec.content)
                 ),
             });
         }
+        if let Some(e) = recorded_error(&rec.content, key) {
+            return Err(e);
+        }
         Ok(Some(rec))
+    }
+
+    /// Commit the step of a stage that failed, with `message` as its `error` (and what it had
+    /// read, in `extra`), and the error that ends the call. The commit is what keeps a resumed
+    /// call (after a crash, on another replica) from running the stage again.
+    #[allow(clippy::too_many_arguments)]
+    async fn failed(
+        &self,
+        frame: &Frame,
+        key: &str,
+        kind: &str,
+        step: u32,
+        iteration: u32,
+        started: Instant,
+        mut extra: Map<String, Value>,
+        message: String,
+    ) -> FlowError {
+        extra.insert("error".into(), json!(message));
+        if let Err(e) = self
+            .commit(
+                frame,
+                Uuid::now_v7(),
+                key,
+                kind,
+                step,
+                iteration,
+                started,
+                extra,
+            )
+            .await
+        {
+            return e;
+        }
+        FlowError {
+            stage: key.to_owned(),
+            message,
+        }
     }
 
     /// Commit a step.
@@ -231,7 +324,13 @@ impl<'h> FlowCall<'h> {
         let mut content = Map::new();
         content.insert("flowchart".into(), json!(frame.record.name));
         content.insert("version".into(), json!(frame.record.version));
-        content.insert("stage".into(), json!(key));
+        // The stage's own id in its own flowchart; inside a sub-flow, `path` is how the call
+        // reaches it (`<flow stage>/<stage>`), unique within the call.
+        let own = key.strip_prefix(frame.prefix.as_str()).unwrap_or(key);
+        content.insert("stage".into(), json!(own));
+        if own != key {
+            content.insert("path".into(), json!(key));
+        }
         content.insert("kind".into(), json!(kind));
         content.insert("iteration".into(), json!(iteration));
         content.insert("step".into(), json!(step));
@@ -247,12 +346,11 @@ impl<'h> FlowCall<'h> {
             content.insert(k.into(), extra.remove(k).unwrap_or_else(|| json!({})));
         }
         content.extend(extra);
-        let stage_name = key.rsplit('/').next().unwrap_or(key);
         self.host
             .commit_step(StepRecord {
                 id,
                 parent_id: frame.parent.clone(),
-                title: format!("{}: {stage_name} ({kind})", frame.record.name),
+                title: format!("{}: {own} ({kind})", frame.record.name),
                 content: Value::Object(content),
             })
             .await
@@ -270,10 +368,6 @@ impl<'h> FlowCall<'h> {
     ) -> Result<Step, FlowError> {
         let started = Instant::now();
         let (key, iteration, step) = self.begin(frame, id)?;
-        let fail = |message: String| FlowError {
-            stage: key.clone(),
-            message,
-        };
         // A `flow` stage's step follows its sub-flow's steps; it is handled on its own.
         if let Stage::Flow {
             flowchart,
@@ -290,8 +384,20 @@ impl<'h> FlowCall<'h> {
                 .map(|()| next_or_end(next.as_deref()));
         }
         let recorded = self.recorded(&key, step)?;
+        let kind = stage.kind();
         let data = frame.data();
         let mut extra = Map::new();
+        // A stage that fails commits its step with the error (see `failed`).
+        macro_rules! fail {
+            ($extra:expr, $message:expr) => {
+                return Err(self
+                    .failed(
+                        frame, &key, kind, step, iteration, started, $extra, $message,
+                    )
+                    .await)
+            };
+        }
+        let evaluator = self.limits.expr.clone();
         let outcome = match stage {
             Stage::Set { values, next } => {
                 let mut reads = Map::new();
@@ -301,7 +407,19 @@ impl<'h> FlowCall<'h> {
                         let mut w = Map::new();
                         for (k, e) in values {
                             reads.extend(expr::reads(e, &data));
-                            w.insert(k.clone(), expr::eval(e, &data).map_err(&fail)?);
+                            match evaluator.eval(e, &data).await {
+                                Ok(v) => {
+                                    w.insert(k.clone(), v);
+                                }
+                                Err(err) => {
+                                    extra.insert("reads".into(), Value::Object(reads));
+                                    fail!(extra, format!("`{k}`: {}", err.message));
+                                }
+                            }
+                        }
+                        if let Some(m) = self.oversize_writes(&w) {
+                            extra.insert("reads".into(), Value::Object(reads));
+                            fail!(extra, m);
                         }
                         w
                     }
@@ -320,10 +438,24 @@ impl<'h> FlowCall<'h> {
                 let writes = match &recorded {
                     Some(r) => as_map(&r.content["writes"]),
                     None => {
-                        let (call_args, reads) = eval_args(args, &data).map_err(&fail)?;
+                        let (call_args, reads) = eval_args(&evaluator, args, &data).await;
                         extra.insert("reads".into(), Value::Object(reads));
                         extra.insert("tool".into(), json!(tool));
+                        let call_args = match call_args {
+                            Ok(a) => a,
+                            Err(e) => fail!(extra, e.message),
+                        };
                         extra.insert("args".into(), Value::Object(call_args.clone()));
+                        if !self.host.may_call(tool) {
+                            fail!(
+                                extra,
+                                format!(
+                                    "the tool `{tool}` is not one the calling item may call \
+                                     (the thread's tools, the item's toolAllowlist and its \
+                                     role's tools)"
+                                )
+                            );
+                        }
                         let key_for_tool =
                             format!("{}:{}:{key}:{iteration}", self.run_id, self.tool_call_id);
                         let gated_id = format!("{}:{key}:{iteration}", self.tool_call_id);
@@ -343,28 +475,20 @@ impl<'h> FlowCall<'h> {
                                     },
                                     kind,
                                 });
-                                return Err(fail("waiting for a person's decision".into()));
+                                return Err(FlowError {
+                                    stage: key,
+                                    message: "waiting for a person's decision".into(),
+                                });
                             }
                         };
-                        match ran {
+                        let w = match ran {
                             Ok(v) => Map::from_iter([(output.clone(), v)]),
-                            Err(e) => {
-                                let message = format!("the tool `{tool}` failed: {e}");
-                                extra.insert("error".into(), json!(message));
-                                self.commit(
-                                    frame,
-                                    Uuid::now_v7(),
-                                    &key,
-                                    "tool",
-                                    step,
-                                    iteration,
-                                    started,
-                                    extra,
-                                )
-                                .await?;
-                                return Err(fail(message));
-                            }
+                            Err(e) => fail!(extra, format!("the tool `{tool}` failed: {e}")),
+                        };
+                        if let Some(m) = self.oversize_writes(&w) {
+                            fail!(extra, m);
                         }
+                        w
                     }
                 };
                 frame.state.extend(writes.clone());
@@ -381,18 +505,23 @@ impl<'h> FlowCall<'h> {
                     Some(r) => as_map(&r.content["writes"]),
                     None => {
                         extra.insert("reads".into(), Value::Object(expr::reads(prompt, &data)));
-                        let text = match expr::eval(prompt, &data).map_err(&fail)? {
-                            Value::String(s) => s,
-                            other => other.to_string(),
+                        let text = match evaluator.eval(prompt, &data).await {
+                            Ok(Value::String(s)) => s,
+                            Ok(other) => other.to_string(),
+                            Err(e) => fail!(extra, e.message),
                         };
-                        let (value, usage) = self
-                            .host
-                            .ask_model(text, output_schema.clone())
-                            .await
-                            .map_err(|e| fail(format!("the model failed: {e}")))?;
+                        let (value, usage) =
+                            match self.host.ask_model(text, output_schema.clone()).await {
+                                Ok(r) => r,
+                                Err(e) => fail!(extra, format!("the model failed: {e}")),
+                            };
                         self.usage.add(&usage);
                         extra.insert("usage".into(), json!(usage));
-                        Map::from_iter([(output.clone(), value)])
+                        let w = Map::from_iter([(output.clone(), value)]);
+                        if let Some(m) = self.oversize_writes(&w) {
+                            fail!(extra, m);
+                        }
+                        w
                     }
                 };
                 frame.state.extend(writes.clone());
@@ -401,14 +530,27 @@ impl<'h> FlowCall<'h> {
             }
             Stage::Decide { rules, default } => {
                 let chosen = match &recorded {
-                    Some(r) => r.content["decision"]["chosen"]
-                        .as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| fail("its committed step has no decision".into()))?,
+                    Some(r) => match r.content["decision"]["chosen"].as_str() {
+                        Some(c) => c.to_owned(),
+                        None => {
+                            return Err(FlowError {
+                                stage: key,
+                                message: "its committed step has no decision".into(),
+                            });
+                        }
+                    },
                     None => {
-                        let (evidence, matched) =
-                            evaluate_rules(rules.iter().map(|r| &r.condition), &data, true)
-                                .map_err(&fail)?;
+                        let (evidence, matched) = match evaluate_rules(
+                            &evaluator,
+                            rules.iter().map(|r| &r.condition),
+                            &data,
+                            true,
+                        )
+                        .await
+                        {
+                            Ok(r) => r,
+                            Err(e) => fail!(extra, e.message),
+                        };
                         let chosen = matched
                             .first()
                             .map_or_else(|| default.clone(), |i| rules[*i].next.clone());
@@ -433,9 +575,17 @@ impl<'h> FlowCall<'h> {
                         })
                         .unwrap_or_default(),
                     None => {
-                        let (evidence, matched) =
-                            evaluate_rules(rules.iter().map(|r| &r.condition), &data, false)
-                                .map_err(&fail)?;
+                        let (evidence, matched) = match evaluate_rules(
+                            &evaluator,
+                            rules.iter().map(|r| &r.condition),
+                            &data,
+                            false,
+                        )
+                        .await
+                        {
+                            Ok(r) => r,
+                            Err(e) => fail!(extra, e.message),
+                        };
                         let branches: Vec<&str> =
                             matched.iter().map(|i| rules[*i].branch.as_str()).collect();
                         extra.insert("reads".into(), Value::Object(reads_of(&evidence)));
@@ -484,13 +634,29 @@ impl<'h> FlowCall<'h> {
                     let go = match &this_recorded {
                         Some(r) => r.content["matched"].as_bool().unwrap_or(false),
                         None => {
-                            let v = expr::eval(condition, &data).map_err(&fail)?;
-                            let go = expr::truthy(&v);
                             let mut extra = Map::new();
                             extra.insert(
                                 "reads".into(),
                                 Value::Object(expr::reads(condition, &data)),
                             );
+                            let v = match evaluator.eval(condition, &data).await {
+                                Ok(v) => v,
+                                Err(e) => {
+                                    return Err(self
+                                        .failed(
+                                            frame,
+                                            &key,
+                                            "loop",
+                                            this_step,
+                                            round,
+                                            this_started,
+                                            extra,
+                                            e.message,
+                                        )
+                                        .await);
+                                }
+                            };
+                            let go = expr::truthy(&v);
                             extra.insert("matched".into(), json!(go));
                             self.commit(
                                 frame,
@@ -511,9 +677,12 @@ impl<'h> FlowCall<'h> {
                     }
                     let done_rounds = self.executions.get(&key).copied().unwrap_or(1);
                     if done_rounds > *max_iterations {
-                        return Err(fail(format!(
-                            "the loop ran its maxIterations ({max_iterations}) and its condition still holds"
-                        )));
+                        return Err(FlowError {
+                            stage: key,
+                            message: format!(
+                                "the loop ran its maxIterations ({max_iterations}) and its condition still holds"
+                            ),
+                        });
                     }
                     if let Ended::End(r) = self.run_chain(frame, body).await? {
                         return Ok(Step::End(r));
@@ -532,7 +701,14 @@ impl<'h> FlowCall<'h> {
                     None => match result {
                         Some(e) => {
                             extra.insert("reads".into(), Value::Object(expr::reads(e, &data)));
-                            Some(expr::eval(e, &data).map_err(&fail)?)
+                            let v = match evaluator.eval(e, &data).await {
+                                Ok(v) => v,
+                                Err(err) => fail!(extra, err.message),
+                            };
+                            if let Some(m) = self.oversize("the call's result", &v) {
+                                fail!(extra, m);
+                            }
+                            Some(v)
                         }
                         None => None,
                     },
@@ -549,7 +725,7 @@ impl<'h> FlowCall<'h> {
                 frame,
                 Uuid::now_v7(),
                 &key,
-                stage.kind(),
+                kind,
                 step,
                 iteration,
                 started,
@@ -561,7 +737,8 @@ impl<'h> FlowCall<'h> {
     }
 
     /// A `flow` stage: the sub-flow runs in a fresh state, its steps nested under this stage's
-    /// observation, which is committed once it ends with the sub-flow's result as its write.
+    /// observation, which is committed once it ends with the sub-flow's result as its write
+    /// (or, when it failed, with its error and the failed stage as `errorStage`).
     #[allow(clippy::too_many_arguments)]
     async fn run_flow(
         &mut self,
@@ -574,20 +751,17 @@ impl<'h> FlowCall<'h> {
         args: &std::collections::BTreeMap<String, Value>,
         output: &str,
     ) -> Result<(), FlowError> {
-        let fail = |message: String| FlowError {
-            stage: key.to_owned(),
-            message,
-        };
-        let data = frame.data();
-        let (call_args, reads) = eval_args(args, &data).map_err(&fail)?;
         // Replaying: when this stage's own step is in the log, its sub-flow had finished (its
-        // steps come before it): take the committed result and skip them all.
+        // steps come before it): take the committed result (or error) and skip them all.
         if let Some(i) = self
             .replay
             .iter()
-            .position(|r| r.content["step"] == step && r.content["stage"] == key)
+            .position(|r| r.content["step"] == step && path_of(&r.content) == key)
         {
             let rec = self.replay.drain(..=i).next_back().expect("at least one");
+            if let Some(e) = recorded_error(&rec.content, key) {
+                return Err(e);
+            }
             frame.state.extend(as_map(&rec.content["writes"]));
             let last = rec.content["lastStep"].as_u64().unwrap_or(u64::from(step));
             self.steps = self.steps.max(u32::try_from(last).unwrap_or(step));
@@ -600,25 +774,53 @@ impl<'h> FlowCall<'h> {
             .front()
             .filter(|r| r.content["parentStep"] == step)
             .cloned();
-        if frame.depth + 1 > MAX_DEPTH {
-            return Err(fail(format!(
-                "sub-flows nest deeper than {MAX_DEPTH} (calling `{name}`)"
-            )));
-        }
-        let version = first_child
-            .as_ref()
-            .and_then(|r| r.content["version"].as_i64());
-        let record = self
-            .host
-            .load(name, version)
-            .await
-            .map_err(&fail)?
-            .ok_or_else(|| fail(format!("the flowchart `{name}` does not exist")))?;
         let id = first_child
             .as_ref()
             .and_then(|r| r.parent_id.as_deref())
             .and_then(|p| p.parse::<Uuid>().ok())
             .unwrap_or_else(Uuid::now_v7);
+        let data = frame.data();
+        let (call_args, reads) = eval_args(&self.limits.expr, args, &data).await;
+        let mut extra = Map::new();
+        extra.insert("reads".into(), Value::Object(reads));
+        let call_args = match call_args {
+            Ok(a) => a,
+            Err(e) => {
+                return Err(self
+                    .failed_flow(
+                        frame, id, key, step, iteration, started, extra, key, e.message,
+                    )
+                    .await);
+            }
+        };
+        if frame.depth + 1 > MAX_DEPTH {
+            let message = format!("sub-flows nest deeper than {MAX_DEPTH} (calling `{name}`)");
+            return Err(self
+                .failed_flow(
+                    frame, id, key, step, iteration, started, extra, key, message,
+                )
+                .await);
+        }
+        let version = first_child
+            .as_ref()
+            .and_then(|r| r.content["version"].as_i64());
+        let record = match self.host.load(name, version).await {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                let message = format!("the flowchart `{name}` does not exist");
+                return Err(self
+                    .failed_flow(
+                        frame, id, key, step, iteration, started, extra, key, message,
+                    )
+                    .await);
+            }
+            Err(message) => {
+                return Err(FlowError {
+                    stage: key.to_owned(),
+                    message,
+                });
+            }
+        };
         let child = Frame {
             record: Arc::new(record),
             args: Value::Object(call_args.clone()),
@@ -636,19 +838,18 @@ impl<'h> FlowCall<'h> {
         let (sub_name, sub_version) = (child.record.name.clone(), child.record.version);
         let result = match self.run_frame(child).await {
             Ok(v) => v,
+            // Paused for a person: nothing of this stage is committed yet.
+            Err(e) if self.paused.is_some() => return Err(e),
             Err(e) => {
-                let mut extra = Map::new();
-                extra.insert("reads".into(), Value::Object(reads));
-                extra.insert("error".into(), json!(e.to_string()));
-                self.commit(frame, id, key, "flow", step, iteration, started, extra)
-                    .await?;
-                return Err(e);
+                return Err(self
+                    .failed_flow(
+                        frame, id, key, step, iteration, started, extra, &e.stage, e.message,
+                    )
+                    .await);
             }
         };
         let writes = Map::from_iter([(output.to_owned(), result)]);
         frame.state.extend(writes.clone());
-        let mut extra = Map::new();
-        extra.insert("reads".into(), Value::Object(reads));
         extra.insert("writes".into(), Value::Object(writes));
         extra.insert("args".into(), Value::Object(call_args));
         extra.insert(
@@ -658,6 +859,37 @@ impl<'h> FlowCall<'h> {
         extra.insert("lastStep".into(), json!(self.steps));
         self.commit(frame, id, key, "flow", step, iteration, started, extra)
             .await
+    }
+
+    /// Commit a `flow` stage's step with the error that ended it: `stage` is where it failed
+    /// (this stage, or a stage of its sub-flow, then kept as `errorStage`).
+    #[allow(clippy::too_many_arguments)]
+    async fn failed_flow(
+        &self,
+        frame: &Frame,
+        id: Uuid,
+        key: &str,
+        step: u32,
+        iteration: u32,
+        started: Instant,
+        mut extra: Map<String, Value>,
+        stage: &str,
+        message: String,
+    ) -> FlowError {
+        extra.insert("error".into(), json!(message));
+        if stage != key {
+            extra.insert("errorStage".into(), json!(stage));
+        }
+        if let Err(e) = self
+            .commit(frame, id, key, "flow", step, iteration, started, extra)
+            .await
+        {
+            return e;
+        }
+        FlowError {
+            stage: stage.to_owned(),
+            message,
+        }
     }
 }
 
@@ -670,6 +902,25 @@ enum Step {
 
 fn next_or_end(next: Option<&str>) -> Step {
     next.map_or(Step::ChainEnd, |n| Step::Next(n.to_owned()))
+}
+
+/// Where a committed step's stage is in the call: its `path` inside a sub-flow, else its
+/// `stage` (steps committed before `path` existed have the path in `stage`).
+fn path_of(content: &Value) -> &Value {
+    match &content["path"] {
+        Value::Null => &content["stage"],
+        path => path,
+    }
+}
+
+/// The error a committed step ended the call with, if it did (`errorStage` when the error was
+/// a sub-flow's, naming its stage).
+fn recorded_error(content: &Value, key: &str) -> Option<FlowError> {
+    let message = content["error"].as_str()?;
+    Some(FlowError {
+        stage: content["errorStage"].as_str().unwrap_or(key).to_owned(),
+        message: message.to_owned(),
+    })
 }
 
 fn as_map(v: &Value) -> Map<String, Value> {

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use super::expr::{Evaluator, ExprLimits};
 use super::interpreter::{FlowCall, FlowError, FlowHost, FlowLimits, StepRecord};
 use super::model::{FlowchartRecord, FlowchartSpec};
 use crate::model::{Observation, ObservationType, ThreadId, Usage};
@@ -21,6 +22,8 @@ struct Host {
     calls: Mutex<Vec<(String, Value, String)>>,
     /// Commits accepted before every later one fails (a crash).
     commit_budget: Mutex<Option<usize>>,
+    /// Tools the calling item may not call.
+    denied: Vec<String>,
 }
 
 fn record(name: &str, spec: Value) -> FlowchartRecord {
@@ -48,6 +51,9 @@ impl FlowHost for Host {
         }
         self.steps.lock().unwrap().push(step);
         Ok(())
+    }
+    fn may_call(&self, tool: &str) -> bool {
+        !self.denied.iter().any(|t| t == tool)
     }
     async fn call_tool(&self, name: &str, args: Value, key: String) -> Result<Value, String> {
         self.calls
@@ -121,11 +127,25 @@ impl Host {
     }
 }
 
-const LIMITS: FlowLimits = FlowLimits { max_steps: 1000 };
+fn limits() -> FlowLimits {
+    FlowLimits {
+        max_steps: 1000,
+        expr: Evaluator::default(),
+    }
+}
 
 async fn run(host: &Host, name: &str, args: Value) -> Result<Value, FlowError> {
+    run_with(host, name, args, limits()).await
+}
+
+async fn run_with(
+    host: &Host,
+    name: &str,
+    args: Value,
+    limits: FlowLimits,
+) -> Result<Value, FlowError> {
     let record = Arc::new(host.flowcharts[name].clone());
-    let mut call = FlowCall::new(host, Uuid::nil(), "call_1".into(), LIMITS, host.committed());
+    let mut call = FlowCall::new(host, Uuid::nil(), "call_1".into(), limits, host.committed());
     call.run(record, args, Some("tool-call-obs".into())).await
 }
 
@@ -274,7 +294,14 @@ async fn a_sub_flow_nests_under_its_flow_stage_with_a_fresh_state() {
     let out = run(&host, "outer", json!({})).await.unwrap();
     assert_eq!(out, json!({"secret": 1, "doubled": 42}));
     let steps = host.steps.lock().unwrap().clone();
-    assert_eq!(host.stages(), ["s", "sub/a", "sub/b", "sub"]);
+    // A sub-flow's step names the sub-flow and its own stage; `path` is where the call is.
+    assert_eq!(host.stages(), ["s", "a", "b", "sub"]);
+    let paths: Vec<&Value> = steps.iter().map(|s| &s.content["path"]).collect();
+    assert_eq!(
+        paths,
+        [&Value::Null, &json!("sub/a"), &json!("sub/b"), &Value::Null]
+    );
+    assert_eq!(steps[1].title, "inner: a (set)");
     let flow_step = &steps[3];
     assert_eq!(flow_step.content["kind"], "flow");
     assert_eq!(flow_step.parent_id.as_deref(), Some("tool-call-obs"));
@@ -319,7 +346,10 @@ async fn errors_and_limits_end_the_call_naming_the_stage() {
         &host,
         Uuid::nil(),
         "c".into(),
-        FlowLimits { max_steps: 25 },
+        FlowLimits {
+            max_steps: 25,
+            ..limits()
+        },
         vec![],
     );
     let e = call.run(Arc::new(spin), json!({}), None).await.unwrap_err();
@@ -412,4 +442,193 @@ async fn a_call_resumes_after_its_last_committed_step() {
         );
         assert!(committed_calls == calls_before.len());
     }
+}
+
+/// A reduce that doubles a string 30 times (a GiB), one that doubles an array sharing its
+/// elements (cheap to build, a TiB to write out), nested reduces that would spin for hours, and
+/// a value nested 10,000 deep: each ends the call at its stage, quickly, with its step committed
+/// with the error.
+#[tokio::test]
+async fn expression_bombs_stop_at_their_stage() {
+    let thirty: Vec<u32> = (0..30).collect();
+    let thousands: Vec<u32> = (0..5000).collect();
+    let bombs = [
+        (
+            json!({"reduce": [thirty, {"cat": [{"var": "accumulator"}, {"var": "accumulator"}]}, "0123456789abcdef"]}),
+            "PES_FLOWCHART_MAX_VALUE_BYTES",
+        ),
+        (
+            json!({"reduce": [thirty, {"merge": [{"var": "accumulator"}, {"var": "accumulator"}]}, [{"var": "state.text"}]]}),
+            "PES_FLOWCHART_MAX_VALUE_BYTES",
+        ),
+        (
+            json!({"reduce": [thousands, {"reduce": [thousands, {"+": [{"var": "accumulator"}, 1]}, {"var": "accumulator"}]}, 0]}),
+            "PES_FLOWCHART_EXPR_TIMEOUT_MS",
+        ),
+        (
+            json!({"reduce": [{"var": "state.many"}, [{"var": "accumulator"}], 0]}),
+            "nested deeper than 64",
+        ),
+    ];
+    for (bomb, why) in bombs {
+        let f = record(
+            "bomb",
+            json!({"description": "d", "flowchart": {"start": "init", "stages": {
+                "init": {"kind": "set", "values": {"text": "0123456789abcdef", "many": thousands}, "next": "grow"},
+                "grow": {"kind": "set", "values": {"big": bomb}, "next": "after"},
+                "after": {"kind": "end", "result": "never"}
+            }}}),
+        );
+        let host = Host::with(vec![f]);
+        let started = std::time::Instant::now();
+        let e = run(&host, "bomb", json!({})).await.unwrap_err();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "{why}: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(e.stage, "grow", "{e}");
+        assert!(e.message.contains(why), "{e}");
+        let steps = host.steps.lock().unwrap().clone();
+        assert_eq!(host.stages(), ["init", "grow"]);
+        assert_eq!(steps[1].content["error"], json!(e.message));
+    }
+}
+
+/// A stage that passed a limit is committed with its error: the call resumed from the log
+/// ends with the same error without evaluating anything again.
+#[tokio::test]
+async fn a_stage_that_passed_a_limit_is_not_evaluated_again_on_resume() {
+    let f = record(
+        "bomb",
+        json!({"description": "d", "flowchart": {"start": "init", "stages": {
+            "init": {"kind": "set", "values": {"n": 1}, "next": "grow"},
+            "grow": {"kind": "set", "values": {"big": {"reduce": [[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25],
+                {"cat": [{"var": "accumulator"}, {"var": "accumulator"}]}, "ab"]}}, "next": "after"},
+            "after": {"kind": "end", "result": "never"}
+        }}}),
+    );
+    let host = Host::with(vec![f]);
+    let limits = limits();
+    let first = run_with(&host, "bomb", json!({}), limits.clone())
+        .await
+        .unwrap_err();
+    let evaluated = limits.expr.started();
+    assert_eq!(evaluated, 2, "init's and grow's expressions");
+    let again = run_with(&host, "bomb", json!({}), limits.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(again, first);
+    assert_eq!(limits.expr.started(), evaluated, "nothing evaluated again");
+    assert_eq!(host.stages(), ["init", "grow"], "no step committed again");
+
+    // The same for a stage inside a sub-flow: the flow stage's step keeps the failed stage.
+    let inner = record(
+        "inner",
+        json!({"description": "d", "flowchart": {"start": "x", "stages": {
+            "x": {"kind": "set", "values": {"big": {"reduce": [[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25],
+                {"cat": [{"var": "accumulator"}, {"var": "accumulator"}]}, "ab"]}}}
+        }}}),
+    );
+    let outer = record(
+        "outer",
+        json!({"description": "d", "flowchart": {"start": "sub", "stages": {
+            "sub": {"kind": "flow", "flowchart": "inner", "output": "r"}
+        }}}),
+    );
+    let host = Host::with(vec![inner, outer]);
+    let first = run_with(&host, "outer", json!({}), limits.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(first.stage, "sub/x");
+    let evaluated = limits.expr.started();
+    let again = run_with(&host, "outer", json!({}), limits.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(again, first);
+    assert_eq!(limits.expr.started(), evaluated);
+    let steps = host.steps.lock().unwrap().clone();
+    assert_eq!(host.stages(), ["x", "sub"]);
+    assert_eq!(steps[1].content["errorStage"], "sub/x");
+}
+
+/// What a stage writes and what a call returns are at most `PES_FLOWCHART_MAX_VALUE_BYTES`:
+/// a value computed, a tool's output, the result; each over it is an error naming the stage.
+#[tokio::test]
+async fn values_over_the_limit_are_stage_errors() {
+    let small = FlowLimits {
+        max_steps: 100,
+        expr: Evaluator::new(ExprLimits {
+            max_value_bytes: 200,
+            ..ExprLimits::default()
+        }),
+    };
+    let long = "x".repeat(300);
+    let f = record(
+        "f",
+        json!({"description": "d", "flowchart": {"start": "a", "stages": {
+            "a": {"kind": "set", "values": {"ok": {"var": "args.short"}}, "next": "b"},
+            "b": {"kind": "set", "values": {"copy": {"var": "args.long"}}}
+        }}}),
+    );
+    let host = Host::with(vec![f]);
+    let e = run_with(
+        &host,
+        "f",
+        json!({"short": "fine", "long": long}),
+        small.clone(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.stage, "b");
+    assert!(
+        e.message.contains("more than the limit of 200 bytes")
+            && e.message.contains("PES_FLOWCHART_MAX_VALUE_BYTES"),
+        "{e}"
+    );
+
+    let f = record(
+        "t",
+        json!({"description": "d", "flowchart": {"start": "echo", "stages": {
+            "echo": {"kind": "tool", "tool": "echo", "args": {"text": {"var": "args.long"}}, "output": "e"}
+        }}}),
+    );
+    let host = Host::with(vec![f]);
+    let half = "y".repeat(190);
+    let e = run_with(&host, "t", json!({"long": half}), small.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(e.stage, "echo");
+    assert!(
+        e.message.contains("the value of `e` is") && e.message.contains("limit of 200"),
+        "{e}"
+    );
+
+    // Each value fits, the whole state (the default result) does not.
+    let f = record(
+        "r",
+        json!({"description": "d", "flowchart": {"start": "a", "stages": {
+            "a": {"kind": "set", "values": {"x": {"var": "args.v"}, "y": {"var": "args.v"}}}
+        }}}),
+    );
+    let host = Host::with(vec![f]);
+    let e = run_with(&host, "r", json!({"v": "z".repeat(120)}), small)
+        .await
+        .unwrap_err();
+    assert_eq!(e.stage, "result");
+    assert!(e.message.contains("the call's result is"), "{e}");
+}
+
+/// A `tool` stage may call only what the calling item may call.
+#[tokio::test]
+async fn a_tool_stage_calls_only_what_the_item_may_call() {
+    let mut host = Host::with(vec![triage()]);
+    host.denied = vec!["lookup".into()];
+    let e = run(&host, "triage", json!({"customer": "acme", "amount": 1}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.stage, "customer");
+    assert!(e.message.contains("the tool `lookup` is not one"), "{e}");
+    assert!(host.calls.lock().unwrap().is_empty(), "never called");
+    assert!(host.steps.lock().unwrap()[0].content["error"].is_string());
 }

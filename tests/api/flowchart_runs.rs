@@ -2,14 +2,21 @@
 //! select and loop, a sub-flow nested under its stage, two calls that share nothing, a stage
 //! error and the step limit as tool errors, approval of a whole flowchart and of a tool stage,
 //! the offline model calling one, and kill -9 in the middle of a flowchart resuming after the
-//! last committed stage without repeating it.
+//! last committed stage without repeating it. The bounds of DESIGN.md §7.1: expressions that
+//! would need gigabytes or hours end as tool errors while `/healthz` keeps answering, and are
+//! not evaluated again after a restart; values over `PES_FLOWCHART_MAX_VALUE_BYTES`; `tool`
+//! stages calling only what the calling item may call.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::durability::{completed_calls, env, temp_log};
-use crate::fake_llm::{FakeLlm, Reply, plan};
-use crate::helpers::{Backend, TestApp, spawn, spawn_with};
+use crate::fake_llm::{FakeLlm, Reply, phase_of, plan, plan_item};
+use crate::helpers::{Backend, TestApp, spawn, spawn_config, spawn_with, test_config};
 use crate::process::Proc;
 
 async fn put(app: &TestApp, name: &str, spec: Value) {
@@ -222,7 +229,7 @@ async fn select_loop_sub_flows_and_isolated_calls(backend: Backend) {
         stages,
         [
             "init", "repeat", "add", "repeat", "add", "repeat", "add", "repeat", "classify", "big",
-            "seen", "sub/inc", "sub", "done"
+            "seen", "inc", "sub", "done"
         ]
     );
     let classify = steps[8];
@@ -236,7 +243,13 @@ async fn select_loop_sub_flows_and_isolated_calls(backend: Backend) {
         sub_child["parentId"], sub_step["id"],
         "sub-flow stages nest under their flow stage"
     );
+    // A sub-flow's step names the sub-flow and its own stage; `path` is where the call is.
     assert_eq!(sub_child["content"]["flowchart"], "counter");
+    assert_eq!(sub_child["content"]["stage"], "inc");
+    assert_eq!(sub_child["content"]["path"], "sub/inc");
+    assert_eq!(sub_child["title"], "counter: inc (set)");
+    assert_eq!(sub_step["content"]["flowchart"], "tally");
+    assert_eq!(sub_step["content"]["stage"], "sub");
     let loop_rounds: Vec<&Value> = steps
         .iter()
         .filter(|s| s["content"]["stage"] == "repeat")
@@ -527,3 +540,296 @@ async fn llm_stages_ask_the_model(backend: Backend) {
     app.stop().await;
 }
 both_stores!(llm, llm_stages_ask_the_model);
+
+/// The process's resident memory, in bytes (the app runs in this process).
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Polls `/healthz` every ~10 ms until stopped: the slowest answer, how many, and the highest
+/// resident memory seen.
+fn poll_healthz(
+    app: &TestApp,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(Duration, u32, u64)> {
+    let client = app.client.clone();
+    let url = app.url("/healthz");
+    tokio::spawn(async move {
+        let (mut slowest, mut answers, mut peak) = (Duration::ZERO, 0, 0);
+        while !stop.load(Ordering::Relaxed) {
+            let asked = Instant::now();
+            let r = client.get(&url).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let _ = r.bytes().await.unwrap();
+            slowest = slowest.max(asked.elapsed());
+            answers += 1;
+            peak = peak.max(rss_bytes());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (slowest, answers, peak)
+    })
+}
+
+/// `n` numbers, for literal arrays in expressions.
+fn range(n: u32) -> Vec<u32> {
+    (0..n).collect()
+}
+
+/// Three flowcharts that would each take the process down: a string doubled 30 times in a
+/// `reduce` (16 GiB), an array doubled 30 times sharing its elements (cheap to build, terabytes
+/// to write out), and `some` inside `some` over 3,000 elements (9 million checks, each cheap).
+/// Each ends as a tool error naming its stage, while `/healthz` answers every ~10 ms within
+/// 100 ms and the process grows by less than 200 MB; the failed stage's step records the error.
+/// Then the app stops in the middle of the run and another takes the run over on the same
+/// database: the run completes and no stage was evaluated again (one step each).
+async fn expression_bombs_are_tool_errors_and_never_run_again(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let db = crate::helpers::database_url(backend).await;
+    let config = || {
+        let mut c = test_config(&db, Some(&llm));
+        c.lease_seconds = 3;
+        c.shutdown_grace_seconds = 1;
+        c
+    };
+    let app = spawn_config(config()).await;
+    let seed = |stage: &str, expr: Value| {
+        json!({
+            "description": "Grows a value.",
+            "flowchart": {"start": "seed", "stages": {
+                "seed": {"kind": "set", "values": {"s": "0123456789abcdef"}, "next": stage},
+                stage: {"kind": "set", "values": {"big": expr}, "next": "done"},
+                "done": {"kind": "end", "result": "never reached"}
+            }}
+        })
+    };
+    let acc = json!({"var": "accumulator"});
+    put(
+        &app,
+        "doubler",
+        seed(
+            "grow",
+            json!({"reduce": [range(30), {"cat": [acc, acc]}, {"var": "state.s"}]}),
+        ),
+    )
+    .await;
+    put(
+        &app,
+        "sharer",
+        seed(
+            "share",
+            json!({"reduce": [range(30), {"merge": [acc, acc]}, [{"var": "state.s"}]]}),
+        ),
+    )
+    .await;
+    put(
+        &app,
+        "spinner",
+        seed(
+            "spin",
+            json!({"some": [range(3000), {"some": [range(3000), {"<": [{"var": ""}, -1]}]}]}),
+        ),
+    )
+    .await;
+
+    // The model's turn after the three tool errors waits until the app is replaced.
+    let after_errors =
+        |r: &Value| phase_of(r) == "execute" && r.to_string().contains("flowchart stopped");
+    llm.hold_if(after_errors);
+    llm.push(
+        "plan",
+        plan(&[("s1", "Grow things", &["doubler", "sharer", "spinner"], &[])]),
+    );
+    llm.push(
+        "execute",
+        Reply::ToolCalls(vec![
+            ("doubler".into(), json!({})),
+            ("sharer".into(), json!({})),
+            ("spinner".into(), json!({})),
+        ]),
+    );
+    llm.push("execute", Reply::Text("Nothing could be grown.".into()));
+
+    let before = rss_bytes();
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = poll_healthz(&app, stop.clone());
+    let t = app.thread(json!({})).await;
+    let (st, run) = app
+        .post(&format!("/v1/threads/{t}/runs"), json!({"query": "grow"}))
+        .await;
+    assert_eq!(st, 202, "{run}");
+    let run_id = run["runId"].as_str().unwrap().to_owned();
+    let started = Instant::now();
+    llm.wait_for_request(after_errors).await;
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let (slowest, answers, peak) = poller.await.unwrap();
+    assert!(answers > 3, "{answers} answers in {took:?}");
+    assert!(
+        slowest < Duration::from_millis(100),
+        "/healthz took {slowest:?} while the bombs went off ({answers} answers)"
+    );
+    let grown = peak.saturating_sub(before);
+    assert!(grown < 200 << 20, "the process grew by {} MB", grown >> 20);
+
+    let obs = app.observations(&t).await;
+    let errors: Vec<String> = of_type(&obs, "TOOL_EXECUTION")
+        .iter()
+        .map(|e| {
+            e["content"]["error"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    for (stage, limit) in [
+        ("grow", "PES_FLOWCHART_MAX_VALUE_BYTES"),
+        ("share", "PES_FLOWCHART_"),
+        ("spin", "PES_FLOWCHART_"),
+    ] {
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains(&format!("stage `{stage}`")) && e.contains(limit)),
+            "{stage}: {errors:?}"
+        );
+    }
+    let step_of = |obs: &[Value], stage: &str| -> Vec<Value> {
+        of_type(obs, "FLOWCHART_STEP")
+            .into_iter()
+            .filter(|s| s["content"]["stage"] == stage)
+            .cloned()
+            .collect()
+    };
+    for stage in ["grow", "share", "spin"] {
+        let steps = step_of(&obs, stage);
+        assert_eq!(steps.len(), 1, "{stage}: {steps:?}");
+        assert!(
+            steps[0]["content"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("PES_FLOWCHART_")),
+            "the step records the error: {}",
+            steps[0]
+        );
+    }
+
+    // The app stops in the middle of the run; another takes it over on the same database.
+    app.stop().await;
+    llm.release();
+    let app = spawn_config(config()).await;
+    let done = app
+        .wait_run(&t, &run_id, |r| r["status"] == "completed")
+        .await;
+    assert_eq!(done["attempt"], 2, "taken over: {done}");
+    let obs = app.observations(&t).await;
+    for stage in ["grow", "share", "spin"] {
+        assert_eq!(step_of(&obs, stage).len(), 1, "{stage} was evaluated again");
+    }
+    assert_eq!(of_type(&obs, "TOOL_EXECUTION").len(), 3);
+    app.stop().await;
+}
+both_stores!(bombs, expression_bombs_are_tool_errors_and_never_run_again);
+
+/// A stage that writes more than `PES_FLOWCHART_MAX_VALUE_BYTES` (set to 1,000 here) ends the
+/// call with a tool error naming the stage, its size and the limit; a value under it is fine.
+async fn a_value_over_the_limit_is_a_tool_error(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn_with(backend, Some(&llm), |c| c.flowchart_max_value_bytes = 1000).await;
+    put(&app, "twice", json!({
+        "description": "Writes its text twice.",
+        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        "flowchart": {"start": "double", "stages": {
+            "double": {"kind": "set", "values": {"twice": {"cat": [{"var": "args.text"}, {"var": "args.text"}]}}}
+        }}
+    })).await;
+    let (t, run) = run_calls(
+        &app,
+        &llm,
+        &["twice"],
+        vec![
+            ("twice", json!({"text": "x".repeat(300)})),
+            ("twice", json!({"text": "y".repeat(600)})),
+        ],
+    )
+    .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let obs = app.observations(&t).await;
+    let execs = of_type(&obs, "TOOL_EXECUTION");
+    assert_eq!(execs[0]["content"]["status"], "success", "{}", execs[0]);
+    assert_eq!(
+        execs[0]["content"]["output"]["twice"]
+            .as_str()
+            .map(str::len),
+        Some(600)
+    );
+    let e = execs[1]["content"]["error"].as_str().unwrap();
+    assert!(
+        e.contains("stage `double`")
+            && e.contains("1000 bytes")
+            && e.contains("PES_FLOWCHART_MAX_VALUE_BYTES"),
+        "{e}"
+    );
+    let failed: Vec<&Value> = of_type(&obs, "FLOWCHART_STEP")
+        .into_iter()
+        .filter(|s| s["content"]["error"].is_string())
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["content"]["stage"], "double");
+    app.stop().await;
+}
+both_stores!(value_limit, a_value_over_the_limit_is_a_tool_error);
+
+/// A `tool` stage may call only what the calling item may call: a tool the thread does not
+/// enable, or outside the item's `toolAllowlist`, is a tool error naming the tool, and the tool
+/// never runs.
+async fn a_tool_stage_calls_only_what_the_item_may_call(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn(backend, Some(&llm)).await;
+    put(&app, "triage", triage()).await;
+    let call = || {
+        Reply::ToolCalls(vec![(
+            "triage".into(),
+            json!({"amount": 40, "tier": "gold"}),
+        )])
+    };
+    // The thread enables the flowchart, not the calculator its first stage calls.
+    llm.push("plan", plan(&[("s1", "Triage", &["triage"], &[])]));
+    llm.push("execute", call());
+    let t = app.thread(json!({"config": {"tools": ["triage"]}})).await;
+    let run = app.run_wait(&t, "triage it").await;
+    assert_eq!(run["status"], "completed", "{run}");
+    // The item's allowlist names the flowchart only.
+    let mut item = plan_item("s1", "Triage", &["triage"], &[]);
+    item["toolAllowlist"] = json!(["triage"]);
+    llm.push(
+        "plan",
+        Reply::Json(json!({"title": "t", "intent": "i", "plan": "p", "todoList": [item]})),
+    );
+    llm.push("execute", call());
+    let t2 = app.thread(json!({})).await;
+    let run = app.run_wait(&t2, "triage it").await;
+    assert_eq!(run["status"], "completed", "{run}");
+    for t in [&t, &t2] {
+        let obs = app.observations(t).await;
+        let e = of_type(&obs, "TOOL_EXECUTION")[0]["content"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            e.contains("stage `score`") && e.contains("the tool `calculator` is not one"),
+            "{e}"
+        );
+        let steps = of_type(&obs, "FLOWCHART_STEP");
+        assert_eq!(steps.len(), 1);
+        assert!(
+            steps[0]["content"]["writes"].is_null() || steps[0]["content"]["writes"] == json!({})
+        );
+    }
+    app.stop().await;
+}
+both_stores!(tool_policy, a_tool_stage_calls_only_what_the_item_may_call);

@@ -18,9 +18,12 @@ use super::{Problem, pointer};
 /// The roots of the data every expression reads.
 pub(crate) const ROOTS: [&str; 2] = ["args", "state"];
 
+/// Compiling with constant folding off evaluates nothing: a tenant's expression is only ever
+/// evaluated under the bounds of [`crate::flowchart::expr`].
 static ENGINE: LazyLock<datalogic_rs::Engine> = LazyLock::new(|| {
     datalogic_rs::Engine::builder()
         .with_templating(true)
+        .with_constant_folding(false)
         .build()
 });
 

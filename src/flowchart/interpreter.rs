@@ -75,9 +75,42 @@ pub struct FlowCall<'h> {
     executions: HashMap<String, u32>,
     usage: Usage,
     paused: Option<Paused>,
+    /// Bytes of step content this call has in the log (replayed steps included), bounded by
+    /// [`FlowCall::max_log_bytes`].
+    logged: std::sync::atomic::AtomicUsize,
+}
+
+/// A value read by a stage is kept in its step whole up to this many bytes of JSON; a larger one
+/// is shown as a marker. What a step *reads* is there for people; what it *writes* is kept whole,
+/// since replay rebuilds the state from it.
+const READ_KEPT_BYTES: usize = 2048;
+
+/// `value` with every part larger than [`READ_KEPT_BYTES`] of JSON replaced by a marker saying
+/// how large it was.
+fn shrink_reads(value: &mut Value) {
+    let size = value.to_string().len();
+    if size <= READ_KEPT_BYTES {
+        return;
+    }
+    match value {
+        Value::Object(m) => m.values_mut().for_each(shrink_reads),
+        Value::Array(a) if a.len() <= 64 => a.iter_mut().for_each(shrink_reads),
+        _ => *value = json!(format!("…[{size} bytes: not kept in the step]")),
+    }
 }
 
 impl<'h> FlowCall<'h> {
+    /// The most bytes of step content one call may write to the log (all its steps, sub-flows
+    /// included): 32 values of the largest size a stage may write. A loop that writes large
+    /// values over and over ends as a stage error instead of filling the database.
+    fn max_log_bytes(&self) -> usize {
+        self.limits
+            .expr
+            .limits()
+            .max_value_bytes
+            .saturating_mul(32)
+    }
+
     /// A call of the run `run_id`'s tool call `tool_call_id`, resuming after `committed` (the
     /// `FLOWCHART_STEP` observations of this call already in the log, in `seq` order).
     pub fn new(
@@ -87,7 +120,7 @@ impl<'h> FlowCall<'h> {
         limits: FlowLimits,
         committed: Vec<Observation>,
     ) -> Self {
-        let replay = committed
+        let replay: VecDeque<Recorded> = committed
             .into_iter()
             .filter(|o| o.content["toolCallId"] == tool_call_id.as_str())
             .map(|o| Recorded {
@@ -95,6 +128,7 @@ impl<'h> FlowCall<'h> {
                 content: o.content,
             })
             .collect();
+        let logged = replay.iter().map(|r| r.content.to_string().len()).sum();
         Self {
             host,
             run_id,
@@ -105,6 +139,7 @@ impl<'h> FlowCall<'h> {
             executions: HashMap::new(),
             usage: Usage::default(),
             paused: None,
+            logged: std::sync::atomic::AtomicUsize::new(logged),
         }
     }
 
@@ -346,6 +381,37 @@ impl<'h> FlowCall<'h> {
             content.insert(k.into(), extra.remove(k).unwrap_or_else(|| json!({})));
         }
         content.extend(extra);
+        if let Some(reads) = content.get_mut("reads") {
+            shrink_reads(reads);
+        }
+        if let Some(rules) = content
+            .get_mut("decision")
+            .and_then(|d| d.get_mut("rules"))
+            .and_then(Value::as_array_mut)
+        {
+            for rule in rules {
+                if let Some(inputs) = rule.get_mut("inputs") {
+                    shrink_reads(inputs);
+                }
+            }
+        }
+        let size = Value::Object(content.clone()).to_string().len();
+        let logged = self
+            .logged
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .saturating_add(size);
+        if logged > self.max_log_bytes() {
+            return Err(FlowError {
+                stage: key.to_owned(),
+                message: format!(
+                    "the call's steps would take {logged} bytes in the log, more than {} \
+                     (32 × PES_FLOWCHART_MAX_VALUE_BYTES)",
+                    self.max_log_bytes()
+                ),
+            });
+        }
+        self.logged
+            .store(logged, std::sync::atomic::Ordering::Relaxed);
         self.host
             .commit_step(StepRecord {
                 id,

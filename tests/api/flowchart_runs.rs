@@ -784,6 +784,42 @@ async fn a_value_over_the_limit_is_a_tool_error(backend: Backend) {
 }
 both_stores!(value_limit, a_value_over_the_limit_is_a_tool_error);
 
+/// A loop that writes large values over and over ends as a tool error once the call's steps
+/// would take more than 32 × `PES_FLOWCHART_MAX_VALUE_BYTES` in the log, and what a stage only
+/// reads is kept in its step as a marker when it is large: one call cannot fill the database.
+async fn a_call_cannot_fill_the_log(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn_with(backend, Some(&llm), |c| c.flowchart_max_value_bytes = 4000).await;
+    put(&app, "churn", json!({
+        "description": "Rewrites a large value many times.",
+        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        "flowchart": {"start": "l", "stages": {
+            "l": {"kind": "loop", "condition": true, "body": "b", "maxIterations": 500},
+            "b": {"kind": "set", "values": {"copy": {"cat": [{"var": "args.text"}, "!"]}}}
+        }}
+    })).await;
+    let (t, run) = run_calls(
+        &app,
+        &llm,
+        &["churn"],
+        vec![("churn", json!({"text": "z".repeat(3000)}))],
+    )
+    .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let obs = app.observations(&t).await;
+    let exec = &of_type(&obs, "TOOL_EXECUTION")[0];
+    let e = exec["content"]["error"].as_str().unwrap();
+    assert!(e.contains("in the log") && e.contains("128000"), "{e}");
+    let steps = of_type(&obs, "FLOWCHART_STEP");
+    let total: usize = steps.iter().map(|s| s["content"].to_string().len()).sum();
+    assert!(total <= 128_000 + 8_000, "{total} bytes of steps");
+    // The 3,000-byte argument a stage read is a marker in its step, not a copy.
+    let read = &steps[1]["content"]["reads"];
+    assert!(read.to_string().contains("not kept in the step"), "{read}");
+    app.stop().await;
+}
+both_stores!(log_bound, a_call_cannot_fill_the_log);
+
 /// A `tool` stage may call only what the calling item may call: a tool the thread does not
 /// enable, or outside the item's `toolAllowlist`, is a tool error naming the tool, and the tool
 /// never runs.

@@ -128,7 +128,7 @@ impl Engine {
             )));
         }
         messages.push(ChatMessage::user(ctx.run.query.clone()));
-        let frozen = ctx.frozen_items();
+        let frozen = frozen_ids(ctx);
 
         let mut attempt = 0;
         let (reply, valid) = loop {
@@ -189,12 +189,13 @@ impl Engine {
             .cfg
             .tool_validation_mode
             .unwrap_or(ToolValidationMode::Strict);
-        let diff = plan::merge(&ctx.items, &valid, mode, ctx.run.run_id);
+        let mut diff = plan::merge(std::mem::take(&mut ctx.items), &valid, mode, ctx.run.run_id);
+        let update = refining.then(|| diff.observation_content());
         ctx.state.intent = Some(reply.intent.clone());
         ctx.state.title = Some(reply.title.clone());
         ctx.state.plan = Some(reply.plan.clone());
         ctx.state.current_step_id = None;
-        ctx.items = diff.items.clone();
+        ctx.items = std::mem::take(&mut diff.items);
 
         let mut b = ctx.batch();
         b.op(Op::SetAgentState(ctx.state.clone()));
@@ -218,12 +219,9 @@ impl Engine {
             truncate(&reply.title, 120),
             json!({"title": reply.title}),
         ));
-        if refining {
-            b.observe(ctx.obs(None, ObservationType::PlanUpdate, "Plan refined", {
-                let mut c = diff.observation_content();
-                c["plan"] = json!(reply.plan);
-                c
-            }));
+        if let Some(mut c) = update {
+            c["plan"] = json!(reply.plan);
+            b.observe(ctx.obs(None, ObservationType::PlanUpdate, "Plan refined", c));
         } else {
             b.observe(ctx.obs(
                 None,
@@ -266,7 +264,7 @@ impl Engine {
             Some(Err(e)) => return (err(format!("invalid todoList: {e}")), vec![], vec![]),
             None => return (err("missing `todoList`".into()), vec![], vec![]),
         };
-        let frozen = ctx.frozen_items();
+        let frozen = frozen_ids(ctx);
         let known = self.enabled_tools(ctx);
         let rules = plan::Rules {
             known_tools: &known,
@@ -287,8 +285,9 @@ impl Engine {
             .cfg
             .tool_validation_mode
             .unwrap_or(ToolValidationMode::Strict);
-        let diff = plan::merge(&ctx.items, &valid, mode, ctx.run.run_id);
-        ctx.items = diff.items.clone();
+        let mut diff = plan::merge(std::mem::take(&mut ctx.items), &valid, mode, ctx.run.run_id);
+        let content = diff.observation_content();
+        ctx.items = std::mem::take(&mut diff.items);
         let mut ops = Vec::new();
         for id in &diff.removed {
             ops.push(Op::DeleteItem(id.clone()));
@@ -302,12 +301,7 @@ impl Engine {
             "added": diff.added, "changed": diff.changed, "removed": diff.removed,
             "unchanged": diff.frozen,
         });
-        let obs = ctx.obs(
-            None,
-            ObservationType::PlanUpdate,
-            "Plan updated",
-            diff.observation_content(),
-        );
+        let obs = ctx.obs(None, ObservationType::PlanUpdate, "Plan updated", content);
         (
             ToolResultRecord {
                 tool_call_id: call.id.clone(),
@@ -320,4 +314,13 @@ impl Engine {
             ops,
         )
     }
+}
+
+/// The ids of the items a new plan must keep as they are: every one that has left `pending`.
+fn frozen_ids(ctx: &Ctx<'_>) -> Vec<crate::model::ItemId> {
+    ctx.items
+        .iter()
+        .filter(|i| i.status != ItemStatus::Pending)
+        .map(|i| i.id.clone())
+        .collect()
 }

@@ -18,6 +18,9 @@ use crate::{Args, LlmKind};
 /// The runs whose figures are printed (those the thread reaches), then the last one.
 const MARKS: &[usize] = &[1, 2, 10, 50, 100, 200];
 
+/// Runs whose median latency is printed beside each printed run (it and those just before).
+const WINDOW: usize = 10;
+
 /// What one run of the thread cost.
 #[derive(Debug, Clone)]
 struct RunFigures {
@@ -93,6 +96,17 @@ impl LongThreadReport {
         &self.runs[n - 1]
     }
 
+    /// The median latency of the (up to) [`WINDOW`] runs that end with run `n`: one run's
+    /// latency is noisy on a shared machine.
+    fn window_median(&self, n: usize) -> Duration {
+        let mut window: Vec<Duration> = self.runs[n.saturating_sub(WINDOW)..n]
+            .iter()
+            .map(|r| r.latency)
+            .collect();
+        window.sort_unstable();
+        window[window.len() / 2]
+    }
+
     /// Prompt tokens of the last run over run 2's (the DESIGN's bound is 1.5).
     fn growth(&self) -> Option<f64> {
         let (second, last) = (self.runs.get(1)?, self.runs.last()?);
@@ -111,13 +125,14 @@ impl LongThreadReport {
 
     pub(crate) fn print(&self, header: &str) {
         println!("{header}");
-        println!("run    prompt tokens   latency");
+        println!("run    prompt tokens   latency    median of the {WINDOW} runs up to it");
         for n in self.marks() {
             let r = self.run(n);
             println!(
-                "{n:<6} {:>13}   {:>7.1} ms",
+                "{n:<6} {:>13}   {:>7.1} ms {:>7.1} ms",
                 r.prompt_tokens,
-                r.latency.as_secs_f64() * 1000.0
+                r.latency.as_secs_f64() * 1000.0,
+                self.window_median(n).as_secs_f64() * 1000.0
             );
         }
         match self.growth() {
@@ -156,6 +171,7 @@ impl LongThreadReport {
                     "run": n,
                     "promptTokens": r.prompt_tokens,
                     "latencyMs": r.latency.as_secs_f64() * 1000.0,
+                    "windowMedianLatencyMs": self.window_median(n).as_secs_f64() * 1000.0,
                 })
             })
             .collect();

@@ -232,8 +232,8 @@ pub struct EarlierLine {
 }
 
 impl EarlierLine {
-    /// The line of a finished item: its description and output (the compacted output of a
-    /// completed item, else its error) on one line each, cut to
+    /// The line of a finished item, `output` being its compacted output when it completed, else
+    /// why it did not: description and output each on one line, cut to
     /// [`EARLIER_DESCRIPTION_CHARS`] and [`EARLIER_OUTPUT_CHARS`].
     pub fn of(it: &TodoItem, output: &str) -> Self {
         Self {
@@ -342,7 +342,7 @@ pub mod labels {
     pub const PLAN: &str = "Plan: ";
     /// Header of the results an item reads (its dependencies', or every finished item's).
     pub const EARLIER_RESULTS: &str = "Results of earlier items:";
-    /// Header of the results the synthesis reads.
+    /// Header of the results the synthesis reads: this run's items, the answer's material.
     pub const ITEM_RESULTS: &str = "Results of the plan's items:";
     /// `Role: <name>` then the role's fragment, before the item's goal.
     pub const ROLE: &str = "Role: ";

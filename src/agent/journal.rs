@@ -268,15 +268,6 @@ impl Ctx<'_> {
         Ok(value)
     }
 
-    /// Items a new plan must keep as they are: every one that has left `pending`.
-    pub(super) fn frozen_items(&self) -> Vec<crate::model::TodoItem> {
-        self.items
-            .iter()
-            .filter(|i| i.status != crate::model::ItemStatus::Pending)
-            .cloned()
-            .collect()
-    }
-
     /// At a safe point (everything so far committed): stop here if asked to.
     pub(super) fn check_signals(&self) -> Result<(), Halt> {
         if self.signals.cancel.is_cancelled() {

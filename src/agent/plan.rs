@@ -74,18 +74,20 @@ pub struct Rules<'a> {
     pub known_tools: &'a [String],
     /// The thread's roles.
     pub roles: Option<&'a BTreeMap<String, AgentRole>>,
-    /// How many new items the list may hold.
+    /// How many items the list may hold besides the frozen ones (`maxItems`): it bounds what
+    /// one run plans, never the thread's history, so a thread's 200th follow-up has the room its
+    /// first had.
     pub max_items: usize,
 }
 
-/// Validate a todo list against the frozen items it may depend on, the tools that exist and the
-/// size limit. Every problem is listed, so one repair request can fix them all.
+/// Validate a todo list against the frozen items (their ids) it may depend on, the tools that exist and the
+/// size limit (which counts only the list's items that are not frozen). Every problem is listed, so one repair request can fix them all.
 ///
 /// # Errors
 /// The list of problems, each a sentence the model can act on.
 pub fn validate(
     planned: &[PlannedItem],
-    frozen: &[TodoItem],
+    frozen: &[ItemId],
     rules: &Rules<'_>,
 ) -> Result<Vec<ValidItem>, Vec<String>> {
     let Rules {
@@ -99,17 +101,19 @@ pub fn validate(
     }
     let fresh = planned
         .iter()
-        .filter(|p| !frozen.iter().any(|f| f.id.as_str() == p.id))
+        .filter(|p| !frozen.iter().any(|f| f.as_str() == p.id))
         .count();
     if fresh > max_items {
-        errors.push(format!("too many items: {fresh} (at most {max_items})"));
+        errors.push(format!(
+            "too many items: {fresh} (at most {max_items} besides the ones that already started)"
+        ));
     }
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(planned.len());
     let all_ids: HashSet<&str> = planned
         .iter()
         .map(|p| p.id.as_str())
-        .chain(frozen.iter().map(|f| f.id.as_str()))
+        .chain(frozen.iter().map(ItemId::as_str))
         .collect();
     for p in planned {
         let id = match ItemId::parse(&p.id) {
@@ -411,31 +415,43 @@ pub fn new_item(v: &ValidItem, mode: ToolValidationMode) -> TodoItem {
     }
 }
 
-/// Merge `planned` into `existing`. Pending items are replaced by the new list (kept ids keep
-/// their row, changed fields are updated, missing ones removed); items that started or finished
-/// are frozen and stay, in their place, whatever the new list says of them.
-pub fn merge(existing: &[TodoItem], planned: &[ValidItem], mode: ToolValidationMode) -> PlanDiff {
+/// Merge `planned`, the list run `run` planned, into `existing`. Pending items are replaced by
+/// the new list (kept ids keep their row, changed fields are updated, missing ones removed) and
+/// belong to `run` from now on (their `run_id`: what the run's synthesis answers from); items that
+/// started or finished are frozen and stay, in their place, whatever the new list says of them.
+pub fn merge(
+    existing: Vec<TodoItem>,
+    planned: &[ValidItem],
+    mode: ToolValidationMode,
+    run: uuid::Uuid,
+) -> PlanDiff {
     let mut diff = PlanDiff::default();
     let in_new: HashSet<&str> = planned.iter().map(|p| p.id.as_str()).collect();
-    let by_id: HashMap<&str, &TodoItem> = existing.iter().map(|i| (i.id.as_str(), i)).collect();
-    let mut items: Vec<TodoItem> = Vec::new();
+    // The items the new list names, taken out to be placed where it puts them.
+    let mut named: HashMap<String, TodoItem> = HashMap::new();
+    let mut items: Vec<TodoItem> = Vec::with_capacity(existing.len() + planned.len());
 
     // Frozen items the new list does not mention keep their relative order, first. A team's
-    // children belong to their team's plan, not to this list: they stay as they are.
+    // children belong to their team's plan, not to this list: they stay as they are. Pending
+    // items the list leaves out are removed.
     for it in existing {
         let kept = it.status != ItemStatus::Pending || it.parent_item_id.is_some();
-        if kept && !in_new.contains(it.id.as_str()) {
-            items.push(it.clone());
+        if in_new.contains(it.id.as_str()) {
+            named.insert(it.id.as_str().to_owned(), it);
+        } else if kept {
+            items.push(it);
+        } else {
+            diff.removed.push(it.id.clone());
+            diff.removed_items.push(it);
         }
     }
     for p in planned {
-        match by_id.get(p.id.as_str()) {
+        match named.remove(p.id.as_str()) {
             Some(old) if old.status != ItemStatus::Pending => {
                 diff.frozen.push(p.id.clone());
-                items.push((*old).clone());
+                items.push(old);
             }
-            Some(old) => {
-                let mut it = (*old).clone();
+            Some(mut it) => {
                 let differs = it.description != p.description
                     || it.step_type != p.step_type
                     || it.required_tools != p.required_tools
@@ -462,22 +478,21 @@ pub fn merge(existing: &[TodoItem], planned: &[ValidItem], mode: ToolValidationM
                     diff.changed.push(it.id.clone());
                     diff.dirty.push(it.id.clone());
                 }
+                if it.run_id != Some(run) {
+                    it.run_id = Some(run);
+                    if !differs {
+                        diff.dirty.push(it.id.clone());
+                    }
+                }
                 items.push(it);
             }
             None => {
                 diff.added.push(p.id.clone());
                 diff.dirty.push(p.id.clone());
-                items.push(new_item(p, mode));
+                let mut it = new_item(p, mode);
+                it.run_id = Some(run);
+                items.push(it);
             }
-        }
-    }
-    for it in existing {
-        if it.status == ItemStatus::Pending
-            && it.parent_item_id.is_none()
-            && !in_new.contains(it.id.as_str())
-        {
-            diff.removed.push(it.id.clone());
-            diff.removed_items.push(it.clone());
         }
     }
     for (pos, it) in items.iter_mut().enumerate() {
@@ -602,15 +617,21 @@ mod tests {
     #[test]
     fn merge_keeps_started_items_and_reports_changes() {
         let valid = validate(&[p("a", &[]), p("b", &["a"])], &[], &rules(&[], 10)).unwrap();
-        let mut first = merge(&[], &valid, ToolValidationMode::Strict).items;
+        let run = uuid::Uuid::nil();
+        let mut first = merge(vec![], &valid, ToolValidationMode::Strict, run).items;
         first[0].status = ItemStatus::Completed;
         // the new list changes a completed item (ignored), changes b, drops nothing, adds c
         let mut a2 = p("a", &[]);
         a2.description = "rewritten".into();
         let mut b2 = p("b", &["a"]);
         b2.description = "changed".into();
-        let valid2 = validate(&[a2, b2, p("c", &["b"])], &first[..1], &rules(&[], 10)).unwrap();
-        let d = merge(&first, &valid2, ToolValidationMode::Strict);
+        let valid2 = validate(
+            &[a2, b2, p("c", &["b"])],
+            &[first[0].id.clone()],
+            &rules(&[], 10),
+        )
+        .unwrap();
+        let d = merge(first.clone(), &valid2, ToolValidationMode::Strict, run);
         assert_eq!(d.items[0].description, "do a");
         assert_eq!(d.items[0].status, ItemStatus::Completed);
         assert_eq!(d.changed, vec![ItemId::parse("b").unwrap()]);
@@ -618,10 +639,45 @@ mod tests {
         assert!(d.removed.is_empty());
         assert_eq!(d.frozen, vec![ItemId::parse("a").unwrap()]);
         let d2 = merge(
-            &d.items,
+            d.items.clone(),
             &validate(&[p("a", &[])], &[], &rules(&[], 10)).unwrap(),
             ToolValidationMode::Strict,
+            run,
         );
         assert_eq!(d2.removed.len(), 2);
+    }
+
+    #[test]
+    fn merge_gives_the_planning_run_its_pending_items_and_leaves_finished_ones_to_theirs() {
+        let (first_run, second_run) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        let valid = validate(&[p("a", &[]), p("b", &["a"])], &[], &rules(&[], 10)).unwrap();
+        let mut first = merge(vec![], &valid, ToolValidationMode::Strict, first_run).items;
+        assert!(first.iter().all(|i| i.run_id == Some(first_run)));
+        first[0].status = ItemStatus::Completed;
+        // The follow-up keeps b unchanged and adds c: both are its items now, a stays the first
+        // run's; b's row is written for the new owner though nothing else changed.
+        let planned = [p("b", &["a"]), p("c", &[])];
+        let done = [first[0].id.clone()];
+        let valid2 = validate(&planned, &done, &rules(&[], 2)).unwrap();
+        let d = merge(
+            first.clone(),
+            &valid2,
+            ToolValidationMode::Strict,
+            second_run,
+        );
+        let owner = |id: &str| d.items.iter().find(|i| i.id.as_str() == id).unwrap().run_id;
+        assert_eq!(owner("a"), Some(first_run));
+        assert_eq!(owner("b"), Some(second_run));
+        assert_eq!(owner("c"), Some(second_run));
+        assert!(d.changed.is_empty());
+        assert!(d.dirty.contains(&ItemId::parse("b").unwrap()));
+        // maxItems counts the list's items that did not start, not the thread's.
+        let errs = validate(
+            &[p("x", &[]), p("y", &[]), p("z", &[])],
+            &done,
+            &rules(&[], 2),
+        )
+        .unwrap_err();
+        assert!(errs.join("").contains("too many items: 3"), "{errs:?}");
     }
 }

@@ -1,6 +1,11 @@
 //! Planning: the first plan of a run, the refinement of an existing plan by a later run, one
 //! repair request when the model's plan is invalid, and the `update_plan` tool an item may call to
 //! replace the items that have not started.
+//!
+//! A follow-up is planned like a first query: the planner sees the recent conversation
+//! ([`HISTORY_MESSAGES`] queries and answers, each cut to [`HISTORY_MESSAGE_CHARS`]), a bounded
+//! summary of what earlier runs did and the items no run started, never the thread's whole
+//! history; and `maxItems` bounds what this run plans, not what the thread holds.
 
 use serde_json::{Value, json};
 use tracing::debug;
@@ -9,14 +14,22 @@ use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase};
 use crate::model::RunPhase;
 use crate::model::{
-    AgentConfig, ErrorInfo, MessageRole, NewObservation, ObservationType, ToolCallRecord,
-    ToolResultRecord, ToolResultStatus, ToolValidationMode,
+    AgentConfig, ErrorInfo, ItemStatus, MessageRole, NewObservation, ObservationType,
+    ToolCallRecord, ToolResultRecord, ToolResultStatus, ToolValidationMode,
 };
 
 use super::Engine;
 use super::journal::{Ctx, Halt};
 use super::plan::{self, PlanReply, PlannedItem};
 use super::prompts::{self, truncate};
+
+/// Queries and answers of the earlier conversation the planner sees (the latest ones: three
+/// exchanges). With the summary of earlier runs' items they are what a follow-up refers to; more
+/// would make every follow-up's planning prompt grow with the thread.
+pub const HISTORY_MESSAGES: usize = 6;
+/// Characters of one earlier query or answer the planner sees: a long earlier answer is context
+/// for the plan, not its subject.
+pub const HISTORY_MESSAGE_CHARS: usize = 1000;
 
 impl Engine {
     /// The tools a run may use: the registry's and its tenant's flowcharts, narrowed by the
@@ -57,6 +70,38 @@ impl Engine {
         cfg.max_items.unwrap_or(self.settings.max_items)
     }
 
+    /// The conversation before this run as the planner sees it: the latest
+    /// [`HISTORY_MESSAGES`] queries and final answers among the thread's latest `history_messages`
+    /// messages (no tool use), each cut to [`HISTORY_MESSAGE_CHARS`], oldest first.
+    fn recent_conversation(&self, ctx: &Ctx<'_>) -> Vec<ChatMessage> {
+        let skip = ctx
+            .history
+            .len()
+            .saturating_sub(self.settings.history_messages);
+        let mut out: Vec<ChatMessage> = ctx
+            .history
+            .iter()
+            .skip(skip)
+            .rev()
+            .filter_map(|m| match m.role {
+                MessageRole::User => Some(ChatMessage::user(truncate(
+                    &m.content,
+                    HISTORY_MESSAGE_CHARS,
+                ))),
+                MessageRole::Assistant if m.tool_calls.is_empty() && m.item_id.is_none() => {
+                    Some(ChatMessage::assistant(
+                        Some(truncate(&m.content, HISTORY_MESSAGE_CHARS)),
+                        vec![],
+                    ))
+                }
+                _ => None,
+            })
+            .take(HISTORY_MESSAGES)
+            .collect();
+        out.reverse();
+        out
+    }
+
     /// Plan (or refine the existing plan), with one repair request for an invalid plan.
     pub(super) async fn plan(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
         let known = self.enabled_tools(ctx);
@@ -69,24 +114,21 @@ impl Engine {
             max_items,
             self.max_team_depth(&ctx.cfg) > 0,
         ))];
-        let skip = ctx
-            .history
-            .len()
-            .saturating_sub(self.settings.history_messages);
-        for m in ctx.history.iter().skip(skip) {
-            match m.role {
-                MessageRole::User => messages.push(ChatMessage::user(m.content.clone())),
-                MessageRole::Assistant if m.tool_calls.is_empty() && m.item_id.is_none() => {
-                    messages.push(ChatMessage::assistant(Some(m.content.clone()), vec![]))
-                }
-                _ => {}
-            }
-        }
+        messages.extend(self.recent_conversation(ctx));
         if refining {
-            messages.push(ChatMessage::user(prompts::refinement_note(&ctx.items)));
+            let pending: Vec<crate::model::TodoItem> = ctx
+                .items
+                .iter()
+                .filter(|i| i.status == ItemStatus::Pending && i.parent_item_id.is_none())
+                .cloned()
+                .collect();
+            messages.push(ChatMessage::user(prompts::refinement_note(
+                &self.earlier(ctx, prompts::EARLIER_ITEMS_SHOWN),
+                &pending,
+            )));
         }
         messages.push(ChatMessage::user(ctx.run.query.clone()));
-        let frozen = ctx.frozen_items();
+        let frozen = frozen_ids(ctx);
 
         let mut attempt = 0;
         let (reply, valid) = loop {
@@ -147,12 +189,13 @@ impl Engine {
             .cfg
             .tool_validation_mode
             .unwrap_or(ToolValidationMode::Strict);
-        let diff = plan::merge(&ctx.items, &valid, mode);
+        let mut diff = plan::merge(std::mem::take(&mut ctx.items), &valid, mode, ctx.run.run_id);
+        let update = refining.then(|| diff.observation_content());
         ctx.state.intent = Some(reply.intent.clone());
         ctx.state.title = Some(reply.title.clone());
         ctx.state.plan = Some(reply.plan.clone());
         ctx.state.current_step_id = None;
-        ctx.items = diff.items.clone();
+        ctx.items = std::mem::take(&mut diff.items);
 
         let mut b = ctx.batch();
         b.op(Op::SetAgentState(ctx.state.clone()));
@@ -176,12 +219,9 @@ impl Engine {
             truncate(&reply.title, 120),
             json!({"title": reply.title}),
         ));
-        if refining {
-            b.observe(ctx.obs(None, ObservationType::PlanUpdate, "Plan refined", {
-                let mut c = diff.observation_content();
-                c["plan"] = json!(reply.plan);
-                c
-            }));
+        if let Some(mut c) = update {
+            c["plan"] = json!(reply.plan);
+            b.observe(ctx.obs(None, ObservationType::PlanUpdate, "Plan refined", c));
         } else {
             b.observe(ctx.obs(
                 None,
@@ -224,7 +264,7 @@ impl Engine {
             Some(Err(e)) => return (err(format!("invalid todoList: {e}")), vec![], vec![]),
             None => return (err("missing `todoList`".into()), vec![], vec![]),
         };
-        let frozen = ctx.frozen_items();
+        let frozen = frozen_ids(ctx);
         let known = self.enabled_tools(ctx);
         let rules = plan::Rules {
             known_tools: &known,
@@ -245,8 +285,9 @@ impl Engine {
             .cfg
             .tool_validation_mode
             .unwrap_or(ToolValidationMode::Strict);
-        let diff = plan::merge(&ctx.items, &valid, mode);
-        ctx.items = diff.items.clone();
+        let mut diff = plan::merge(std::mem::take(&mut ctx.items), &valid, mode, ctx.run.run_id);
+        let content = diff.observation_content();
+        ctx.items = std::mem::take(&mut diff.items);
         let mut ops = Vec::new();
         for id in &diff.removed {
             ops.push(Op::DeleteItem(id.clone()));
@@ -260,12 +301,7 @@ impl Engine {
             "added": diff.added, "changed": diff.changed, "removed": diff.removed,
             "unchanged": diff.frozen,
         });
-        let obs = ctx.obs(
-            None,
-            ObservationType::PlanUpdate,
-            "Plan updated",
-            diff.observation_content(),
-        );
+        let obs = ctx.obs(None, ObservationType::PlanUpdate, "Plan updated", content);
         (
             ToolResultRecord {
                 tool_call_id: call.id.clone(),
@@ -278,4 +314,13 @@ impl Engine {
             ops,
         )
     }
+}
+
+/// The ids of the items a new plan must keep as they are: every one that has left `pending`.
+fn frozen_ids(ctx: &Ctx<'_>) -> Vec<crate::model::ItemId> {
+    ctx.items
+        .iter()
+        .filter(|i| i.status != ItemStatus::Pending)
+        .map(|i| i.id.clone())
+        .collect()
 }

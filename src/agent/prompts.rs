@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::model::{AgentConfig, TodoItem};
+use crate::model::{AgentConfig, ItemStatus, TodoItem};
 
 /// Schema name of the planning reply.
 pub const PLAN_SCHEMA_NAME: &str = "pes_plan";
@@ -198,24 +198,109 @@ pub fn planning_system(
     s
 }
 
-/// The existing todo list shown to the planner when it refines a plan.
-pub fn refinement_note(items: &[TodoItem]) -> String {
-    let mut s = String::from(
-        "This thread already has a plan. Refine it for the new query: return the FULL new todo \
-         list. Keep the ids of items you keep; completed items stay completed and keep their ids. \
-         Current todo list:\n",
+/// Earlier runs' items a follow-up's planning prompt shows (the most recent ones), one line each:
+/// a thread's 200th follow-up is planned from a prompt the size of its 2nd's. Older items stay in
+/// the thread's state; the prompt says how many it leaves out.
+pub const EARLIER_ITEMS_SHOWN: usize = 8;
+/// Earlier runs' items the synthesis (and an item with `contextMode` `all`) shows, as context: the
+/// answer is made of this run's items, earlier ones only help it refer to what came before.
+pub const EARLIER_ITEMS_IN_SYNTHESIS: usize = 4;
+/// Characters of an earlier item's compacted output its line keeps.
+pub const EARLIER_OUTPUT_CHARS: usize = 300;
+/// Characters of an earlier item's description its line keeps.
+pub const EARLIER_DESCRIPTION_CHARS: usize = 200;
+
+/// What a prompt shows of the items earlier runs finished: the latest few (see
+/// [`EARLIER_ITEMS_SHOWN`]), each cut to one line, and how many there are in all.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Earlier {
+    /// The latest earlier items, oldest first, as results-section lines (outputs already cut).
+    pub shown: Vec<EarlierLine>,
+    /// Earlier items in all (shown ones included).
+    pub total: usize,
+}
+
+/// One earlier item as a prompt shows it: `- <id> [<status>]: <description> (result: <output>)`
+/// in the refinement note, `- [<id>] <description>: <output>` in the synthesis brief.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EarlierLine {
+    pub id: String,
+    pub status: ItemStatus,
+    pub description: String,
+    /// The compacted output (or why it did not complete), on one line, cut.
+    pub output: String,
+}
+
+impl EarlierLine {
+    /// The line of a finished item, `output` being its compacted output when it completed, else
+    /// why it did not: description and output each on one line, cut to
+    /// [`EARLIER_DESCRIPTION_CHARS`] and [`EARLIER_OUTPUT_CHARS`].
+    pub fn of(it: &TodoItem, output: &str) -> Self {
+        Self {
+            id: it.id.to_string(),
+            status: it.status,
+            description: truncate(&one_line(&it.description), EARLIER_DESCRIPTION_CHARS),
+            output: truncate(&one_line(output), EARLIER_OUTPUT_CHARS),
+        }
+    }
+}
+
+/// `text` with its line breaks (and the blanks around them) turned into single spaces.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+impl Earlier {
+    /// Earlier items the prompt leaves out.
+    pub fn omitted(&self) -> usize {
+        self.total.saturating_sub(self.shown.len())
+    }
+
+    /// `<total> in all, the last <k> below[ (<n> older ones not shown)]`.
+    fn count_line(&self) -> String {
+        let mut s = format!("{} in all, the last {} below", self.total, self.shown.len());
+        if self.omitted() > 0 {
+            s.push_str(&format!(" ({} older ones not shown)", self.omitted()));
+        }
+        s
+    }
+}
+
+/// The note that tells the planner a thread already has a plan, for a follow-up query: a bounded
+/// summary of what earlier runs did ([`Earlier`]), and whole the items no run has started (a new
+/// list keeps them only by listing them again). Finished items stay in the thread whether the
+/// new list names them or not, so the planner plans only this query's items, and `maxItems`
+/// bounds those.
+pub fn refinement_note(earlier: &Earlier, pending: &[TodoItem]) -> String {
+    use labels::*;
+    let mut s = format!(
+        "{REFINEMENT} Plan the new query: return the todo list of the items this query needs. \
+         Items earlier runs finished stay as they are whether you list them or not (listing one \
+         changes nothing), and an item may depend on one by its id; new items need ids not used \
+         in this thread. Items not started yet are dropped unless you list them again with their \
+         ids.\n"
     );
-    for it in items {
-        s.push_str(&format!(
-            "- {} [{}]: {}{}\n",
-            it.id,
-            it.status,
-            it.description,
-            it.result
-                .as_deref()
-                .map(|r| format!(" (result: {})", truncate(r, 300)))
-                .unwrap_or_default()
-        ));
+    if earlier.total > 0 {
+        s.push_str(&format!("{EARLIER_ITEMS}{}:\n", earlier.count_line()));
+        for l in &earlier.shown {
+            s.push_str(&format!(
+                "- {} [{}]: {} (result: {})\n",
+                l.id, l.status, l.description, l.output
+            ));
+        }
+    }
+    if !pending.is_empty() {
+        s.push_str(&format!("{NOT_STARTED}\n"));
+        for it in pending {
+            s.push_str(&format!(
+                "- {} [{}]: {}\n",
+                it.id, it.status, it.description
+            ));
+            if !it.dependencies.is_empty() {
+                let deps: Vec<&str> = it.dependencies.iter().map(|d| d.as_str()).collect();
+                s.push_str(&format!("  {DEPENDS_ON}{}\n", deps.join(", ")));
+            }
+        }
     }
     s
 }
@@ -240,8 +325,9 @@ pub fn execution_system(cfg: &AgentConfig, may_update_plan: bool) -> String {
 pub fn synthesis_system(cfg: &AgentConfig) -> String {
     let mut s = persona_line(cfg, |p| p.synthesis.as_ref());
     s.push_str(
-        "You write the final answer to the user's query from the results of the plan's items. \
-         Reply with a JSON object {response, sources, suggestions}.",
+        "You write the final answer to the user's query from the results of the plan's items \
+         (this run's). Earlier items of the thread, when listed, are context only: answer the \
+         query, not the earlier ones. Reply with a JSON object {response, sources, suggestions}.",
     );
     s
 }
@@ -256,7 +342,7 @@ pub mod labels {
     pub const PLAN: &str = "Plan: ";
     /// Header of the results an item reads (its dependencies', or every finished item's).
     pub const EARLIER_RESULTS: &str = "Results of earlier items:";
-    /// Header of the results the synthesis reads.
+    /// Header of the results the synthesis reads: this run's items, the answer's material.
     pub const ITEM_RESULTS: &str = "Results of the plan's items:";
     /// `Role: <name>` then the role's fragment, before the item's goal.
     pub const ROLE: &str = "Role: ";
@@ -270,8 +356,19 @@ pub mod labels {
     pub const AVAILABLE_TOOLS: &str = "Available tools:";
     /// In the planning system prompt: `Use at most <n> items.`
     pub const MAX_ITEMS: &str = "Use at most ";
-    /// First line of the refinement note; then one `- <id> [<status>]: <description>` per item.
+    /// First words of the refinement note (a follow-up query's planning request).
     pub const REFINEMENT: &str = "This thread already has a plan.";
+    /// In the refinement note: `Finished items of earlier runs: <n> in all, the last <k> below…:`,
+    /// then one `- <id> [<status>]: <description> (result: <output>)` line each.
+    pub const EARLIER_ITEMS: &str = "Finished items of earlier runs: ";
+    /// In the refinement note, before one `- <id> [pending]: <description>` line per item no run
+    /// started, each followed, when it has dependencies, by `  depends on: a, b`.
+    pub const NOT_STARTED: &str = "Items not started yet:";
+    /// The dependencies line of an item not started yet (after two spaces).
+    pub const DEPENDS_ON: &str = "depends on: ";
+    /// In the synthesis brief, before the earlier items (context only):
+    /// `Earlier items of this thread, for context: <n> in all, the last <k> below…:`.
+    pub const EARLIER_CONTEXT: &str = "Earlier items of this thread, for context: ";
     /// First line of the text a compaction request summarizes: `Result of item [<id>] <description>:`
     pub const TO_COMPACT: &str = "Result of item [";
 }
@@ -355,12 +452,25 @@ pub fn item_brief(b: &Brief<'_>) -> String {
     s
 }
 
-/// The user message of the synthesis request.
-pub fn synthesis_brief(query: &str, plan: Option<&str>, results: &[ResultLine]) -> String {
+/// The user message of the synthesis request: the query, the plan, a bounded summary of what
+/// earlier runs did (context only, see [`Earlier`]), then the results of this run's items, the
+/// ones the answer is made of.
+pub fn synthesis_brief(
+    query: &str,
+    plan: Option<&str>,
+    earlier: &Earlier,
+    results: &[ResultLine],
+) -> String {
     use labels::*;
     let mut s = format!("{QUERY}{query}\n");
     if let Some(p) = plan {
         s.push_str(&format!("{PLAN}{p}\n"));
+    }
+    if earlier.total > 0 {
+        s.push_str(&format!("{EARLIER_CONTEXT}{}:\n", earlier.count_line()));
+        for l in &earlier.shown {
+            s.push_str(&format!("- [{}] {}: {}\n", l.id, l.description, l.output));
+        }
     }
     if results.is_empty() {
         s.push_str(&format!("{ITEM_RESULTS}\n(none)\n"));

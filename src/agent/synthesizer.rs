@@ -1,5 +1,7 @@
 //! Synthesis: once no item can run, cancel the pending items whose dependencies cannot complete,
-//! then ask the model for the final answer from the items' results and complete the run.
+//! then ask the model for the final answer and complete the run. The answer is the answer to this
+//! run's query: the brief holds the results of this run's items, and of earlier runs' items only a
+//! bounded summary, as context.
 
 use chrono::Utc;
 use serde_json::{Value, json};
@@ -19,7 +21,12 @@ impl Engine {
     pub(super) async fn begin_synthesis(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
         let mut b = ctx.batch();
         self.cancel_unreachable(ctx, &mut b);
-        let count = |s: ItemStatus| ctx.items.iter().filter(|i| i.status == s).count();
+        let count = |s: ItemStatus| {
+            ctx.items
+                .iter()
+                .filter(|i| i.status == s && super::context::this_runs(ctx, i))
+                .count()
+        };
         b.observe(ctx.obs(
             None,
             ObservationType::Synthesis,
@@ -43,6 +50,7 @@ impl Engine {
         let brief = prompts::synthesis_brief(
             &ctx.run.query,
             ctx.state.plan.as_deref(),
+            &self.earlier(ctx, prompts::EARLIER_ITEMS_IN_SYNTHESIS),
             &self.result_lines(ctx),
         );
         let req = ChatRequest {

@@ -187,9 +187,15 @@ impl Engine {
         }
     }
 
-    /// Items a team's plan may still add: `maxItems` counts every item of the run, children too.
+    /// Items a team's plan may still add: `maxItems` counts every item of the run, children too,
+    /// and none of the items earlier runs of the thread finished.
     fn team_room(&self, ctx: &Ctx<'_>) -> usize {
-        (self.max_items(&ctx.cfg) as usize).saturating_sub(ctx.items.len())
+        let this_run = ctx
+            .items
+            .iter()
+            .filter(|i| super::context::this_runs(ctx, i) || i.status == ItemStatus::Pending)
+            .count();
+        (self.max_items(&ctx.cfg) as usize).saturating_sub(this_run)
     }
 
     /// A team's plan came back: its children join the todo list with `PLAN` under the team; an
@@ -275,6 +281,7 @@ impl Engine {
                 .collect();
             child.parent_item_id = Some(team.clone());
             child.position = first_position + k as i64;
+            child.run_id = Some(ctx.run.run_id);
             children.push(child);
         }
         let it = &mut ctx.items[idx];

@@ -10,11 +10,14 @@
 //!
 //! - plan: the query is the last user message; the cap is the system prompt's
 //!   `Use at most N items.`; a refinement note (`This thread already has a plan.`) lists the
-//!   existing items, `- <id> [<status>]: <description>`;
+//!   latest items earlier runs finished and how many there are (for fresh ids) and the items not
+//!   started yet, `- <id> [<status>]: <description>` (the latter with their `depends on:`); the
+//!   cap bounds this run's items, never the thread's;
 //! - execute: the item brief (the first user message) gives `Your item [<id>]: <description>`,
 //!   `Required tools: …` and the `Results of earlier items:` section; tool results are the `tool`
 //!   messages;
-//! - synthesize: the synthesis brief's `Results of the plan's items:` section;
+//! - synthesize: the synthesis brief's `Results of the plan's items:` section (this run's items;
+//!   the earlier items it summarizes for context are not part of the answer);
 //! - compact: the user message after its first line (`Result of item [<id>] …:`).
 //!
 //! Its tests build their requests with the engine's own prompt builders, so a prompt change that
@@ -340,13 +343,19 @@ fn drafts_for(query: &str, available: &[String]) -> (Vec<Draft>, Draft) {
     (tools, answer)
 }
 
-/// What an existing item must have been, from its description alone (the offline model wrote
-/// it): answer items depend on the tool and part items since the previous answer, as when first
-/// planned.
-fn rebuild_existing(existing: &[(String, String)]) -> Vec<PlanItem> {
+/// What items not started yet must have been, from their description (the offline model wrote
+/// it) and the dependencies the note gives: answer items depend on what the note says, else on
+/// the tool and part items listed since the previous answer, as when first planned.
+fn rebuild_existing(existing: &[NoteEntry]) -> Vec<PlanItem> {
     let mut items = Vec::new();
     let mut batch: Vec<String> = Vec::new();
-    for (id, description) in existing {
+    for NoteEntry {
+        id,
+        description,
+        dependencies,
+        ..
+    } in existing
+    {
         let tool = if description.starts_with(CALCULATE_PREFIX) {
             Some("calculator".to_owned())
         } else if description.starts_with(TIME_PREFIX) {
@@ -402,61 +411,83 @@ fn rebuild_existing(existing: &[(String, String)]) -> Vec<PlanItem> {
                 },
             },
         };
+        let item = match dependencies {
+            Some(deps) => PlanItem {
+                dependencies: deps.clone(),
+                ..item
+            },
+            None => item,
+        };
         items.push(item);
     }
     items
 }
 
-/// The `pes_plan` reply for the query of a planning request.
+/// The `pes_plan` reply for the query of a planning request: the query's own items (at most the
+/// cap), after the items of the refinement note no run started when they fit beside them (the
+/// query wins when they do not). Items earlier runs finished are never listed again: they stay
+/// in the thread whatever the list says, so a thread's 200th follow-up has the room its first had.
 fn plan(req: &ChatRequest) -> Value {
     let query = last_user_text(req).unwrap_or_default();
     let available = available_tools(req);
     let cap = max_items(req).unwrap_or(DEFAULT_MAX_ITEMS);
-    let mut items = rebuild_existing(&existing_items(req));
-    let room = cap.saturating_sub(items.len());
-    if room > 0 {
-        let (mut drafts, answer) = drafts_for(query, &available);
-        drafts.truncate(room - 1);
-        let highest = items
-            .iter()
-            .filter_map(|i| i.id.strip_prefix("step-")?.parse::<usize>().ok())
-            .max()
-            .unwrap_or(0);
-        let mut next = items.len().max(highest) + 1;
-        let mut fresh_id = |items: &[PlanItem]| loop {
-            let id = format!("step-{next}");
-            next += 1;
-            if !items.iter().any(|i| i.id == id) {
-                return id;
-            }
-        };
-        let mut draft_ids = Vec::new();
-        for d in drafts {
-            let id = fresh_id(&items);
-            draft_ids.push(id.clone());
-            items.push(PlanItem {
-                id,
-                description: d.description,
-                step_type: if d.tool.is_some() {
-                    "tool"
-                } else {
-                    "reasoning"
-                },
-                required_tools: d.tool.into_iter().collect(),
-                expected_outcome: d.expected_outcome,
-                dependencies: vec![],
-            });
+    let note = read_refinement(req);
+    let (mut drafts, answer) = drafts_for(query, &available);
+    drafts.truncate(cap.saturating_sub(1));
+    let not_started: Vec<NoteEntry> = note
+        .entries
+        .iter()
+        .filter(|e| e.status == ItemStatus::Pending)
+        .cloned()
+        .collect();
+    let mut items = if not_started.len() + drafts.len() < cap {
+        rebuild_existing(&not_started)
+    } else {
+        Vec::new()
+    };
+    // Fresh ids continue the numbering: past every id the note lists, and past the count of the
+    // thread's items (the note shows only the latest ones).
+    let highest = note
+        .entries
+        .iter()
+        .filter_map(|e| e.id.strip_prefix("step-")?.parse::<usize>().ok())
+        .max()
+        .unwrap_or(0);
+    let mut next = highest.max(note.earlier_total + not_started.len()) + 1;
+    let listed: Vec<String> = note.entries.iter().map(|e| e.id.clone()).collect();
+    let mut fresh_id = |items: &[PlanItem]| loop {
+        let id = format!("step-{next}");
+        next += 1;
+        if !items.iter().any(|i| i.id == id) && !listed.contains(&id) {
+            return id;
         }
+    };
+    let mut draft_ids = Vec::new();
+    for d in drafts {
         let id = fresh_id(&items);
+        draft_ids.push(id.clone());
         items.push(PlanItem {
             id,
-            description: answer.description,
-            step_type: "reasoning",
-            required_tools: vec![],
-            expected_outcome: answer.expected_outcome,
-            dependencies: draft_ids,
+            description: d.description,
+            step_type: if d.tool.is_some() {
+                "tool"
+            } else {
+                "reasoning"
+            },
+            required_tools: d.tool.into_iter().collect(),
+            expected_outcome: d.expected_outcome,
+            dependencies: vec![],
         });
     }
+    let id = fresh_id(&items);
+    items.push(PlanItem {
+        id,
+        description: answer.description,
+        step_type: "reasoning",
+        required_tools: vec![],
+        expected_outcome: answer.expected_outcome,
+        dependencies: draft_ids,
+    });
     let steps: Vec<String> = items
         .iter()
         .enumerate()
@@ -509,34 +540,85 @@ fn max_items(req: &ChatRequest) -> Option<usize> {
         .filter(|&n| n > 0)
 }
 
-/// The items of the refinement note, (id, description), when the request refines a plan. The note
-/// is a user message before the query; its entries are `- <id> [<status>]: <description>`,
-/// possibly followed by ` (result: …)` whose text may run over several lines: only lines with a
-/// valid id and status are entries.
-fn existing_items(req: &ChatRequest) -> Vec<(String, String)> {
+/// One item of the refinement note.
+#[derive(Debug, Clone, PartialEq)]
+struct NoteEntry {
+    id: String,
+    status: ItemStatus,
+    description: String,
+    /// The `depends on:` line under an item not started yet, when there is one.
+    dependencies: Option<Vec<String>>,
+}
+
+/// What the offline model reads in the refinement note of a follow-up's planning request.
+#[derive(Debug, Default, PartialEq)]
+struct Refinement {
+    /// The items it lists: the latest finished ones of earlier runs, and the ones not started.
+    entries: Vec<NoteEntry>,
+    /// Finished items of earlier runs in all (the note shows only the latest).
+    earlier_total: usize,
+}
+
+/// The refinement note, when the request refines a plan: a user message before the query. Its
+/// entries are `- <id> [<status>]: <description>`, a finished one followed by ` (result: …)`, one
+/// not started by an indented `depends on: a, b` line when it has dependencies; only lines with
+/// a valid id and status are entries. `Finished items of earlier runs: <n> in all, …` gives the
+/// count.
+fn read_refinement(req: &ChatRequest) -> Refinement {
     let Some(note) = texts(req, Role::User)
         .rev()
         .skip(1)
         .find(|t| t.starts_with(labels::REFINEMENT))
     else {
-        return Vec::new();
+        return Refinement::default();
     };
-    note.lines()
-        .skip(1)
-        .filter_map(|line| {
+    let mut out = Refinement::default();
+    for line in note.lines().skip(1) {
+        if let Some(count) = line.strip_prefix(labels::EARLIER_ITEMS) {
+            out.earlier_total = count
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            continue;
+        }
+        if let Some(deps) = line
+            .strip_prefix("  ")
+            .and_then(|l| l.strip_prefix(labels::DEPENDS_ON))
+        {
+            if let Some(last) = out.entries.last_mut() {
+                last.dependencies = Some(
+                    deps.split(',')
+                        .map(str::trim)
+                        .filter(|d| !d.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                );
+            }
+            continue;
+        }
+        let entry = (|| {
             let (id, rest) = line.strip_prefix("- ")?.split_once(" [")?;
             let (status, rest) = rest.split_once("]: ")?;
             ItemId::parse(id).ok()?;
-            status.parse::<ItemStatus>().ok()?;
+            let status = status.parse::<ItemStatus>().ok()?;
             let description = rest.split_once(" (result: ").map_or(rest, |(d, _)| d);
-            Some((id.to_owned(), description.to_owned()))
-        })
-        .collect()
+            Some(NoteEntry {
+                id: id.to_owned(),
+                status,
+                description: description.to_owned(),
+                dependencies: None,
+            })
+        })();
+        out.entries.extend(entry);
+    }
+    out
 }
 
 /// Whether a line of a brief starts the part that follows the query.
 fn ends_the_query(line: &str) -> bool {
     line.starts_with(labels::PLAN)
+        || line.starts_with(labels::EARLIER_CONTEXT)
         || line == labels::EARLIER_RESULTS
         || line == labels::ITEM_RESULTS
         || line.starts_with(labels::ROLE)
@@ -981,10 +1063,33 @@ mod tests {
         ))];
         messages.extend(history.iter().map(|h| ChatMessage::user(*h)));
         if !existing.is_empty() {
-            messages.push(ChatMessage::user(prompts::refinement_note(existing)));
+            messages.push(ChatMessage::user(note_for(existing)));
         }
         messages.push(ChatMessage::user(query));
         request(Phase::Plan, messages)
+    }
+
+    /// The refinement note the planner writes for a thread holding `existing`: its finished
+    /// items as earlier runs' (the latest few shown), the pending ones whole.
+    fn note_for(existing: &[TodoItem]) -> String {
+        let finished: Vec<&TodoItem> = existing
+            .iter()
+            .filter(|i| i.status != ItemStatus::Pending)
+            .collect();
+        let skip = finished.len().saturating_sub(prompts::EARLIER_ITEMS_SHOWN);
+        let earlier = prompts::Earlier {
+            total: finished.len(),
+            shown: finished[skip..]
+                .iter()
+                .map(|i| prompts::EarlierLine::of(i, i.result.as_deref().unwrap_or("")))
+                .collect(),
+        };
+        let pending: Vec<TodoItem> = existing
+            .iter()
+            .filter(|i| i.status == ItemStatus::Pending)
+            .cloned()
+            .collect();
+        prompts::refinement_note(&earlier, &pending)
     }
 
     async fn reply(req: ChatRequest) -> Value {
@@ -1140,8 +1245,12 @@ mod tests {
             json!({"text": "1+1 at 2024-01-02"})
         );
         // A refinement keeps the item as planned.
-        let rebuilt =
-            rebuild_existing(&[("step-1".into(), "Call the tool web__ping with {}".into())]);
+        let rebuilt = rebuild_existing(&[NoteEntry {
+            id: "step-1".into(),
+            status: ItemStatus::Pending,
+            description: "Call the tool web__ping with {}".into(),
+            dependencies: None,
+        }]);
         assert_eq!(rebuilt[0].required_tools, ["web__ping"]);
     }
 
@@ -1338,7 +1447,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn refinement_keeps_existing_items_and_continues_the_numbering() {
+    async fn a_follow_up_plans_its_own_items_and_continues_the_numbering() {
         for first_query in [
             "what is 2+2",
             "Who built Rome? Who built Athens?",
@@ -1347,23 +1456,93 @@ mod tests {
             let first = plan_for(first_query, 10).await;
             let items = completed_items(&first);
             let req = plan_request("and 3*3?", 10, &[first_query], &items);
-            assert_eq!(existing_items(&req).len(), items.len(), "{first_query}");
+            let note = read_refinement(&req);
+            assert_eq!(note.entries.len(), items.len(), "{first_query}");
+            assert_eq!(note.earlier_total, items.len());
             let p = reply(req).await;
             let list = p["todoList"].as_array().unwrap();
             let kept = items.len();
-            // The kept items are exactly as first planned, dependencies included.
-            assert_eq!(list[..kept], first["todoList"].as_array().unwrap()[..]);
-            // The new query is planned; the previous one (in the history) is not planned again.
-            assert_eq!(list.len(), kept + 2, "{p}");
-            assert_eq!(list[kept]["id"], format!("step-{}", kept + 1));
-            assert_eq!(list[kept]["description"], "Calculate 3*3");
-            assert_eq!(list[kept + 1]["id"], format!("step-{}", kept + 2));
+            // Finished items are not listed again (they stay whatever the list says); the new
+            // query is planned, the previous one (in the history) is not planned again.
+            assert_eq!(list.len(), 2, "{p}");
+            assert_eq!(list[0]["id"], format!("step-{}", kept + 1));
+            assert_eq!(list[0]["description"], "Calculate 3*3");
+            assert_eq!(list[1]["id"], format!("step-{}", kept + 2));
             assert_eq!(
-                list[kept + 1]["dependencies"],
+                list[1]["dependencies"],
                 json!([format!("step-{}", kept + 1)])
             );
             assert_eq!(p["title"], "and 3*3?");
         }
+    }
+
+    #[tokio::test]
+    async fn items_not_started_are_kept_with_their_dependencies_when_they_fit() {
+        let first = plan_for("what is 2+2 and 3+3", 10).await;
+        let mut items = completed_items(&first);
+        // A cancelled run: the calculations finished, the answer never started.
+        let answer = items.len() - 1;
+        items[answer].status = ItemStatus::Pending;
+        let p = reply(plan_request("and 4*4?", 10, &[], &items)).await;
+        let list = p["todoList"].as_array().unwrap();
+        assert_eq!(
+            list[0], first["todoList"][answer],
+            "kept as first planned: {p}"
+        );
+        assert_eq!(list[0]["dependencies"], json!(["step-1", "step-2"]));
+        assert_eq!(
+            descriptions(&p)[1..],
+            ["Calculate 4*4", "Compose the answer to: and 4*4?"]
+        );
+        assert_eq!(list[1]["id"], "step-4");
+        // When they do not fit beside the new query's items, the query wins.
+        let p = reply(plan_request("and 4*4?", 2, &[], &items)).await;
+        assert_eq!(
+            descriptions(&p),
+            ["Calculate 4*4", "Compose the answer to: and 4*4?"]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_200th_follow_up_is_planned_like_the_first() {
+        let mut thread: Vec<TodoItem> = Vec::new();
+        let mut sizes = Vec::new();
+        for n in 1..=200 {
+            let query = format!("What is 2+{n}?");
+            let req = plan_request(&query, 4, &[], &thread);
+            sizes.push(
+                req.messages
+                    .iter()
+                    .map(|m| m.content.as_deref().map_or(0, str::len))
+                    .sum::<usize>(),
+            );
+            let p = reply(req).await;
+            assert_eq!(
+                descriptions(&p),
+                [
+                    format!("Calculate 2+{n}"),
+                    format!("Compose the answer to: {query}")
+                ],
+                "run {n}"
+            );
+            let fresh = completed_items(&p);
+            for it in &fresh {
+                assert!(
+                    thread.iter().all(|t| t.id != it.id),
+                    "run {n} reuses {}",
+                    it.id
+                );
+            }
+            thread.extend(fresh);
+        }
+        // The planning prompt stops growing once the note shows its most items (but for the
+        // numbers' digits).
+        assert!(
+            sizes[199] * 10 <= sizes[20] * 11,
+            "{} vs {}",
+            sizes[199],
+            sizes[20]
+        );
     }
 
     #[tokio::test]
@@ -1507,6 +1686,7 @@ mod tests {
         let brief = prompts::synthesis_brief(
             "what is 2+2 and 3*3",
             Some("1. Calculate 2+2\n2. Calculate 3*3"),
+            &prompts::Earlier::default(),
             &[
                 completed("step-1", "Calculate 2+2", "2+2 = 4"),
                 completed("step-2", "Calculate 3*3", "3*3 = 9\nnine"),
@@ -1546,11 +1726,54 @@ mod tests {
         assert_eq!(v["sources"], json!([]));
         assert!(!v["suggestions"].as_array().unwrap().is_empty());
 
-        let empty = prompts::synthesis_brief("hi", None, &[]);
+        let empty = prompts::synthesis_brief("hi", None, &prompts::Earlier::default(), &[]);
         let v = reply(request_with_user(Phase::Synthesize, empty)).await;
         assert_eq!(
             v["response"],
             format!("{OFFLINE_NOTICE}No step produced a result for \"hi\".")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_follow_up_is_answered_from_its_own_items_not_the_earlier_ones() {
+        let earlier_item = |n: usize| {
+            let v = plan::ValidItem {
+                id: ItemId::parse(&format!("step-{n}")).unwrap(),
+                description: format!("Calculate 2+{n}"),
+                step_type: crate::model::StepType::Tool,
+                required_tools: vec!["calculator".into()],
+                expected_outcome: None,
+                dependencies: vec![],
+                kind: crate::model::ItemKind::Leaf,
+                role: None,
+                tool_allowlist: None,
+            };
+            let mut it = plan::new_item(&v, ToolValidationMode::Advisory);
+            it.status = ItemStatus::Completed;
+            prompts::EarlierLine::of(&it, &format!("2+{n} = {}\nmore", n + 2))
+        };
+        let earlier = prompts::Earlier {
+            shown: (31..=40).map(earlier_item).collect(),
+            total: 40,
+        };
+        let brief = prompts::synthesis_brief(
+            "What is 2+41?",
+            None,
+            &earlier,
+            &[completed("step-41", "Calculate 2+41", "2+41 = 43")],
+        );
+        assert!(
+            brief.contains("40 in all, the last 10 below (30 older ones not shown)"),
+            "{brief}"
+        );
+        assert!(
+            brief.contains("- [step-40] Calculate 2+40: 2+40 = 42 more\n"),
+            "{brief}"
+        );
+        let v = reply(request_with_user(Phase::Synthesize, brief)).await;
+        assert_eq!(
+            v["response"],
+            format!("{OFFLINE_NOTICE}Results for \"What is 2+41?\":\n- Calculate 2+41: 2+41 = 43")
         );
     }
 

@@ -27,6 +27,7 @@ mod hitl;
 mod http;
 mod http_tool;
 mod item_times;
+mod long_threads;
 mod mcp;
 mod metrics;
 mod openapi;

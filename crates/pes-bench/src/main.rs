@@ -30,10 +30,18 @@
 //!   its peak RSS (`VmHWM`), the most model calls in flight at once, and whether every run
 //!   completed.
 //!
+//! - `--mode long-thread`: `--runs` follow-ups on ONE thread, one after another (`What is
+//!   2+<n>?`), each posted with `/runs/wait`. Prints the prompt tokens (`usage.promptTokens`) and
+//!   latency of runs 1, 2, 10, 50, 100, 200 (those reached) and the last, and the last run's prompt
+//!   tokens over run 2's: a long thread must stay as cheap as a short one. `--llm offline` runs
+//!   the service's built-in offline model (and checks every answer holds its own result);
+//!   `--server-url` measures a server already running instead of spawning one.
+//!
 //! Every phase has a deadline (`--phase-timeout`); the bench fails with a clear message when one
 //! passes, and always stops the service and removes the store it made.
 
 mod inflight;
+mod long_thread;
 mod runs;
 mod server;
 mod sse;
@@ -106,6 +114,23 @@ pub(crate) struct Args {
     /// `PES_MAX_PARALLEL_ITEMS` of the service (1 runs the items one at a time).
     #[arg(long, default_value_t = 4)]
     pub(crate) max_parallel_items: u32,
+    /// The model the spawned service uses: the bench's fake OpenAI-compatible model, or the
+    /// service's built-in offline model.
+    #[arg(long, value_enum, default_value = "fake")]
+    pub(crate) llm: LlmKind,
+    /// Long-thread mode: measure the server already listening at this base URL (e.g.
+    /// `http://127.0.0.1:8080`, with no API keys) instead of spawning one; its own store and
+    /// model are used, and `--store`/`--llm` only label the report.
+    #[arg(long)]
+    pub(crate) server_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LlmKind {
+    /// The fake OpenAI-compatible model served by the bench (`fake-openai`'s 3-item workload).
+    Fake,
+    /// The service's built-in deterministic offline model (`PES_LLM_PROVIDER=offline`).
+    Offline,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -124,6 +149,8 @@ enum Mode {
     Both,
     /// `--runs` runs in flight at once against a slow model: memory and completion.
     Inflight,
+    /// `--runs` follow-ups on one thread: prompt tokens and latency as the thread grows.
+    LongThread,
 }
 
 impl Args {
@@ -133,6 +160,14 @@ impl Args {
             "--mode inflight needs a slow model: give --model-latency-ms (e.g. 2000)"
         );
         ensure!(self.runs > 0, "--runs must be at least 1");
+        ensure!(
+            self.server_url.is_none() || self.mode == Mode::LongThread,
+            "--server-url is for --mode long-thread only"
+        );
+        ensure!(
+            self.llm == LlmKind::Fake || self.mode == Mode::LongThread,
+            "--llm offline is for --mode long-thread only"
+        );
         ensure!(self.concurrency > 0, "--concurrency must be at least 1");
         ensure!(self.subscribers > 0, "--subscribers must be at least 1");
         ensure!(self.sse_threads > 0, "--sse-threads must be at least 1");
@@ -191,7 +226,7 @@ impl Args {
     /// flight (every run's plan call is held at once).
     fn open_files_needed(&self) -> usize {
         match self.mode {
-            Mode::Runs => 0,
+            Mode::Runs | Mode::LongThread => 0,
             Mode::Sse | Mode::Both => self.subscribers,
             Mode::Inflight => self.runs,
         }
@@ -213,6 +248,12 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<()> {
     args.validate()?;
+    if let Some(url) = &args.server_url {
+        let server = Server::remote(url)?;
+        server.wait_ready(Duration::from_secs(10)).await?;
+        let r = long_thread::long_thread_mode(&args, &server).await?;
+        return print_long_thread(&args, &r, &format!("given server {url}"));
+    }
     system::raise_open_files();
     system::check_open_files(args.open_files_needed())?;
     let server_bin = server::server_binary()?;
@@ -246,6 +287,10 @@ async fn measure(
         "store": db.kind_name(),
         "machine": {"cores": machine.cores, "cpu": machine.model},
     });
+    if args.mode == Mode::LongThread {
+        let r = long_thread::long_thread_mode(args, server).await?;
+        return print_long_thread(args, &r, db.kind_name());
+    }
     if args.mode == Mode::Inflight {
         let r = inflight::inflight_mode(args, server, fake, machine).await?;
         r.print(args, db, machine);
@@ -263,6 +308,25 @@ async fn measure(
     }
     if args.json {
         println!("{report}");
+    }
+    Ok(())
+}
+
+/// Long-thread mode's report: the figures, and the JSON line when asked.
+fn print_long_thread(args: &Args, r: &long_thread::LongThreadReport, store: &str) -> Result<()> {
+    let machine = Machine::read();
+    r.print(&format!(
+        "pes-bench  mode=long-thread  store={store}  llm={}  runs={}  machine: {} cores, {}",
+        match args.llm {
+            LlmKind::Fake => "fake",
+            LlmKind::Offline => "offline",
+        },
+        args.runs,
+        machine.cores,
+        machine.model
+    ));
+    if args.json {
+        println!("{}", json!({"store": store, "longThread": r.to_json()}));
     }
     Ok(())
 }

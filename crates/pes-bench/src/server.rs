@@ -11,8 +11,8 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-use crate::Args;
 use crate::system::proc_status_kib;
+use crate::{Args, LlmKind};
 
 /// The release `pes-server` next to this executable (both are built into one target dir).
 pub(crate) fn server_binary() -> Result<PathBuf> {
@@ -27,9 +27,10 @@ pub(crate) fn server_binary() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// A running `pes-server`; stopped by [`Server::stop`], killed if dropped.
+/// A running `pes-server`; stopped by [`Server::stop`], killed if dropped. A server the bench
+/// did not start ([`Server::remote`]) has no child and is left running.
 pub(crate) struct Server {
-    child: tokio::sync::Mutex<Child>,
+    child: Option<tokio::sync::Mutex<Child>>,
     pub(crate) pid: u32,
     base: String,
     pub(crate) http: reqwest::Client,
@@ -54,10 +55,21 @@ impl Server {
             cmd.env_remove(k);
         }
         cmd.env("PES_BIND", format!("127.0.0.1:{port}"))
-            .env("PES_DATABASE_URL", db_url)
-            .env("PES_LLM_BASE_URL", llm_url)
-            .env("PES_LLM_API_KEY", "x")
-            .env("PES_LLM_MODEL", "bench")
+            .env("PES_DATABASE_URL", db_url);
+        match args.llm {
+            LlmKind::Fake => {
+                cmd.env("PES_LLM_BASE_URL", llm_url)
+                    .env("PES_LLM_API_KEY", "x")
+                    .env("PES_LLM_MODEL", "bench");
+            }
+            LlmKind::Offline => {
+                cmd.env("PES_LLM_PROVIDER", "offline");
+            }
+        }
+        // A developer's own provider keys configure nothing here.
+        cmd.env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ANTHROPIC_API_KEY")
             // Waiting for a pool connection is what overload looks like here: the figures show it.
             .env("PES_LOG", "warn,sqlx::pool::acquire=error")
             .envs(args.service_settings())
@@ -75,7 +87,7 @@ impl Server {
             .connect_timeout(Duration::from_secs(5))
             .build()?;
         let server = Server {
-            child: tokio::sync::Mutex::new(child),
+            child: Some(tokio::sync::Mutex::new(child)),
             pid,
             base: format!("http://127.0.0.1:{port}"),
             http,
@@ -84,10 +96,30 @@ impl Server {
         Ok(server)
     }
 
+    /// The server already listening at `base` (no API keys): the bench only talks to it.
+    pub(crate) fn remote(base: &str) -> Result<Server> {
+        let url = reqwest::Url::parse(base)
+            .with_context(|| format!("--server-url {base:?} is not a URL"))?;
+        ensure!(
+            matches!(url.scheme(), "http" | "https"),
+            "--server-url must be an http(s) URL"
+        );
+        Ok(Server {
+            child: None,
+            pid: 0,
+            base: base.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .build()?,
+        })
+    }
+
     pub(crate) async fn wait_ready(&self, deadline: Duration) -> Result<()> {
         let start = Instant::now();
         loop {
-            if let Some(status) = self.child.lock().await.try_wait()? {
+            if let Some(child) = &self.child
+                && let Some(status) = child.lock().await.try_wait()?
+            {
                 bail!("the server exited before it was ready ({status})");
             }
             let ready = self
@@ -111,12 +143,15 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
-    /// SIGTERM, then SIGKILL after 10 s.
+    /// SIGTERM, then SIGKILL after 10 s (a server the bench did not start is left alone).
     pub(crate) async fn stop(&self) {
+        let Some(child) = &self.child else {
+            return;
+        };
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &self.pid.to_string()])
             .status();
-        let mut child = self.child.lock().await;
+        let mut child = child.lock().await;
         if tokio::time::timeout(Duration::from_secs(10), child.wait())
             .await
             .is_err()

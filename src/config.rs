@@ -344,7 +344,8 @@ pub struct Config {
     #[arg(long, env = "PES_MAX_QUERY_CHARS", default_value_t = 32 * 1024)]
     pub max_query_chars: usize,
 
-    /// Items a plan may hold unless the thread's `maxItems` says otherwise.
+    /// Items one run may add to its plan unless the thread's `maxItems` says otherwise (a long
+    /// thread's earlier items do not count).
     #[arg(long, env = "PES_MAX_ITEMS", default_value_t = 20)]
     pub max_items: u32,
 

@@ -19,7 +19,6 @@ use tracing::{info, warn};
 use crate::agent::{Engine, EngineSettings};
 use crate::commands::RunCommands;
 use crate::config::Config;
-use crate::redact::redact_url;
 use crate::events::{EventBus, replicas};
 use crate::http::serve::ServeSettings;
 use crate::http::{self, AppState};
@@ -29,6 +28,7 @@ use crate::llm::instrumented::Instrumented;
 use crate::llm::offline::OfflineProvider;
 use crate::llm::openai::{OpenAiConfig, OpenAiProvider};
 use crate::llm::transport::TransportConfig;
+use crate::redact::redact_url;
 use crate::store::Store;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
@@ -368,6 +368,14 @@ impl App {
         )
         .with_metrics(metrics.clone());
         let grace = Duration::from_secs(config.shutdown_grace_seconds);
+        let config = Arc::new(config);
+        let cases = crate::commands::UseCases {
+            store: store.clone(),
+            engine: engine.clone(),
+            config: config.clone(),
+            commands: commands.clone(),
+            shutdown: shutdown.clone(),
+        };
         let state = AppState {
             store,
             bus,
@@ -378,7 +386,8 @@ impl App {
             metrics,
             api_keys: Arc::new(api_keys),
             streams: crate::http::quota::StreamSlots::new(config.tenant_max_streams),
-            config: Arc::new(config),
+            config,
+            cases,
         };
         Ok(App {
             listener,

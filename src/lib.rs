@@ -15,7 +15,8 @@
 //! - [`llm`]: model providers (`openai`, `offline`);
 //! - [`tools`]: the tool registry and built-in tools;
 //! - [`memory`]: returns freed heap memory to the system (glibc);
-//! - [`redact`]: URLs with their secrets replaced, for logs and errors.
+//! - [`redact`]: URLs with their secrets replaced, for logs and errors;
+//! - [`problem`]: why a request is refused ([`problem::ApiError`]), for every door.
 //! - [`model`]: domain types shared by every layer.
 
 pub mod a2a;
@@ -31,6 +32,7 @@ pub mod llm;
 pub mod memory;
 pub mod model;
 pub mod net;
+pub mod problem;
 pub mod redact;
 pub mod registry;
 pub mod store;

@@ -1090,7 +1090,9 @@ mod resolution {
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ResumeDecision>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<ResumeDecision>, D::Error> {
         let fields = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
         if !fields.contains_key("decision") {
             return Ok(None);
@@ -1122,7 +1124,10 @@ mod resolution {
             )
             .property(
                 "reason",
-                prop(Some(Type::String), "Why the person decided so (any decision)."),
+                prop(
+                    Some(Type::String),
+                    "Why the person decided so (any decision).",
+                ),
             )
             .property(
                 "modifiedArgs",
@@ -1329,7 +1334,10 @@ mod tests {
         };
         let merged = thread.overlay(&run);
         assert_eq!(merged.tools, names(&["current_time"]));
-        assert_eq!(merged.require_approval, names(&["calculator", "current_time"]));
+        assert_eq!(
+            merged.require_approval,
+            names(&["calculator", "current_time"])
+        );
         let dropped = thread.overlay(&AgentConfig {
             require_approval: Some(vec![]),
             ..Default::default()

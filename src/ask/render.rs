@@ -350,10 +350,17 @@ mod tests {
             &obs("o2", "PLAN", Some("s1"), "Plan of team s1", team),
             plain,
         );
-        let started = json!({"itemId": "s1.a", "status": "in_progress", "previousStatus": "pending"});
+        let started =
+            json!({"itemId": "s1.a", "status": "in_progress", "previousStatus": "pending"});
         assert_eq!(
             t.lines(
-                &obs("o2b", "ITEM_STATUS_CHANGE", Some("s1.a"), "s1.a: pending → in_progress", started),
+                &obs(
+                    "o2b",
+                    "ITEM_STATUS_CHANGE",
+                    Some("s1.a"),
+                    "s1.a: pending → in_progress",
+                    started
+                ),
                 plain
             )[0]
             .find('['),

@@ -104,11 +104,7 @@ impl<'h> FlowCall<'h> {
     /// included): 32 values of the largest size a stage may write. A loop that writes large
     /// values over and over ends as a stage error instead of filling the database.
     fn max_log_bytes(&self) -> usize {
-        self.limits
-            .expr
-            .limits()
-            .max_value_bytes
-            .saturating_mul(32)
+        self.limits.expr.limits().max_value_bytes.saturating_mul(32)
     }
 
     /// A call of the run `run_id`'s tool call `tool_call_id`, resuming after `committed` (the

@@ -526,12 +526,10 @@ mod tests {
                 for status in ["408", "413", "415"] {
                     assert!(response(&doc, &op, status).is_some(), "/a2a lacks {status}");
                 }
-                for status in ["422"] {
-                    assert!(
-                        response(&doc, &op, status).is_none(),
-                        "/a2a never answers {status}"
-                    );
-                }
+                assert!(
+                    response(&doc, &op, "422").is_none(),
+                    "/a2a never answers 422"
+                );
                 continue;
             }
             if op.get("requestBody").is_some() {

@@ -80,11 +80,19 @@ const BACKLOG_TIMEOUT: Duration = Duration::from_secs(2);
         (status = 401, description = "`PES_METRICS_KEY` is set and the request does not carry it as `Authorization: Bearer <key>` (`unauthorized`)", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
-    if let Some(key) = state.config.metrics_key.as_deref().filter(|k| !k.is_empty()) {
+    if let Some(key) = state
+        .config
+        .metrics_key
+        .as_deref()
+        .filter(|k| !k.is_empty())
+    {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .map(str::trim);
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
             return ApiError::Unauthorized.into_response();

@@ -66,6 +66,8 @@ pub struct AppState {
     pub api_keys: Arc<HashMap<String, String>>,
     /// Open event streams per tenant (`PES_TENANT_MAX_STREAMS`).
     pub streams: quota::StreamSlots,
+    /// The use cases every door shares (enqueue, wait, decide, config checks).
+    pub cases: crate::commands::UseCases,
 }
 
 /// The tenant of the request, resolved from its API key (the default tenant when keys are off).
@@ -265,7 +267,11 @@ const V1_RESOURCES: [&str; 5] = ["threads", "suspensions", "tools", "flowcharts"
 
 async fn not_found(req: Request) -> ApiError {
     let path = req.uri().path();
-    let first = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+    let first = path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
     if V1_RESOURCES.contains(&first) {
         return ApiError::RouteNotFound(format!(
             "{} {path}: the API's routes start with `/v1` (did you mean `/v1{path}`?)",

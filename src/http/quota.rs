@@ -68,7 +68,11 @@ impl StreamSlots {
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        let mut open = self.slots.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut open = self
+            .slots
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(n) = open.get_mut(&self.tenant) {
             *n = n.saturating_sub(1);
             if *n == 0 {

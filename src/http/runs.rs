@@ -1,8 +1,6 @@
 //! Runs: post a query (202, or a stream of the run's observations with
 //! `Accept: text/event-stream`), wait for a run, list, read and cancel runs.
 
-use std::time::Duration;
-
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -13,14 +11,13 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::sse::{RunStreamParams, StreamSpec, observation_sse};
-use super::threads::{Page, PageParams, check_config};
+use super::threads::{Page, PageParams};
 use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
     encode_cursor, page_limit, parse_thread_id,
 };
-use crate::events::BusMsg;
-use crate::model::{AgentConfig, MultitaskStrategy, Run, RunStatus, ThreadId};
-use crate::store::NewRun;
+use crate::commands::RunRequest;
+use crate::model::{AgentConfig, MultitaskStrategy, Run, ThreadId};
 use crate::telemetry::TraceContext;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -65,112 +62,24 @@ pub struct CreateRun {
     pub idempotency_key: Option<String>,
 }
 
-/// Enqueue the run `body` asks for on `thread_id`; its spans will continue `trace` (see
-/// [`TraceContext::for_run`]).
-pub(crate) async fn enqueue(
+/// Enqueue the run `body` asks for on `thread_id` (see [`crate::commands::UseCases::enqueue`]); its spans will
+/// continue `trace` (see [`TraceContext::for_run`]).
+async fn enqueue(
     state: &AppState,
     tenant: String,
     thread_id: ThreadId,
     body: CreateRun,
     trace: Option<TraceContext>,
 ) -> Result<(Run, bool), ApiError> {
-    let query = body.query.trim().to_owned();
-    if query.is_empty() {
-        return Err(ApiError::Validation("query must not be empty".into()));
-    }
-    if query.chars().count() > state.config.max_query_chars {
-        return Err(ApiError::Validation(format!(
-            "query is longer than {} characters (PES_MAX_QUERY_CHARS)",
-            state.config.max_query_chars
-        )));
-    }
-    if let Some(k) = &body.idempotency_key
-        && (k.is_empty() || k.chars().count() > 256)
-    {
-        return Err(ApiError::Validation(
-            "idempotencyKey must be 1 to 256 characters".into(),
-        ));
-    }
-    let config = body.config.unwrap_or_default();
-    check_config(state, &tenant, &config).await?;
-    if config.require_approval.is_some() || config.tools.is_some() {
-        // Read only when the run touches the policy: the common run costs no extra query.
-        if let Some(thread) = state.store.get_thread(&tenant, &thread_id).await? {
-            check_policy_floor(&thread.config, &config)?;
-        }
-    }
-    let max_active = state.config.tenant_max_active_runs;
-    if state.store.count_active_runs(&tenant, max_active).await? >= max_active {
-        return Err(ApiError::QuotaExceeded {
-            detail: format!(
-                "the tenant has {max_active} runs queued or running, its quota \
-                 (PES_TENANT_MAX_ACTIVE_RUNS): post again when some have ended"
-            ),
-            retry_after_seconds: 5,
-        });
-    }
-    let strategy = body
-        .multitask_strategy
-        .unwrap_or(MultitaskStrategy::Enqueue);
-    let create_thread = body.if_not_exists == Some(IfNotExists::Create);
-    let shown_id = thread_id.to_string();
-    let created = state
-        .commands
-        .enqueue(NewRun {
-            tenant,
-            thread_id,
-            query,
-            config,
-            strategy,
-            idempotency_key: body.idempotency_key,
-            create_thread,
-            trace_context: trace.map(|t| t.to_stored()),
-        })
-        .await
-        .map_err(|e| match e {
-            // Say how to get the thread the client evidently expected.
-            crate::store::StoreError::ThreadNotFound => ApiError::NotFound {
-                code: "thread_not_found",
-                detail: format!(
-                    "thread `{shown_id}` not found: create it with `POST /v1/threads`, or post \
-                     the run with `\"ifNotExists\": \"create\"` to create it on the fly"
-                ),
-            },
-            other => other.into(),
-        })?;
-    Ok((created.run, created.created))
-}
-
-/// A run may tighten its thread's tool policy, never loosen it: its `requireApproval` keeps every
-/// tool the thread's names (the engine also takes the union, so a later change to the thread
-/// cannot open a gap), and its `tools` stay within the thread's.
-///
-/// # Errors
-/// 422 `policy_floor` naming the first tool the run would drop or add.
-fn check_policy_floor(thread: &AgentConfig, run: &AgentConfig) -> Result<(), ApiError> {
-    if let (Some(floor), Some(asked)) = (&thread.require_approval, &run.require_approval)
-        && let Some(dropped) = floor.iter().find(|n| !asked.contains(n))
-    {
-        return Err(ApiError::Unprocessable {
-            code: "policy_floor",
-            detail: format!(
-                "config.requireApproval may add tools to the thread's, never drop one: \
-                 `{dropped}` needs approval on this thread"
-            ),
-        });
-    }
-    if let (Some(allowed), Some(asked)) = (&thread.tools, &run.tools)
-        && let Some(extra) = asked.iter().find(|n| !allowed.contains(n))
-    {
-        return Err(ApiError::Unprocessable {
-            code: "policy_floor",
-            detail: format!(
-                "config.tools may narrow the thread's tools, never widen them: `{extra}` is not \
-                 enabled on this thread"
-            ),
-        });
-    }
-    Ok(())
+    let request = RunRequest {
+        query: body.query,
+        config: body.config.unwrap_or_default(),
+        strategy: body.multitask_strategy,
+        idempotency_key: body.idempotency_key,
+        create_thread: body.if_not_exists == Some(IfNotExists::Create),
+        trace,
+    };
+    state.cases.enqueue(tenant, thread_id, request).await
 }
 
 /// The thread id of a run request. Without `ifNotExists: "create"` an id that cannot exist names
@@ -239,43 +148,6 @@ pub async fn create_run(
     Ok((status, AppJson(run)).into_response())
 }
 
-/// Wait until a run completes, fails, is cancelled or suspends, then return it.
-pub(crate) async fn wait_for_run(
-    state: &AppState,
-    tenant: &str,
-    thread_id: &ThreadId,
-    run_id: Uuid,
-) -> Result<Run, ApiError> {
-    let mut rx = state.bus.subscribe(tenant, thread_id);
-    loop {
-        let run = state
-            .store
-            .get_run(tenant, thread_id, run_id)
-            .await?
-            .ok_or_else(ApiError::run_not_found)?;
-        if run.status.is_terminal() || run.status == RunStatus::Suspended {
-            return Ok(run);
-        }
-        // Re-check on any observation of the run that may end it, or every second in case the
-        // run is driven by another replica.
-        let deadline = tokio::time::sleep(Duration::from_secs(1));
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                _ = state.shutdown.cancelled() => {
-                    return Err(ApiError::Unavailable("the service is shutting down".into()));
-                }
-                _ = &mut deadline => break,
-                msg = rx.recv() => match msg {
-                    Ok(BusMsg::Obs(o)) if o.run_id == Some(run_id) && o.kind.ends_run_stream() => break,
-                    Ok(BusMsg::Obs(_)) => {}
-                    Ok(BusMsg::Wake(_) | BusMsg::ThreadDeleted) | Err(_) => break,
-                },
-            }
-        }
-    }
-}
-
 /// Post a query and answer when its run completes, fails, is cancelled or suspends.
 #[utoipa::path(post, path = "/v1/threads/{threadId}/runs/wait", tag = "runs", request_body = CreateRun,
     params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
@@ -296,7 +168,7 @@ pub async fn wait_run(
     let trace = TraceContext::for_run(&headers);
     let (run, _) = enqueue(&state, tenant.clone(), id.clone(), body, trace).await?;
     Ok(AppJson(
-        wait_for_run(&state, &tenant, &id, run.run_id).await?,
+        state.cases.wait_for_run(&tenant, &id, run.run_id).await?,
     ))
 }
 

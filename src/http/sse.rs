@@ -29,8 +29,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::threads::Page;
 use super::quota::StreamSlot;
+use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
 use crate::events::{BusMsg, TokenDelta, TokenSubscription};
 use crate::model::{Observation, ObservationType, ThreadId};

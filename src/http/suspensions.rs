@@ -16,6 +16,7 @@ use super::runs::wants_event_stream;
 use super::sse::{RunStreamParams, StreamSpec, observation_sse};
 use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
+use crate::commands::DecisionRequest;
 use crate::model::{Decision, ResumeDecision, Run, Suspension, SuspensionStatus};
 use crate::store::{Resolution, StoreError};
 use crate::telemetry::TraceContext;
@@ -114,102 +115,26 @@ pub struct ResumeRequest {
     pub response: Option<Value>,
 }
 
-/// 409 for a suspension that is no longer pending, saying how and when it was resolved, so the
-/// person who came second knows what happened.
+/// 409 for a suspension that is no longer pending (see [`crate::commands::already_decided`]).
 fn already(s: Option<&Suspension>) -> ApiError {
-    let status = s.map(|s| s.status).unwrap_or(SuspensionStatus::Resolved);
-    let how = s
-        .and_then(|s| s.decision.as_ref().map(|d| (d, s.resolved_at)))
-        .map(|(d, at)| {
-            let at = at.map(|t| format!(" at {}", t.to_rfc3339())).unwrap_or_default();
-            let reason = d
-                .reason()
-                .map(|r| format!(" (reason: {r})"))
-                .unwrap_or_default();
-            format!(": decided `{}`{at}{reason}", d.kind())
-        })
-        .unwrap_or_default();
-    ApiError::Conflict {
-        code: "suspension_resolved",
-        detail: format!("the suspension is already {status}{how}"),
-    }
+    crate::commands::already_decided(s)
 }
 
-/// Check a resume request against its suspension and build the decision it stands for: the one
-/// place a request's loose fields become a [`ResumeDecision`].
-pub(crate) fn decide(
+/// Check a resume request against its suspension (see [`crate::commands::UseCases::decide`]).
+fn decide(
     state: &AppState,
     s: &Suspension,
     body: ResumeRequest,
 ) -> Result<ResumeDecision, ApiError> {
-    if !s.allowed_decisions.contains(&body.decision) {
-        let allowed: Vec<&str> = s.allowed_decisions.iter().map(|d| d.as_str()).collect();
-        return Err(ApiError::Unprocessable {
-            code: "decision_not_allowed",
-            detail: format!(
-                "decision `{}` is not allowed for this {} suspension (allowed: {})",
-                body.decision,
-                s.kind,
-                allowed.join(", ")
-            ),
-        });
-    }
-    if body
-        .reason
-        .as_ref()
-        .is_some_and(|r| r.chars().count() > 4000)
-    {
-        return Err(ApiError::Validation(
-            "reason is longer than 4000 characters".into(),
-        ));
-    }
-    if body.modified_args.is_some() && body.decision != Decision::Edit {
-        return Err(ApiError::Validation(format!(
-            "modifiedArgs goes only with decision `edit` (not `{}`): use `edit` to run the call with other arguments",
-            body.decision
-        )));
-    }
-    if body.response.is_some() && body.decision != Decision::Respond {
-        return Err(ApiError::Validation(format!(
-            "response goes only with decision `respond` (not `{}`)",
-            body.decision
-        )));
-    }
-    let reason = body.reason;
-    Ok(match body.decision {
-        Decision::Edit => {
-            let args = body.modified_args.ok_or_else(|| {
-                ApiError::Validation("decision `edit` needs `modifiedArgs`".into())
-            })?;
-            state
-                .engine
-                .tools()
-                .validate(&s.tool_call.name, &args)
-                .map_err(|e| {
-                    ApiError::Validation(format!(
-                        "modifiedArgs do not fit `{}`: {e}",
-                        s.tool_call.name
-                    ))
-                })?;
-            ResumeDecision::Edit { args, reason }
-        }
-        Decision::Respond => {
-            let response = body.response.ok_or_else(|| {
-                ApiError::Validation("decision `respond` needs `response`".into())
-            })?;
-            if let Some(schema) = &s.input_schema {
-                crate::tools::validator::validate(schema, &response).map_err(|errors| {
-                    ApiError::Validation(format!(
-                        "response does not fit the inputSchema: {}",
-                        errors.join("; ")
-                    ))
-                })?;
-            }
-            ResumeDecision::Respond { reason, response }
-        }
-        Decision::Approve => ResumeDecision::Approve { reason },
-        Decision::Reject => ResumeDecision::Reject { reason },
-    })
+    state.cases.decide(
+        s,
+        DecisionRequest {
+            decision: body.decision,
+            reason: body.reason,
+            modified_args: body.modified_args,
+            response: body.response,
+        },
+    )
 }
 
 /// Resume a suspended run with a person's decision. The decision becomes the suspended tool

@@ -118,62 +118,6 @@ pub struct AgentStateView {
     pub version: i64,
 }
 
-/// Validate a config against what the service has (providers, tools, the tenant's flowcharts)
-/// and its ranges.
-pub(crate) async fn check_config(
-    state: &AppState,
-    tenant: &str,
-    cfg: &AgentConfig,
-) -> Result<(), ApiError> {
-    cfg.validate().map_err(ApiError::Validation)?;
-    if let Some(p) = &cfg.provider
-        && !state.engine.provider_names().contains(p)
-    {
-        return Err(ApiError::Validation(format!(
-            "config.provider `{p}` is not configured (available: {})",
-            state.engine.provider_names().join(", ")
-        )));
-    }
-    let tools = state.engine.tools();
-    // The tenant's flowcharts are tools too; read only when a name is not a registry tool.
-    let mut flowcharts: Option<Vec<String>> = None;
-    // Roles narrow the tools their items may call: their names must be tools too.
-    let role_tools: Vec<(String, Option<Vec<String>>)> = cfg
-        .roles
-        .iter()
-        .flatten()
-        .map(|(id, r)| (format!("roles.{id}.tools"), r.tools.clone()))
-        .collect();
-    let lists = [
-        ("tools".to_owned(), &cfg.tools),
-        ("requireApproval".to_owned(), &cfg.require_approval),
-    ]
-    .into_iter()
-    .chain(role_tools.iter().map(|(f, l)| (f.clone(), l)));
-    for (field, list) in lists {
-        for name in list.iter().flatten() {
-            if tools.is_known(name) {
-                continue;
-            }
-            if flowcharts.is_none() {
-                let names = state.store.list_flowcharts(tenant).await?;
-                flowcharts = Some(names.into_iter().map(|r| r.name).collect());
-            }
-            let flowcharts = flowcharts.as_deref().unwrap_or_default();
-            if !flowcharts.contains(name) {
-                let mut available = tools.names();
-                available.extend(flowcharts.iter().cloned());
-                available.sort();
-                return Err(ApiError::Validation(format!(
-                    "config.{field} names unknown tool `{name}` (available: {})",
-                    available.join(", ")
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
 fn check_metadata(metadata: &Option<Value>) -> Result<(), ApiError> {
     match metadata {
         Some(Value::Object(_)) | None => Ok(()),
@@ -196,7 +140,7 @@ pub async fn create_thread(
 ) -> Result<(StatusCode, AppJson<Thread>), ApiError> {
     check_metadata(&body.metadata)?;
     let config = body.config.unwrap_or_default();
-    check_config(&state, &tenant, &config).await?;
+    state.cases.check_config(&tenant, &config).await?;
     let id = body.thread_id.unwrap_or_else(ThreadId::generate);
     let metadata = body
         .metadata
@@ -268,7 +212,7 @@ pub async fn patch_thread(
     let id = parse_thread_id(&thread_id)?;
     check_metadata(&body.metadata)?;
     if let Some(cfg) = &body.config {
-        check_config(&state, &tenant, cfg).await?;
+        state.cases.check_config(&tenant, cfg).await?;
     }
     let patch = ThreadPatch {
         metadata: body.metadata,

@@ -91,7 +91,13 @@ fn fill_omitted_nullables(root: &Value, schema: &Value, value: &mut Value, depth
     let schema = resolve(root, schema);
     // A union: fill by the first branch that describes the value's kind.
     if let Some(branches) = schema.get("anyOf").and_then(Value::as_array) {
-        let kind = if value.is_object() { "object" } else if value.is_array() { "array" } else { "" };
+        let kind = if value.is_object() {
+            "object"
+        } else if value.is_array() {
+            "array"
+        } else {
+            ""
+        };
         if let Some(b) = branches
             .iter()
             .find(|b| !kind.is_empty() && has_type(resolve(root, b), kind))

@@ -497,7 +497,13 @@ mod tests {
         m.configure_models(["gpt-x"]);
         m.model_call("openai", "gpt-x", "ok", Duration::ZERO, None);
         for i in 0..5 {
-            m.model_call("openai", &format!("tenant-model-{i}"), "ok", Duration::ZERO, None);
+            m.model_call(
+                "openai",
+                &format!("tenant-model-{i}"),
+                "ok",
+                Duration::ZERO,
+                None,
+            );
         }
         let text = m.render();
         assert!(text.contains("model=\"gpt-x\""), "{text}");

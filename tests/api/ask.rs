@@ -173,10 +173,7 @@ async fn ask_prints_the_live_tree_and_the_answer_and_exits_0() {
     );
     // The item's status line at the item's depth, its tool call one step in, the result under
     // the call.
-    assert!(
-        out.contains("\n  [step-1] ITEM_STATUS_CHANGE"),
-        "{out}"
-    );
+    assert!(out.contains("\n  [step-1] ITEM_STATUS_CHANGE"), "{out}");
     assert!(
         out.contains("\n    [step-1] TOOL_CALL calculator {\"expression\":\"17*23\"}"),
         "{out}"

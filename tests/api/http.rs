@@ -605,14 +605,23 @@ async fn errors_tell_a_newcomer_what_to_do(backend: Backend) {
         .await;
     assert_problem(s, &b, 404, "thread_not_found");
     let detail = b["detail"].as_str().unwrap();
-    assert!(detail.contains("ifNotExists") && detail.contains("POST /v1/threads"), "{b}");
+    assert!(
+        detail.contains("ifNotExists") && detail.contains("POST /v1/threads"),
+        "{b}"
+    );
     // A type error names the field.
     let t = app.thread(json!({})).await;
     let (s, b) = app
         .post(&format!("/v1/threads/{t}/runs"), json!({"query": 42}))
         .await;
     assert_problem(s, &b, 422, "validation_failed");
-    assert!(b["detail"].as_str().unwrap().contains("query: invalid type"), "{b}");
+    assert!(
+        b["detail"]
+            .as_str()
+            .unwrap()
+            .contains("query: invalid type"),
+        "{b}"
+    );
     // A 405 names the methods the route has, in `detail` and in `Allow`.
     let r = app
         .client
@@ -644,7 +653,10 @@ async fn errors_tell_a_newcomer_what_to_do(backend: Backend) {
     let (s, b) = app.post(&resume, json!({"decision": "approve"})).await;
     assert_problem(s, &b, 409, "suspension_resolved");
     let detail = b["detail"].as_str().unwrap();
-    assert!(detail.contains("`reject`") && detail.contains("not now"), "{b}");
+    assert!(
+        detail.contains("`reject`") && detail.contains("not now"),
+        "{b}"
+    );
     app.stop().await;
 }
 both_stores!(newcomer_errors, errors_tell_a_newcomer_what_to_do);

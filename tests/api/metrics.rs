@@ -144,7 +144,10 @@ async fn the_gauges_show_what_waits(backend: Backend) {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let (s, queued) = app
-        .post(&format!("/v1/threads/{t}/runs"), json!({"query": "and 3+3?"}))
+        .post(
+            &format!("/v1/threads/{t}/runs"),
+            json!({"query": "and 3+3?"}),
+        )
         .await;
     assert_eq!(s, 202, "{queued}");
     let events = SseReader::new(

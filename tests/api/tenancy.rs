@@ -37,7 +37,11 @@ async fn get_as(app: &TestApp, key: &str, path: &str) -> (u16, Value) {
 
 fn assert_quota(r: &reqwest::Response) {
     assert_eq!(r.status().as_u16(), 429);
-    let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(retry >= 1, "Retry-After: {retry}");
     assert_eq!(
         r.headers()["content-type"].to_str().unwrap(),
@@ -56,7 +60,10 @@ async fn a_write_that_is_not_json_is_refused_before_it_starts_anything(backend: 
             format!("/v1/threads/{t}/runs"),
             "application/x-www-form-urlencoded",
         ),
-        (format!("/v1/threads/{t}/runs/wait"), "multipart/form-data; boundary=x"),
+        (
+            format!("/v1/threads/{t}/runs/wait"),
+            "multipart/form-data; boundary=x",
+        ),
         ("/a2a".to_owned(), "text/plain"),
         ("/v1/threads".to_owned(), "text/plain;charset=UTF-8"),
     ] {
@@ -105,7 +112,10 @@ async fn a_write_that_is_not_json_is_refused_before_it_starts_anything(backend: 
     assert_eq!(r.status().as_u16(), 200);
     app.stop().await;
 }
-both_stores!(json_only, a_write_that_is_not_json_is_refused_before_it_starts_anything);
+both_stores!(
+    json_only,
+    a_write_that_is_not_json_is_refused_before_it_starts_anything
+);
 
 async fn quotas_refuse_one_tenant_and_leave_the_other_alone(backend: Backend) {
     let app = spawn_with(backend, None, |c| {
@@ -177,7 +187,10 @@ async fn quotas_refuse_one_tenant_and_leave_the_other_alone(backend: Backend) {
             break;
         }
         assert_quota(&again);
-        assert!(tokio::time::Instant::now() < deadline, "the slot never came back");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -280,7 +293,10 @@ async fn another_tenants_run_is_not_held_behind_a_backlog(backend: Backend) {
     );
     app.stop().await;
 }
-both_stores!(fair_claims, another_tenants_run_is_not_held_behind_a_backlog);
+both_stores!(
+    fair_claims,
+    another_tenants_run_is_not_held_behind_a_backlog
+);
 
 async fn a_run_may_tighten_the_tool_policy_but_never_loosen_it(backend: Backend) {
     let llm = FakeLlm::start().await;
@@ -298,16 +314,19 @@ async fn a_run_may_tighten_the_tool_policy_but_never_loosen_it(backend: Backend)
     let run = |config: Value| app.post(&runs, json!({"query": "q", "config": config}));
     let (s, p) = run(json!({"requireApproval": []})).await;
     assert_eq!((s, p["code"].as_str()), (422, Some("policy_floor")), "{p}");
-    assert!(p["detail"].as_str().unwrap().contains("`calculator`"), "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("`calculator`"),
+        "{p}"
+    );
     let (s, p) = run(json!({"tools": ["calculator", "ask_user"]})).await;
     assert_eq!((s, p["code"].as_str()), (422, Some("policy_floor")), "{p}");
-    let (s, p) = run(json!({"tools": ["calculator"], "requireApproval": ["calculator", "current_time"]})).await;
+    let (s, p) =
+        run(json!({"tools": ["calculator"], "requireApproval": ["calculator", "current_time"]}))
+            .await;
     assert_eq!(s, 202, "{p}");
     let rid = p["runId"].as_str().unwrap().to_owned();
     // The fake model's default plan calls the calculator: the thread's approval holds.
-    let waiting = app
-        .wait_run(&t, &rid, |r| r["status"] == "suspended")
-        .await;
+    let waiting = app.wait_run(&t, &rid, |r| r["status"] == "suspended").await;
     assert_eq!(waiting["suspension"]["toolCall"]["name"], "calculator");
     let (s, _) = app
         .post(&format!("/v1/threads/{t}/runs/{rid}/cancel"), json!({}))
@@ -337,7 +356,10 @@ async fn a_run_may_tighten_the_tool_policy_but_never_loosen_it(backend: Backend)
     assert_eq!(run["suspension"]["kind"], "approval");
     app.stop().await;
 }
-both_stores!(policy_floor, a_run_may_tighten_the_tool_policy_but_never_loosen_it);
+both_stores!(
+    policy_floor,
+    a_run_may_tighten_the_tool_policy_but_never_loosen_it
+);
 
 async fn metrics_name_no_tenant_data_and_may_need_a_key(backend: Backend) {
     let llm = FakeLlm::start().await;
@@ -399,7 +421,11 @@ async fn metrics_name_no_tenant_data_and_may_need_a_key(backend: Backend) {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let page = r.text().await.unwrap();
-    for secret in ["acme_secret_pricing", "acme_made_up_tool", "acme-private-model"] {
+    for secret in [
+        "acme_secret_pricing",
+        "acme_made_up_tool",
+        "acme-private-model",
+    ] {
         assert!(!page.contains(secret), "{secret} leaked into /metrics");
     }
     assert!(
@@ -409,7 +435,10 @@ async fn metrics_name_no_tenant_data_and_may_need_a_key(backend: Backend) {
     assert!(page.contains(r#"model="other""#), "{page}");
     app.stop().await;
 }
-both_stores!(metrics_labels, metrics_name_no_tenant_data_and_may_need_a_key);
+both_stores!(
+    metrics_labels,
+    metrics_name_no_tenant_data_and_may_need_a_key
+);
 
 async fn every_stored_tool_result_is_cut_to_the_limit(backend: Backend) {
     let llm = FakeLlm::start().await;
@@ -417,13 +446,13 @@ async fn every_stored_tool_result_is_cut_to_the_limit(backend: Backend) {
         c.tool_result_max_bytes = 1024;
     })
     .await;
-    llm.push(
-        "plan",
-        plan(&[("s1", "Ask the user", &["ask_user"], &[])]),
-    );
+    llm.push("plan", plan(&[("s1", "Ask the user", &["ask_user"], &[])]));
     llm.push(
         "execute",
-        Reply::ToolCalls(vec![("ask_user".into(), json!({"question": "Paste the log"}))]),
+        Reply::ToolCalls(vec![(
+            "ask_user".into(),
+            json!({"question": "Paste the log"}),
+        )]),
     );
     let t = app.thread(json!({})).await;
     let (_, run) = app
@@ -462,10 +491,16 @@ async fn every_stored_tool_result_is_cut_to_the_limit(backend: Backend) {
         .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
         .collect();
     assert!(!tool_messages.is_empty());
-    assert!(tool_messages.iter().all(|m| m.len() < 1500), "{tool_messages:?}");
+    assert!(
+        tool_messages.iter().all(|m| m.len() < 1500),
+        "{tool_messages:?}"
+    );
     app.stop().await;
 }
-both_stores!(tool_result_cap, every_stored_tool_result_is_cut_to_the_limit);
+both_stores!(
+    tool_result_cap,
+    every_stored_tool_result_is_cut_to_the_limit
+);
 
 async fn a_plan_that_leaves_out_nullable_fields_is_read_as_null(backend: Backend) {
     let llm = FakeLlm::start().await;
@@ -502,4 +537,7 @@ async fn a_plan_that_leaves_out_nullable_fields_is_read_as_null(backend: Backend
     );
     app.stop().await;
 }
-both_stores!(omitted_nullables, a_plan_that_leaves_out_nullable_fields_is_read_as_null);
+both_stores!(
+    omitted_nullables,
+    a_plan_that_leaves_out_nullable_fields_is_read_as_null
+);

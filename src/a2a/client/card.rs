@@ -64,9 +64,7 @@ pub async fn fetch(
         .get_json(url, timeout)
         .await
         // The URL may carry credentials (user info, a token parameter): errors never show them.
-        .map_err(|e| {
-            crate::redact::redact_urls_in(&format!("fetching the agent card: {e}"))
-        })?;
+        .map_err(|e| crate::redact::redact_urls_in(&format!("fetching the agent card: {e}")))?;
     RemoteCard::parse(&card)
 }
 

@@ -38,8 +38,7 @@ use crate::a2a::types::{
     ListTasksParams, ListTasksResponse, Message, PartContent, Role, SendMessageParams,
     TaskIdParams, VERSION_HEADER, Version,
 };
-use crate::http::runs::{CreateRun, IfNotExists, enqueue, wait_for_run};
-use crate::http::suspensions::{ResumeRequest, decide};
+use crate::commands::{DecisionRequest, RunRequest};
 use crate::http::{
     ApiError, AppState, CursorKey, Tenant, decode_cursor, encode_cursor, error::reject_nul,
 };
@@ -146,7 +145,9 @@ async fn call(
             let config = p.configuration.clone().unwrap_or_default();
             let run = send(state, tenant, p).await?.run;
             let run = if config.blocking() {
-                wait_for_run(state, tenant, &run.thread_id, run.run_id)
+                state
+                    .cases
+                    .wait_for_run(tenant, &run.thread_id, run.run_id)
                     .await
                     .map_err(api_error)?
             } else {
@@ -349,16 +350,17 @@ async fn send(state: &AppState, tenant: &str, p: SendMessageParams) -> Result<Se
             "message.messageId is longer than 250 characters",
         ));
     }
-    let body = CreateRun {
+    let request = RunRequest {
         query: text,
-        config: None,
-        multitask_strategy: None,
-        if_not_exists: Some(IfNotExists::Create),
+        create_thread: true,
         // A message sent twice (a client's retry) is one task.
         idempotency_key: Some(format!("a2a:{}", m.message_id)),
+        trace: crate::telemetry::TraceContext::current(),
+        ..RunRequest::default()
     };
-    let trace = crate::telemetry::TraceContext::current();
-    let (run, _) = enqueue(state, tenant.to_owned(), thread_id, body, trace)
+    let (run, _) = state
+        .cases
+        .enqueue(tenant.to_owned(), thread_id, request)
         .await
         .map_err(api_error)?;
     Ok(Sent {
@@ -397,13 +399,13 @@ async fn answer(
                 .with("taskId", task_id),
         );
     };
-    let body = ResumeRequest {
+    let body = DecisionRequest {
         decision: Decision::Respond,
         reason: None,
         modified_args: None,
         response: Some(only_data.unwrap_or(Value::String(text))),
     };
-    let decision = decide(state, &s, body).map_err(api_error)?;
+    let decision = state.cases.decide(&s, body).map_err(api_error)?;
     let resolution = Resolution {
         status: SuspensionStatus::Resolved,
         decision,
@@ -451,7 +453,7 @@ async fn cancel(state: &AppState, tenant: &str, task_id: &str) -> Result<Run, Rp
     }
     let waited = tokio::time::timeout(
         CANCEL_WAIT,
-        wait_for_run(state, tenant, &run.thread_id, run.run_id),
+        state.cases.wait_for_run(tenant, &run.thread_id, run.run_id),
     )
     .await;
     Ok(match waited {

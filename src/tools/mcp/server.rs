@@ -472,6 +472,16 @@ fn without_type_names(text: &str) -> String {
     out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// What a stdio server inherits of our environment: only what a program needs to run (`PATH` to
+/// find its interpreter, `HOME`, the locale, the time zone). Everything else we hold (provider
+/// keys, `PES_API_KEYS`, the database URL) stays ours; a server that needs a value gets it from
+/// its own `env` in `PES_MCP_SERVERS`.
+fn inherited_env() -> impl Iterator<Item = (String, String)> {
+    const KEPT: [&str; 4] = ["PATH", "HOME", "LANG", "TZ"];
+    KEPT.into_iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_owned(), v)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::without_type_names;
@@ -486,14 +496,4 @@ mod tests {
             "Send message error Transport error: Client error: refused [code 7]"
         );
     }
-}
-
-/// What a stdio server inherits of our environment: only what a program needs to run (`PATH` to
-/// find its interpreter, `HOME`, the locale, the time zone). Everything else we hold (provider
-/// keys, `PES_API_KEYS`, the database URL) stays ours; a server that needs a value gets it from
-/// its own `env` in `PES_MCP_SERVERS`.
-fn inherited_env() -> impl Iterator<Item = (String, String)> {
-    const KEPT: [&str; 4] = ["PATH", "HOME", "LANG", "TZ"];
-    KEPT.into_iter()
-        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_owned(), v)))
 }

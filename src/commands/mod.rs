@@ -1,4 +1,11 @@
-//! The one path of the commands that change a run from outside its worker: enqueue, cancel,
+//! The use-case layer: what a client may ask of the service, whichever door it comes through
+//! (the REST API, A2A, later MCP, AG-UI, crons and webhooks). [`UseCases`] checks a request
+//! ([`runs`]: the query, the config, the tool policy floor, the tenant's quota; [`decisions`]: a
+//! person's decision against its suspension) and carries it out through [`RunCommands`]. Doors
+//! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
+//! imports a door.
+//!
+//! [`RunCommands`] is the one path of the commands that change a run from outside its worker: enqueue, cancel,
 //! resume (a person's decision, or the sweeper's expiry), and deleting a thread. Each is the same
 //! sequence, kept here once:
 //!
@@ -11,6 +18,11 @@
 //! Other replicas learn the same through [`crate::events::replicas`], which delivers the store's
 //! signals to the same bus, wake-up and registry.
 
+mod cases;
+mod decisions;
+mod policy;
+mod runs;
+
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -22,6 +34,10 @@ use crate::registry::RunRegistry;
 use crate::store::{
     CancelledRun, CreatedRun, NewRun, Resolution, ResolvedSuspension, Store, StoreResult,
 };
+pub use cases::UseCases;
+pub use decisions::{DecisionRequest, already_decided};
+pub use policy::check_policy_floor;
+pub use runs::RunRequest;
 
 /// Issues run commands (see the module doc). Cheap to clone: every clone shares the store, the
 /// bus, the worker's wake-up and the registry of local runs.

@@ -1,0 +1,124 @@
+//! A person's decision on a suspension: which decisions its kind allows and what each needs
+//! (edited arguments valid for the tool, a response valid for the question's schema), checked the
+//! same way whichever door it came through.
+
+use serde_json::Value;
+
+use super::UseCases;
+use crate::model::{Decision, ResumeDecision, Suspension, SuspensionStatus};
+use crate::problem::ApiError;
+
+/// A decision as a door received it, before it is checked against its suspension.
+#[derive(Debug, Clone)]
+pub struct DecisionRequest {
+    pub decision: Decision,
+    /// Why (given to the model on `reject`); at most 4,000 characters.
+    pub reason: Option<String>,
+    /// The arguments to run the call with (`edit`).
+    pub modified_args: Option<Value>,
+    /// The call's result (`respond`).
+    pub response: Option<Value>,
+}
+
+/// 409 for a suspension that is no longer pending, saying how and when it was resolved, so the
+/// person who came second knows what happened.
+pub fn already_decided(s: Option<&Suspension>) -> ApiError {
+    let status = s.map(|s| s.status).unwrap_or(SuspensionStatus::Resolved);
+    let how = s
+        .and_then(|s| s.decision.as_ref().map(|d| (d, s.resolved_at)))
+        .map(|(d, at)| {
+            let at = at
+                .map(|t| format!(" at {}", t.to_rfc3339()))
+                .unwrap_or_default();
+            let reason = d
+                .reason()
+                .map(|r| format!(" (reason: {r})"))
+                .unwrap_or_default();
+            format!(": decided `{}`{at}{reason}", d.kind())
+        })
+        .unwrap_or_default();
+    ApiError::Conflict {
+        code: "suspension_resolved",
+        detail: format!("the suspension is already {status}{how}"),
+    }
+}
+
+impl UseCases {
+    /// Check a resume request against its suspension and build the decision it stands for: the one
+    /// place a request's loose fields become a [`ResumeDecision`].
+    pub fn decide(
+        &self,
+        s: &Suspension,
+        body: DecisionRequest,
+    ) -> Result<ResumeDecision, ApiError> {
+        let state = self;
+        if !s.allowed_decisions.contains(&body.decision) {
+            let allowed: Vec<&str> = s.allowed_decisions.iter().map(|d| d.as_str()).collect();
+            return Err(ApiError::Unprocessable {
+                code: "decision_not_allowed",
+                detail: format!(
+                    "decision `{}` is not allowed for this {} suspension (allowed: {})",
+                    body.decision,
+                    s.kind,
+                    allowed.join(", ")
+                ),
+            });
+        }
+        if body
+            .reason
+            .as_ref()
+            .is_some_and(|r| r.chars().count() > 4000)
+        {
+            return Err(ApiError::Validation(
+                "reason is longer than 4000 characters".into(),
+            ));
+        }
+        if body.modified_args.is_some() && body.decision != Decision::Edit {
+            return Err(ApiError::Validation(format!(
+                "modifiedArgs goes only with decision `edit` (not `{}`): use `edit` to run the call with other arguments",
+                body.decision
+            )));
+        }
+        if body.response.is_some() && body.decision != Decision::Respond {
+            return Err(ApiError::Validation(format!(
+                "response goes only with decision `respond` (not `{}`)",
+                body.decision
+            )));
+        }
+        let reason = body.reason;
+        Ok(match body.decision {
+            Decision::Edit => {
+                let args = body.modified_args.ok_or_else(|| {
+                    ApiError::Validation("decision `edit` needs `modifiedArgs`".into())
+                })?;
+                state
+                    .engine
+                    .tools()
+                    .validate(&s.tool_call.name, &args)
+                    .map_err(|e| {
+                        ApiError::Validation(format!(
+                            "modifiedArgs do not fit `{}`: {e}",
+                            s.tool_call.name
+                        ))
+                    })?;
+                ResumeDecision::Edit { args, reason }
+            }
+            Decision::Respond => {
+                let response = body.response.ok_or_else(|| {
+                    ApiError::Validation("decision `respond` needs `response`".into())
+                })?;
+                if let Some(schema) = &s.input_schema {
+                    crate::tools::validator::validate(schema, &response).map_err(|errors| {
+                        ApiError::Validation(format!(
+                            "response does not fit the inputSchema: {}",
+                            errors.join("; ")
+                        ))
+                    })?;
+                }
+                ResumeDecision::Respond { reason, response }
+            }
+            Decision::Approve => ResumeDecision::Approve { reason },
+            Decision::Reject => ResumeDecision::Reject { reason },
+        })
+    }
+}

@@ -1,0 +1,152 @@
+//! Posting a query and waiting for its run: the checks every door applies before a run exists
+//! (the query, the config and the tool policy floor, the tenant's quota), and the wait that
+//! `runs/wait`, A2A's blocking `SendMessage` and others share.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::UseCases;
+use super::policy::check_policy_floor;
+use crate::events::BusMsg;
+use crate::model::{AgentConfig, MultitaskStrategy, Run, RunStatus, ThreadId};
+use crate::problem::ApiError;
+use crate::store::NewRun;
+use crate::telemetry::TraceContext;
+
+/// A run as a door asks for it, once parsed from its wire format.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    /// The user's query (trimmed here; empty or longer than `PES_MAX_QUERY_CHARS` is refused).
+    pub query: String,
+    /// The run's overrides of its thread's config.
+    pub config: AgentConfig,
+    /// What to do while another run of the thread is active; default `enqueue`.
+    pub strategy: Option<MultitaskStrategy>,
+    /// A repeated key on the same thread returns the first run.
+    pub idempotency_key: Option<String>,
+    /// Create the thread when it does not exist (else it is not found).
+    pub create_thread: bool,
+    /// The trace the run's spans continue.
+    pub trace: Option<TraceContext>,
+}
+
+impl UseCases {
+    /// Enqueue a run on `thread_id`: the run, and whether it is new (false for a repeated
+    /// idempotency key).
+    ///
+    /// # Errors
+    /// 422 for a bad query or config or a run that would loosen its thread's tool policy; 429
+    /// `quota_exceeded` past `PES_TENANT_MAX_ACTIVE_RUNS`; 404 for a missing thread (unless
+    /// `create_thread`), saying how to create it; 409 for a busy thread with `reject`.
+    pub async fn enqueue(
+        &self,
+        tenant: String,
+        thread_id: ThreadId,
+        request: RunRequest,
+    ) -> Result<(Run, bool), ApiError> {
+        let query = request.query.trim().to_owned();
+        if query.is_empty() {
+            return Err(ApiError::Validation("query must not be empty".into()));
+        }
+        if query.chars().count() > self.config.max_query_chars {
+            return Err(ApiError::Validation(format!(
+                "query is longer than {} characters (PES_MAX_QUERY_CHARS)",
+                self.config.max_query_chars
+            )));
+        }
+        if let Some(k) = &request.idempotency_key
+            && (k.is_empty() || k.chars().count() > 256)
+        {
+            return Err(ApiError::Validation(
+                "idempotencyKey must be 1 to 256 characters".into(),
+            ));
+        }
+        let config = request.config;
+        self.check_config(&tenant, &config).await?;
+        if config.require_approval.is_some() || config.tools.is_some() {
+            // Read only when the run touches the policy: the common run costs no extra query.
+            if let Some(thread) = self.store.get_thread(&tenant, &thread_id).await? {
+                check_policy_floor(&thread.config, &config)?;
+            }
+        }
+        let max_active = self.config.tenant_max_active_runs;
+        if self.store.count_active_runs(&tenant, max_active).await? >= max_active {
+            return Err(ApiError::QuotaExceeded {
+                detail: format!(
+                    "the tenant has {max_active} runs queued or running, its quota \
+                     (PES_TENANT_MAX_ACTIVE_RUNS): post again when some have ended"
+                ),
+                retry_after_seconds: 5,
+            });
+        }
+        let strategy = request.strategy.unwrap_or(MultitaskStrategy::Enqueue);
+        let create_thread = request.create_thread;
+        let shown_id = thread_id.to_string();
+        let created = self
+            .commands
+            .enqueue(NewRun {
+                tenant,
+                thread_id,
+                query,
+                config,
+                strategy,
+                idempotency_key: request.idempotency_key,
+                create_thread,
+                trace_context: request.trace.map(|t| t.to_stored()),
+            })
+            .await
+            .map_err(|e| match e {
+                // Say how to get the thread the client evidently expected.
+                crate::store::StoreError::ThreadNotFound => ApiError::NotFound {
+                    code: "thread_not_found",
+                    detail: format!(
+                        "thread `{shown_id}` not found: create it with `POST /v1/threads`, or post \
+                         the run with `\"ifNotExists\": \"create\"` to create it on the fly"
+                    ),
+                },
+                other => other.into(),
+            })?;
+        Ok((created.run, created.created))
+    }
+
+    /// Wait until a run completes, fails, is cancelled or suspends, then return it.
+    ///
+    /// # Errors
+    /// 404 when the run is gone; 503 `unavailable` when the service shuts down first.
+    pub async fn wait_for_run(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        run_id: Uuid,
+    ) -> Result<Run, ApiError> {
+        let mut rx = self.commands.bus().subscribe(tenant, thread_id);
+        loop {
+            let run = self
+                .store
+                .get_run(tenant, thread_id, run_id)
+                .await?
+                .ok_or_else(ApiError::run_not_found)?;
+            if run.status.is_terminal() || run.status == RunStatus::Suspended {
+                return Ok(run);
+            }
+            // Re-check on any observation of the run that may end it, or every second in case the
+            // run is driven by another replica.
+            let deadline = tokio::time::sleep(Duration::from_secs(1));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    _ = self.shutdown.cancelled() => {
+                        return Err(ApiError::Unavailable("the service is shutting down".into()));
+                    }
+                    _ = &mut deadline => break,
+                    msg = rx.recv() => match msg {
+                        Ok(BusMsg::Obs(o)) if o.run_id == Some(run_id) && o.kind.ends_run_stream() => break,
+                        Ok(BusMsg::Obs(_)) => {}
+                        Ok(BusMsg::Wake(_) | BusMsg::ThreadDeleted) | Err(_) => break,
+                    },
+                }
+            }
+        }
+    }
+}

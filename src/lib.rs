@@ -6,6 +6,7 @@
 //! - [`ask`]: `pes-server ask`, the terminal client that follows a run and asks the person;
 //! - [`config`]: every setting (flag + `PES_*` environment variable);
 //! - [`http`]: routers per resource, problem+json errors, SSE;
+//! - [`json`]: strict reading of request bodies and JSON Schema validation, shared by every layer;
 //! - [`agent`]: the PES engine, pure logic over traits;
 //! - [`commands`]: enqueue, cancel, resume: store write, publish, wake, reach the local run;
 //! - [`worker`]: claims runs under a lease and drives the engine;
@@ -28,6 +29,7 @@ pub mod config;
 pub mod events;
 pub mod flowchart;
 pub mod http;
+pub mod json;
 pub mod llm;
 pub mod memory;
 pub mod model;

@@ -108,7 +108,7 @@ impl UseCases {
                     ApiError::Validation("decision `respond` needs `response`".into())
                 })?;
                 if let Some(schema) = &s.input_schema {
-                    crate::tools::validator::validate(schema, &response).map_err(|errors| {
+                    crate::json::schema::validate(schema, &response).map_err(|errors| {
                         ApiError::Validation(format!(
                             "response does not fit the inputSchema: {}",
                             errors.join("; ")

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::model::FlowchartRecord;
+use crate::json::schema::CompiledSchema;
 use crate::llm::ToolSpec;
-use crate::tools::validator::CompiledSchema;
 
 /// A flowchart mounted as a tool.
 #[derive(Debug, Clone)]

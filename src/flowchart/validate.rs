@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::model::{FlowchartSpec, Stage};
-use crate::tools::validator::CompiledSchema;
+use crate::json::schema::CompiledSchema;
 
 /// At most this many stages in one flowchart.
 pub const MAX_STAGES: usize = 200;
@@ -90,7 +90,7 @@ pub fn parse_spec(body: &Value) -> Result<FlowchartSpec, Problem> {
     if let Some(p) = rule_not_an_object(body) {
         return Err(p);
     }
-    crate::http::strict_json::from_value_at(body).map_err(|e| {
+    crate::json::strict::from_value_at(body).map_err(|e| {
         let mut segments: Vec<String> = e
             .path()
             .iter()

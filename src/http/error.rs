@@ -149,7 +149,7 @@ where
             )));
         }
         reject_nul(&value)?;
-        super::strict_json::from_value_at(&value)
+        crate::json::strict::from_value_at(&value)
             .map(Self)
             .map_err(|e| {
                 // Name the field that does not fit (`query: invalid type: …`), so a client

@@ -15,7 +15,7 @@ pub mod quota;
 pub mod runs;
 pub mod serve;
 pub mod sse;
-pub mod strict_json;
+
 pub mod suspensions;
 pub mod threads;
 pub mod tools;

@@ -1823,7 +1823,7 @@ mod tests {
             "Who built Rome? Who built Athens?",
         ] {
             let p = plan_for(q, 10).await;
-            crate::tools::validator::validate(&schema, &p).unwrap();
+            crate::json::schema::validate(&schema, &p).unwrap();
         }
     }
 }

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::{ChatMessage, ChatRequest, ChatResponse, LlmError, LlmProvider, truncate};
-use crate::tools::validator as schema;
+use crate::json::schema;
 
 /// How much of a bad reply [`LlmError::InvalidStructured`] quotes.
 const MAX_RETURNED: usize = 500;

@@ -9,7 +9,8 @@
 use async_trait::async_trait;
 use serde_json::{Number, Value, json};
 
-use super::{Tool, ToolContext, ToolError, validator as schema};
+use super::{Tool, ToolContext, ToolError};
+use crate::json::schema;
 use crate::model::SuspensionKind;
 
 /// Longest expression the calculator accepts, in characters.

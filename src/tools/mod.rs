@@ -16,7 +16,6 @@ pub mod debug;
 pub mod http;
 pub mod mcp;
 mod registry;
-pub mod validator;
 
 pub use registry::{ServerInfo, ToolInfo, ToolRegistry, ToolServer};
 

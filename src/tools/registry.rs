@@ -12,8 +12,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tracing::warn;
 
-use super::validator::CompiledSchema;
 use super::{DEFAULT_TOOL_TIMEOUT, Tool, ToolContext, ToolError, ToolOutcome, ToolSource, builtin};
+use crate::json::schema::CompiledSchema;
 use crate::llm::ToolSpec;
 
 /// A server that serves tools (an MCP server): whether it can take calls now. Declared to the

@@ -5,7 +5,7 @@
 //! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_TRACES_EXPORTER`,
 //! `OTEL_SDK_DISABLED`, `OTEL_SERVICE_NAME`, `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_BSP_*`, …), read by
 //! [`crate::telemetry::otel`] and the OpenTelemetry crates, so a deployment configures this service
-//! as it configures every other one; the README's configuration table lists them.
+//! as it configures every other one; the configuration chapter of the book (docs/src/operations/configuration.md) lists them.
 
 use std::net::SocketAddr;
 use std::time::Duration;

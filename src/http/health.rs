@@ -68,7 +68,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<AppJson<Health>, Ap
 /// How long a scrape waits for the store's counts before it answers without them.
 const BACKLOG_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Prometheus text-format metrics (the list is in the README). The gauges of what waits (queued
+/// Prometheus text-format metrics (the list is in the book, docs/src/operations/metrics.md). The gauges of what waits (queued
 /// runs, pending suspensions) are read from the store now; should it not answer within two
 /// seconds, they keep their last value.
 ///

@@ -50,7 +50,7 @@ const TOKEN_REMOTE_THREADS: &str = "pes_token_remote_threads";
 const TOKEN_PAYLOADS: &str = "pes_token_relay_payloads_total";
 const TOKEN_DROPPED: &str = "pes_token_relay_dropped_total";
 
-/// Every series: name, kind, help. `/metrics` describes each, and the README lists them.
+/// Every series: name, kind, help. `/metrics` describes each, and the book lists them (docs/src/operations/metrics.md).
 const CATALOGUE: &[(&str, Kind, &str)] = &[
     (
         RUNS_CLAIMED,

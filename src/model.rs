@@ -936,10 +936,13 @@ pub struct Run {
     pub usage: Usage,
     #[serde(default)]
     pub error: Option<ErrorInfo>,
+    /// The run's answer once it completed: what its `FINAL_RESPONSE` observation holds.
     #[serde(default)]
+    #[schema(schema_with = final_response_schema)]
     pub final_response: Option<Value>,
     /// The pending suspension this run waits on, when suspended.
     #[serde(default)]
+    #[schema(value_type = Option<Suspension>)]
     pub suspension: Option<Value>,
     /// Lease attempt counter; every write of a worker is fenced by it.
     pub attempt: i64,
@@ -957,6 +960,18 @@ pub struct Run {
     /// [`crate::telemetry::TraceContext`]), as stored.
     #[serde(skip)]
     pub trace_context: Option<String>,
+}
+
+/// `Run::final_response` in the document: null or the `FinalResponseContent` schema (the content
+/// of `FINAL_RESPONSE`, which the document's observation schemas define).
+fn final_response_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    OneOfBuilder::new()
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .item(utoipa::openapi::Ref::from_schema_name(
+            "FinalResponseContent",
+        ))
+        .into()
 }
 
 /// A message of the thread's conversation history, in the order an OpenAI-style reader expects:

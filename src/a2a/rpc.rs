@@ -320,9 +320,14 @@ fn id_schema() -> utoipa::openapi::schema::Schema {
     schema(json!({"type": ["string", "integer", "null"]}))
 }
 
-/// An error's details: a list (v1.0) or an object (v0.3).
+/// An error's details: a list of objects (v1.0) or an object (v0.3). Written as a `oneOf` of
+/// the two, each with its type whole (an `array` without `items` is a type a client generator
+/// cannot build).
 fn data_schema() -> utoipa::openapi::schema::Schema {
-    schema(json!({"type": ["array", "object"]}))
+    schema(json!({"oneOf": [
+        {"type": "array", "items": {"type": "object"}},
+        {"type": "object"},
+    ]}))
 }
 
 /// A JSON-RPC 2.0 request (the body of `POST /a2a`), for the OpenAPI document.

@@ -4,6 +4,10 @@
 //! authentication (401 on `/v1`), of the query parser (422) and of the connection layer (414,
 //! 431); `security: []` on the open routes; and the description of every Server-Sent Events
 //! response. The routes themselves document only what is theirs (success bodies, 404, 409, …).
+//!
+//! The same pass names every schema a client generator would otherwise name itself (`unions`:
+//! inline copies become `$ref`s, tagged unions get named variants and a `discriminator`) and
+//! types each observation's `content` by its `type` (`observations`).
 
 use serde_json::json;
 use utoipa::openapi::path::Operation;
@@ -12,6 +16,9 @@ use utoipa::openapi::{Content, OpenApi as Document, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi};
 
 use super::Problem;
+
+mod observations;
+mod unions;
 
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -177,26 +184,24 @@ fn add(op: &mut Operation, (name, status, _): Shared) {
         .or_insert_with(|| RefOr::Ref(Ref::new(format!("#/components/responses/{name}"))));
 }
 
-/// The description of a `text/event-stream` response body, with its events' schema. OpenAPI 3.1
-/// has no way to describe the items of a stream (3.2 adds `itemSchema`); the stream is a string
-/// here, and `x-itemSchema` says what 3.2 would: each event's `data` is one `Observation`.
+/// The description of a `text/event-stream` response body: no `schema` (OpenAPI 3.1 has no way
+/// to describe a stream's items, and a `schema` there describes each event, as a tool reads it),
+/// and in `x-itemSchema` what OpenAPI 3.2's `itemSchema` says: each event's `id`, `event` and
+/// `data`, whose content is one `Observation` (or, with `tokens=true`, a `TokenDelta`). OpenAPI
+/// 3.1 allows the key only as an extension (`x-`); its value is the 3.2 item schema as written.
 fn event_stream_content() -> Content {
     serde_json::from_value(json!({
-        "schema": {
-            "type": "string",
-            "description": "Server-Sent Events, one per observation: `id: <seq>`, \
-                `event: <observation type>`, `data: <the Observation as JSON>` (see the \
-                `Observation` schema, and `x-itemSchema`). Comment lines (`: keep-alive`) come \
-                every `PES_SSE_KEEPALIVE_SECONDS` (15 s by default). Reconnect with \
-                `Last-Event-ID: <last id seen>` to continue without a gap or a duplicate. A \
-                client that asked for tokens (`tokens=true`) also gets `event: token` frames \
-                without `id:` (`data: <a TokenDelta>`), never stored and never replayed.",
-        },
         "example": "id: 1\nevent: RUN_STARTED\ndata: {\"id\":\"0196…\",\"seq\":1,\"threadId\":\"t1\",\
             \"runId\":\"0196…\",\"parentId\":null,\"type\":\"RUN_STARTED\",\"title\":\"Run started\",\
-            \"content\":{},\"createdAt\":\"2025-01-01T00:00:00Z\"}\n\n",
+            \"content\":{\"query\":\"What is 2+2?\",\"provider\":\"offline\",\"model\":null,\
+            \"attempt\":1},\"createdAt\":\"2025-01-01T00:00:00Z\"}\n\n",
         "x-itemSchema": {
-            "description": "One event of the stream (the shape OpenAPI 3.2 gives SSE items).",
+            "description": "Server-Sent Events, one per observation: `id: <seq>`, `event: <observation \
+                type>`, `data: <the Observation as JSON>`. Comment lines (`: keep-alive`) come every \
+                `PES_SSE_KEEPALIVE_SECONDS` (15 s by default). Reconnect with `Last-Event-ID: <last \
+                id seen>` to continue without a gap or a duplicate. A client that asked for tokens \
+                (`tokens=true`) also gets `event: token` frames without `id:` (`data: <a \
+                TokenDelta>`), never stored and never replayed.",
             "oneOf": [
                 {
                     "type": "object",
@@ -231,19 +236,17 @@ fn event_stream_content() -> Content {
     .expect("a media type object")
 }
 
-/// The description of `/a2a`'s event streams: each event's `data` is a JSON-RPC response.
+/// The description of `/a2a`'s event streams (as [`event_stream_content`]): each event's `data`
+/// is a JSON-RPC response.
 fn a2a_stream_content() -> Content {
     serde_json::from_value(json!({
-        "schema": {
-            "type": "string",
+        "x-itemSchema": {
             "description": "Server-Sent Events, one per task update: `id: <seq>` (the observation \
                 it comes from; the first event, the task itself, has the seq it was read at), \
                 `data: <a JSON-RPC response>` whose `result` is a v1.0 `StreamResponse` \
                 (`{\"task\"}`, `{\"statusUpdate\"}`, `{\"artifactUpdate\"}`) or, for the v0.3 \
                 methods, the bare v0.3 object with its `kind`. The stream ends when the task \
                 ends or needs input.",
-        },
-        "x-itemSchema": {
             "type": "object",
             "required": ["id", "data"],
             "properties": {
@@ -262,6 +265,13 @@ fn a2a_stream_content() -> Content {
 /// Add the shared parts to every operation of `api` (see the module documentation).
 pub(super) fn add_shared_parts(api: &mut Document) {
     let components = api.components.get_or_insert_with(Default::default);
+    // Copies first, while `Observation` is still the struct utoipa inlined into its page.
+    unions::reference_inline_copies(components);
+    unions::name_tagged_unions(components);
+    // Read with `deny_unknown_fields`: a resume body and a flowchart stage take no other field.
+    unions::close_variants(components, "ResumeRequest");
+    unions::close_variants(components, "Stage");
+    observations::document(components);
     for shared in SHARED {
         components
             .responses
@@ -571,7 +581,8 @@ mod tests {
         ] {
             let content = &doc["paths"][path][method]["responses"]["200"]["content"];
             let sse = &content[super::EVENT_STREAM];
-            assert_eq!(sse["schema"]["type"], "string", "{method} {path}");
+            // No `schema`: in OpenAPI 3.1 it would describe each event (as a string).
+            assert!(sse.get("schema").is_none(), "{method} {path}: {sse}");
             let items = &sse["x-itemSchema"]["oneOf"];
             assert_eq!(
                 items[0]["properties"]["data"]["contentSchema"]["$ref"],
@@ -626,9 +637,124 @@ mod tests {
             schemas["Thread"]["properties"]["metadata"]["type"],
             "object"
         );
+        for decision in ["approve", "edit", "reject", "respond"] {
+            let name = format!("{}ResumeRequest", super::unions::pascal(decision));
+            let variant = &schemas[&name];
+            assert_eq!(variant["properties"]["reason"]["maxLength"], 4000, "{name}");
+            assert_eq!(
+                variant["properties"]["decision"]["const"], decision,
+                "{name}"
+            );
+            assert_eq!(variant["additionalProperties"], false, "{name}");
+            assert_eq!(
+                schemas["ResumeRequest"]["discriminator"]["mapping"][decision],
+                format!("#/components/schemas/{name}")
+            );
+        }
         assert_eq!(
-            schemas["ResumeRequest"]["properties"]["reason"]["maxLength"],
-            4000
+            schemas["EditResumeRequest"]["required"],
+            json!(["modifiedArgs", "decision"])
+        );
+        assert_eq!(
+            schemas["RespondResumeRequest"]["required"],
+            json!(["response", "decision"])
+        );
+    }
+
+    /// Every `$ref` of the document names a component that exists.
+    #[test]
+    fn every_reference_resolves() {
+        fn walk(doc: &Value, v: &Value, seen: &mut usize) {
+            match v {
+                Value::Object(map) => {
+                    if let Some(Value::String(r)) = map.get("$ref") {
+                        let pointer = r.strip_prefix('#').expect("a local reference");
+                        assert!(doc.pointer(pointer).is_some(), "{r} resolves");
+                        *seen += 1;
+                    }
+                    map.values().for_each(|c| walk(doc, c, seen));
+                }
+                Value::Array(items) => items.iter().for_each(|c| walk(doc, c, seen)),
+                _ => {}
+            }
+        }
+        let doc = document();
+        let mut seen = 0;
+        walk(&doc, &doc, &mut seen);
+        assert!(seen > 100, "{seen} references");
+    }
+
+    /// No union of the components has an anonymous object variant (a client generator names
+    /// those `X_type_0`, …, and drops them when their inner names collide), and every union of
+    /// objects has a discriminator whose mapping names each variant by its tag's `const`.
+    #[test]
+    fn every_union_of_objects_is_named_and_discriminated() {
+        let doc = document();
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        let mut unions = Vec::new();
+        for (name, schema) in schemas {
+            let Some(items) = schema["oneOf"].as_array() else {
+                continue;
+            };
+            for item in items {
+                assert!(
+                    item.get("$ref").is_some() || item["type"] == "null",
+                    "{name} has an anonymous variant: {item}"
+                );
+            }
+            let tag = schema["discriminator"]["propertyName"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name} has no discriminator"));
+            let mapping = schema["discriminator"]["mapping"].as_object().unwrap();
+            assert_eq!(mapping.len(), items.len(), "{name}");
+            for (value, target) in mapping {
+                let variant = target.as_str().unwrap().rsplit('/').next().unwrap();
+                assert_eq!(
+                    schemas[variant]["properties"][tag]["const"], *value,
+                    "{variant}"
+                );
+                assert!(
+                    schemas[variant]["required"]
+                        .as_array()
+                        .unwrap()
+                        .contains(&json!(tag)),
+                    "{variant} requires {tag}"
+                );
+            }
+            unions.push(name.as_str());
+        }
+        assert_eq!(unions, ["Observation", "ResumeRequest", "Stage"]);
+    }
+
+    /// `Observation` is a union over `type` with one named schema per observation type, whose
+    /// `content` is that type's content schema; a page of observations refers to it.
+    #[test]
+    fn each_observation_type_has_its_content_schema() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        let mapping = &schemas["Observation"]["discriminator"]["mapping"];
+        for t in ObservationType::ALL {
+            let name = super::observations::observation_schema_name(*t);
+            assert_eq!(mapping[t.as_str()], format!("#/components/schemas/{name}"));
+            let content = schemas[&name]["properties"]["content"]["$ref"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}'s content is named"));
+            let content = content.rsplit('/').next().unwrap();
+            assert_eq!(schemas[content]["type"], "object", "{content}");
+            assert_eq!(schemas[&name]["properties"]["type"]["const"], t.as_str());
+        }
+        assert_eq!(
+            schemas["Page_Observation"]["properties"]["items"]["items"]["$ref"],
+            "#/components/schemas/Observation"
+        );
+        let run = &schemas["Run"]["properties"];
+        assert_eq!(
+            run["suspension"]["oneOf"][1]["$ref"],
+            "#/components/schemas/Suspension"
+        );
+        assert_eq!(
+            run["finalResponse"]["oneOf"][1]["$ref"],
+            "#/components/schemas/FinalResponseContent"
         );
     }
 

@@ -115,6 +115,52 @@ pub struct ResumeRequest {
     pub response: Option<Value>,
 }
 
+/// Body of `POST /v1/suspensions/{suspensionId}/resume`: a `decision` with the fields it takes
+/// (`modifiedArgs` for `edit`, `response` for `respond`) and an optional `reason`.
+// The resume body as the document states it: one shape per decision, with the rules
+// `UseCases::decide` enforces on a `ResumeRequest`, so that a client generated from the
+// document builds exactly one of them. A description, never built: the body is read as a
+// `ResumeRequest`.
+#[allow(dead_code)]
+#[derive(serde::Serialize, ToSchema)]
+#[serde(tag = "decision", rename_all = "lowercase", deny_unknown_fields)]
+#[schema(as = ResumeRequest, example = json!({"decision": "reject", "reason": "Not this one."}))]
+enum ResumeRequestSchema {
+    /// Run the call as the model proposed it.
+    Approve {
+        /// Why; at most 4,000 characters.
+        #[serde(default)]
+        #[schema(max_length = 4000)]
+        reason: Option<String>,
+    },
+    /// Run the call with `modifiedArgs` instead.
+    Edit {
+        /// The arguments to run the call with, valid for the tool's schema.
+        #[serde(rename = "modifiedArgs")]
+        modified_args: Value,
+        /// Why; at most 4,000 characters.
+        #[serde(default)]
+        #[schema(max_length = 4000)]
+        reason: Option<String>,
+    },
+    /// Do not run the call; the model is told why.
+    Reject {
+        /// Why (given to the model); at most 4,000 characters.
+        #[serde(default)]
+        #[schema(max_length = 4000)]
+        reason: Option<String>,
+    },
+    /// Do not run the call; `response` is its result.
+    Respond {
+        /// The call's result, valid for the suspension's `inputSchema` when it has one.
+        response: Value,
+        /// Why; at most 4,000 characters.
+        #[serde(default)]
+        #[schema(max_length = 4000)]
+        reason: Option<String>,
+    },
+}
+
 /// 409 for a suspension that is no longer pending (see [`crate::commands::already_decided`]).
 fn already(s: Option<&Suspension>) -> ApiError {
     crate::commands::already_decided(s)
@@ -141,7 +187,7 @@ fn decide(
 /// call's result and the run continues from where it stopped. With `Accept: text/event-stream`
 /// the response streams the run's observations until it ends or suspends again.
 #[utoipa::path(post, path = "/v1/suspensions/{suspensionId}/resume", tag = "suspensions",
-    request_body = ResumeRequest,
+    request_body = ResumeRequestSchema,
     params(("suspensionId" = String, Path, description = "Suspension id (a UUID; any other id is not found)"), RunStreamParams),
     responses(
         (status = 202, description = "Resumed: the run is queued again", body = Run),

@@ -106,9 +106,11 @@ pub struct AgentStateView {
     /// Every item in progress (parallel items run at once), in plan order.
     pub in_progress_item_ids: Vec<String>,
     pub is_paused: bool,
-    /// The pending suspension: `{suspensionId, itemId, toolCall, iterationState, partialToolResults, …}`.
+    /// The pending suspension, as `GET /v1/suspensions/{suspensionId}` shows it.
+    #[schema(value_type = Option<crate::model::Suspension>)]
     pub suspension: Option<Value>,
     /// Result of each completed item, by item id.
+    #[schema(value_type = std::collections::BTreeMap<String, String>)]
     pub step_outputs: serde_json::Map<String, Value>,
     /// Remote-agent tasks items wait on: `{itemId, submittedAt, taskIds}`, read from the
     /// log (a delegation's `A2A_TASK_UPDATE`s without a `TOOL_EXECUTION` yet).

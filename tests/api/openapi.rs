@@ -1,12 +1,15 @@
 //! The OpenAPI document checked by real tools, from the Python venv that `scripts/pyvenv` makes
 //! (`.ci/run` exports its path as `PES_PYVENV`; else `target/pyvenv` is used when it exists):
-//! `openapi-spec-validator` holds the document to the OpenAPI 3.1 rules, and a bounded
-//! schemathesis run fuzzes the real binary on each store against the document it serves, failing
-//! on any 5xx, undocumented status code, content type or header, or response that does not fit
-//! its schema.
+//! `openapi-spec-validator` holds the document to the OpenAPI 3.1 rules; a bounded schemathesis
+//! run fuzzes the real binary on each store against the document it serves, failing on any 5xx,
+//! undocumented status code, content type or header, or response that does not fit its schema;
+//! and `openapi-python-client` generates a client from the served document without a single
+//! warning, which `tests/openapi/client_run.py` uses, typed end to end, for a run with an
+//! approval. Without the venv these tests say so loudly and pass, except where `PES_PYVENV` or
+//! `CI` is set: there a missing venv fails them.
 //!
-//! Without the venv these tests say so loudly and pass, except where `PES_PYVENV` or `CI` is set:
-//! there a missing venv fails them.
+//! Without Python, the runs, suspensions, states and observations of real runs are validated
+//! against the document's own schemas (each observation's content by its type).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -16,7 +19,7 @@ use uuid::Uuid;
 
 use crate::both_stores;
 use crate::db::{self, TempDir};
-use crate::helpers::{Backend, spawn};
+use crate::helpers::{Backend, TestApp, spawn, venv_python};
 use crate::process::Proc;
 
 /// The venv with `openapi-spec-validator` and `schemathesis`, or `None` (after a loud message)
@@ -223,3 +226,279 @@ async fn stated_constraints_hold_at_their_edges(backend: Backend) {
 }
 
 both_stores!(stated_constraints, stated_constraints_hold_at_their_edges);
+
+/// A validator for the document's component schema `name` (its `$ref`s resolved within the
+/// document), formats included.
+fn validator(doc: &Value, name: &str) -> jsonschema::Validator {
+    let root = json!({
+        "$ref": format!("#/components/schemas/{name}"),
+        "components": doc["components"],
+    });
+    jsonschema::draft202012::options()
+        .should_validate_formats(true)
+        .build(&root)
+        .unwrap_or_else(|e| panic!("the schema {name} compiles: {e}"))
+}
+
+/// Panic unless `value` fits the document's schema `name`, naming each violation.
+fn assert_fits(doc: &Value, name: &str, value: &Value) {
+    let errors: Vec<String> = validator(doc, name)
+        .iter_errors(value)
+        .map(|e| format!("{e} (at {})", e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "not a {name}: {errors:#?}\n{value:#}");
+}
+
+/// `run` once it is neither queued nor running (read again until then, with a deadline).
+async fn settled(app: &TestApp, thread: &str, run: &Value) -> Value {
+    let id = run["runId"].as_str().unwrap();
+    app.wait_run(thread, id, |r| {
+        !matches!(r["status"].as_str(), Some("queued" | "running"))
+    })
+    .await
+}
+
+/// What the server sends for runs with approvals (one edited, one interrupted by a newer run,
+/// one rejected) fits the document: each run, suspension and state as the routes answer them,
+/// and every observation, whose `content` the document types by `type`.
+async fn what_runs_send_fits_the_document(backend: Backend) {
+    let app = spawn(backend, None).await;
+    let doc = serde_json::to_value(pes_server::http::openapi()).unwrap();
+    let t = app
+        .thread(json!({"config": {"requireApproval": ["calculator"]}}))
+        .await;
+
+    let first = app.run_wait(&t, "What is 2+2?").await;
+    assert_eq!(first["status"], "suspended", "{first}");
+    assert_fits(&doc, "Run", &first);
+    let (_, state) = app.get(&format!("/v1/threads/{t}/state")).await;
+    assert_fits(&doc, "AgentStateView", &state);
+    let sid = first["suspension"]["suspensionId"].as_str().unwrap();
+    let (s, resumed) = app
+        .post(
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "edit", "modifiedArgs": {"expression": "3+3"}, "reason": "three"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{resumed}");
+    assert_fits(&doc, "Run", &resumed);
+    let done = settled(&app, &t, &first).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_fits(&doc, "Run", &done);
+    let (_, decided) = app.get(&format!("/v1/suspensions/{sid}")).await;
+    assert_eq!(decided["decision"], "edit", "{decided}");
+    assert_fits(&doc, "Suspension", &decided);
+
+    // A suspended run interrupted by a newer one; the newer one rejected.
+    let second = app.run_wait(&t, "What is 5*5?").await;
+    assert_eq!(second["status"], "suspended", "{second}");
+    let (s, third) = app
+        .post(
+            &format!("/v1/threads/{t}/runs"),
+            json!({"query": "What is 6*7?", "multitaskStrategy": "interrupt"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{third}");
+    let third = app
+        .wait_run(&t, third["runId"].as_str().unwrap(), |r| {
+            r["status"] == "suspended"
+        })
+        .await;
+    let sid = third["suspension"]["suspensionId"].as_str().unwrap();
+    let (s, r) = app
+        .post(
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "reject", "reason": "not now"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{r}");
+    assert_eq!(settled(&app, &t, &third).await["status"], "completed");
+
+    let (_, runs) = app.get(&format!("/v1/threads/{t}/runs")).await;
+    assert_fits(&doc, "Page_Run", &runs);
+    let statuses: Vec<&str> = runs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert!(statuses.contains(&"cancelled"), "{statuses:?}");
+    let (_, page) = app
+        .get(&format!("/v1/threads/{t}/observations?limit=1000"))
+        .await;
+    assert_fits(&doc, "Page_Observation", &page);
+    let observations = page["items"].as_array().unwrap();
+    let observation = validator(&doc, "Observation");
+    let mut types = std::collections::BTreeSet::new();
+    for o in observations {
+        let errors: Vec<String> = observation.iter_errors(o).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{errors:#?}\n{o:#}");
+        types.insert(o["type"].as_str().unwrap());
+    }
+    for t in [
+        "RUN_STARTED",
+        "PLAN",
+        "TOOL_CALL",
+        "AGENT_SUSPENDED",
+        "RUN_SUSPENDED",
+        "AGENT_RESUMED",
+        "TOOL_EXECUTION",
+        "THOUGHTS",
+        "FINAL_RESPONSE",
+        "RUN_COMPLETED",
+        "RUN_CANCELLED",
+    ] {
+        assert!(types.contains(t), "no {t} in {types:?}");
+    }
+
+    // The validation bites: a PLAN whose content is another type's is refused.
+    let mut wrong = observations
+        .iter()
+        .find(|o| o["type"] == "PLAN")
+        .unwrap()
+        .clone();
+    wrong["content"] =
+        json!({"itemId": "step-1", "status": "pending", "previousStatus": "pending"});
+    assert!(!observation.is_valid(&wrong), "{wrong}");
+    app.stop().await;
+}
+
+both_stores!(runs_fit_the_document, what_runs_send_fits_the_document);
+
+/// The `openapi-python-client` CLI of the venv, or `None` after a loud message (see
+/// [`venv_python`]).
+fn python_client_generator() -> Option<(PathBuf, PathBuf)> {
+    let python = venv_python("openapi_python_client", "openapi-python-client")?;
+    let bin = python.parent().unwrap().to_owned();
+    Some((python, bin))
+}
+
+/// Generate a Python client from the served document: no warning may be printed (a schema the
+/// generator drops or must name itself would be one). Returns the folder holding the package.
+async fn generate_client(bin: &Path, doc: &Value, dir: &Path) -> PathBuf {
+    let file = dir.join("openapi.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(doc).unwrap()).unwrap();
+    let out_dir = dir.join("client");
+    // The generator formats its output with ruff, from the venv too.
+    let path = std::env::join_paths(std::iter::once(bin.to_owned()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(bin.join("openapi-python-client"))
+            .current_dir(dir)
+            .env("PATH", path)
+            .args(["generate", "--path"])
+            .arg(&file)
+            .arg("--output-path")
+            .arg(&out_dir)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("openapi-python-client finishes within 2 minutes")
+    .expect("openapi-python-client runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "openapi-python-client failed:\n{text}"
+    );
+    // It prints `Generating <folder>` and, for anything it could not use, warnings.
+    let noise: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Generating "))
+        .collect();
+    assert!(
+        noise.is_empty(),
+        "openapi-python-client warned about the document:\n{text}"
+    );
+    assert!(
+        out_dir.join("pes_server_client").join("models").is_dir(),
+        "{text}"
+    );
+    out_dir
+}
+
+/// A client generated from the document works typed end to end: `tests/openapi/client_run.py`
+/// creates a thread that needs approval for the calculator, posts a query with runs/wait, reads
+/// the run's `suspension` as a model, approves it with an `ApproveResumeRequest`, waits for the
+/// run and reads the observations as per-type models with typed content. What it reports is
+/// what the server holds.
+async fn a_generated_client_runs_an_approval_typed_end_to_end(backend: Backend) {
+    let Some((python, bin)) = python_client_generator() else {
+        return;
+    };
+    let app = spawn(backend, None).await;
+    let (status, doc) = app.get("/openapi.json").await;
+    assert_eq!(status, 200, "{doc}");
+    let (dir, _guard) = scratch();
+    let client = generate_client(&bin, &doc, &dir).await;
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openapi/client_run.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(&python)
+            .arg(&script)
+            .arg(&client)
+            .arg(&app.base)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the client script finishes within 2 minutes")
+    .expect("the client script runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the generated client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+
+    let t = report["threadId"].as_str().unwrap();
+    let (_, s) = app
+        .get(&format!(
+            "/v1/suspensions/{}",
+            report["suspensionId"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(
+        (
+            s["status"].as_str(),
+            s["decision"].as_str(),
+            s["reason"].as_str()
+        ),
+        (Some("resolved"), Some("approve"), Some("looks right")),
+        "{s}"
+    );
+    let (_, run) = app
+        .get(&format!(
+            "/v1/threads/{t}/runs/{}",
+            report["runId"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["finalResponse"]["response"], report["answer"]);
+    assert!(report["answer"].as_str().unwrap().contains('4'), "{report}");
+    // The client read every observation of the thread, each as its own type.
+    let types: Vec<Value> = app
+        .observations(t)
+        .await
+        .iter()
+        .map(|o| o["type"].clone())
+        .collect();
+    assert_eq!(report["types"], Value::Array(types));
+    app.stop().await;
+}
+
+both_stores!(
+    generated_client,
+    a_generated_client_runs_an_approval_typed_end_to_end
+);

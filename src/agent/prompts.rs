@@ -191,6 +191,9 @@ pub fn planning_system(
         s.push_str(labels::AVAILABLE_TOOLS);
         s.push('\n');
         for (name, desc) in tools {
+            // One line per tool, whatever the server wrote: a description over several lines
+            // would read as the end of the list.
+            let desc = desc.split_whitespace().collect::<Vec<_>>().join(" ");
             s.push_str(&format!("- {name}: {desc}\n"));
         }
     }

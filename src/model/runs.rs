@@ -1,0 +1,205 @@
+//! Threads and runs: their statuses, what a run used (usage), how it failed, and the
+//! conversation's messages.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::*;
+
+string_enum! {
+    /// Lifecycle of a run. `queued` → `running` → (`suspended` ↔ `running`) → `completed` | `failed`
+    /// | `cancelled`.
+    RunStatus {
+        Queued => "queued",
+        Running => "running",
+        Suspended => "suspended",
+        Completed => "completed",
+        Failed => "failed",
+        Cancelled => "cancelled",
+    }
+}
+
+impl RunStatus {
+    /// A run in a terminal status never changes again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+    /// Queued, running and suspended runs occupy their thread.
+    pub fn is_active(self) -> bool {
+        !self.is_terminal()
+    }
+}
+
+string_enum! {
+    /// Thread status, derived from its runs: `busy` while a run is queued or running, `suspended`
+    /// while one waits for a person, `error` when the latest run failed, else `idle`.
+    ThreadStatus {
+        Idle => "idle",
+        Busy => "busy",
+        Suspended => "suspended",
+        Error => "error",
+    }
+}
+
+string_enum! {
+    /// What happens to a query posted while another run of the thread is active.
+    MultitaskStrategy {
+        /// Answer 409.
+        Reject => "reject",
+        /// Run after the active runs (the default).
+        Enqueue => "enqueue",
+        /// Cancel the active run at its next safe point, keep its progress, then run.
+        Interrupt => "interrupt",
+    }
+}
+
+/// Token usage, summed per item and per run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    /// Model calls made (including retries that returned a reply).
+    pub llm_calls: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.total_tokens += other.total_tokens;
+        self.llm_calls += other.llm_calls;
+    }
+}
+
+/// Why a run or item failed: a stable code and a human message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorInfo {
+    pub code: String,
+    pub message: String,
+}
+
+/// A thread as stored and as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Thread {
+    pub thread_id: ThreadId,
+    #[serde(skip)]
+    pub tenant: String,
+    pub status: ThreadStatus,
+    /// The client's JSON object.
+    #[schema(value_type = Object)]
+    pub metadata: Value,
+    pub config: AgentConfig,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+string_enum! {
+    /// Where the engine is in a run: `new` → `planning` → `executing` → `synthesizing` → `done`.
+    /// Stored with the run so a run re-claimed after a crash skips the phases it finished.
+    #[derive(Default)]
+    RunPhase {
+        /// A run that has not started.
+        #[default]
+        New => "new",
+        Planning => "planning",
+        Executing => "executing",
+        Synthesizing => "synthesizing",
+        Done => "done",
+    }
+}
+
+/// A run of a query on a thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Run {
+    pub run_id: Uuid,
+    pub thread_id: ThreadId,
+    #[serde(skip)]
+    pub tenant: String,
+    pub status: RunStatus,
+    pub query: String,
+    /// Per-run overrides of the thread's config.
+    pub config: AgentConfig,
+    pub multitask_strategy: MultitaskStrategy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub ended_at: Option<DateTime<Utc>>,
+    pub usage: Usage,
+    #[serde(default)]
+    pub error: Option<ErrorInfo>,
+    /// The run's answer once it completed: what its `FINAL_RESPONSE` observation holds.
+    #[serde(default)]
+    #[schema(schema_with = final_response_schema)]
+    pub final_response: Option<Value>,
+    /// The pending suspension this run waits on, when suspended.
+    #[serde(default)]
+    #[schema(value_type = Option<Suspension>)]
+    pub suspension: Option<Value>,
+    /// Lease attempt counter; every write of a worker is fenced by it.
+    pub attempt: i64,
+    /// Where the agent is in the run (internal: not part of the API).
+    #[serde(skip)]
+    pub phase: RunPhase,
+    /// A cancel was asked for and the worker has not yet acted on it.
+    #[serde(skip)]
+    pub cancel_requested: bool,
+    /// The thread's last observation `seq` when the run was created: the run's own observations
+    /// all come after it.
+    #[serde(skip)]
+    pub start_seq: i64,
+    /// The W3C trace context the run's spans continue (internal: see
+    /// [`crate::telemetry::TraceContext`]), as stored.
+    #[serde(skip)]
+    pub trace_context: Option<String>,
+}
+
+/// `Run::final_response` in the document: null or the `FinalResponseContent` schema (the content
+/// of `FINAL_RESPONSE`, which the document's observation schemas define).
+fn final_response_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    OneOfBuilder::new()
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .item(utoipa::openapi::Ref::from_schema_name(
+            "FinalResponseContent",
+        ))
+        .into()
+}
+
+/// A message of the thread's conversation history, in the order an OpenAI-style reader expects:
+/// the user's query; for each tool-using turn of an item, the assistant message with its
+/// `toolCalls` and then one `tool` message per call; the run's final answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Message {
+    pub id: Uuid,
+    pub thread_id: ThreadId,
+    #[serde(default)]
+    pub run_id: Option<Uuid>,
+    pub role: MessageRole,
+    pub content: String,
+    /// The todo item whose execution made this message (tool-call turns and tool results); null
+    /// for the user's queries and the final answers.
+    #[serde(default)]
+    pub item_id: Option<String>,
+    /// Tool messages: the call they answer (an id of the `toolCalls` of an assistant message
+    /// before them).
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// Tool messages: the tool that answered.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Assistant messages of an item's ReAct loop: the tool calls the model made in this turn,
+    /// each answered by a tool message after it (empty on every other message).
+    pub tool_calls: Vec<ToolCallRecord>,
+    pub created_at: DateTime<Utc>,
+}

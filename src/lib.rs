@@ -8,17 +8,22 @@
 //! - [`http`]: routers per resource, problem+json errors, SSE;
 //! - [`json`]: strict reading of request bodies and JSON Schema validation, shared by every layer;
 //! - [`agent`]: the PES engine, pure logic over traits;
-//! - [`commands`]: enqueue, cancel, resume: store write, publish, wake, reach the local run;
+//! - [`commands`]: the use-case layer every door calls ([`commands::UseCases`]: enqueue with its
+//!   checks, the wait for a run, decisions, config checks) and the run commands (store write,
+//!   publish, wake, reach the local run);
 //! - [`worker`]: claims runs under a lease and drives the engine;
 //! - [`registry`]: the runs this process drives, so commands reach them at once;
 //! - [`events`]: in-process fan-out of committed observations, and wake-ups from other replicas;
 //! - [`store`]: all SQL, behind the [`store::Store`] trait (Postgres and SQLite);
-//! - [`llm`]: model providers (`openai`, `offline`);
+//! - [`llm`]: model providers (`openai`, `anthropic`, `offline`);
 //! - [`tools`]: the tool registry and built-in tools;
 //! - [`memory`]: returns freed heap memory to the system (glibc);
 //! - [`redact`]: URLs with their secrets replaced, for logs and errors;
-//! - [`problem`]: why a request is refused ([`problem::ApiError`]), for every door.
-//! - [`model`]: domain types shared by every layer.
+//! - [`problem`]: why a request is refused ([`problem::ApiError`]), for every door;
+//! - [`model`]: domain types shared by every layer, a module per concept;
+//! - [`flowchart`]: flowchart definitions, validation, expressions and the interpreter;
+//! - [`net`]: outbound HTTP clients;
+//! - [`telemetry`]: metrics, spans, trace export.
 
 pub mod a2a;
 pub mod agent;

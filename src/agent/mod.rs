@@ -107,7 +107,7 @@ pub struct EngineSettings {
     /// to each run's `requireApproval`.
     pub require_approval: Vec<String>,
     /// The most bytes of one tool result that is stored and shown to the model
-    /// (`PES_TOOL_RESULT_MAX_BYTES`): see [`tool_calls::cap_result`].
+    /// (`PES_TOOL_RESULT_MAX_BYTES`), applied where every result is journaled.
     pub tool_result_max_bytes: usize,
 }
 

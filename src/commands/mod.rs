@@ -1,6 +1,6 @@
 //! The use-case layer: what a client may ask of the service, whichever door it comes through
 //! (the REST API, A2A, later MCP, AG-UI, crons and webhooks). [`UseCases`] checks a request
-//! ([`runs`]: the query, the config, the tool policy floor, the tenant's quota; [`decisions`]: a
+//! (`runs`: the query, the config, the tool policy floor, the tenant's quota; `decisions`: a
 //! person's decision against its suspension) and carries it out through [`RunCommands`]. Doors
 //! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
 //! imports a door.

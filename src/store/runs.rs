@@ -4,9 +4,9 @@
 use uuid::Uuid;
 
 use super::apply::append_observations;
-use super::db::SqlStore;
 use super::rows::{self, Cols};
 use super::sql::{Conn, q};
+use super::sql_store::SqlStore;
 use super::threads::{lock_thread, map_rows};
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
 use crate::model::{MultitaskStrategy, Run, RunStatus, ThreadId, Usage, new_id};
@@ -59,7 +59,12 @@ async fn request_cancel(conn: &mut Conn, ids: Vec<Uuid>) -> StoreResult<Vec<Run>
 }
 
 impl SqlStore {
-    pub(crate) async fn enqueue(&self, new: NewRun) -> StoreResult<CreatedRun> {
+    /// Enqueue a run, applying the idempotency key and the multitask strategy atomically.
+    ///
+    /// # Errors
+    /// [`StoreError::ThreadNotFound`] (unless `create_thread`), [`StoreError::ThreadBusy`] for
+    /// `reject` while a run is active.
+    pub async fn create_run(&self, new: NewRun) -> StoreResult<CreatedRun> {
         let mut tx = self.write().await?;
         let (tenant, thread_id) = (new.tenant.as_str(), &new.thread_id);
         let mut last_seq = lock_thread(&mut tx, tenant, thread_id).await?;
@@ -189,7 +194,8 @@ impl SqlStore {
         })
     }
 
-    pub(crate) async fn run(
+    /// The run, with its pending suspension when it is suspended.
+    pub async fn get_run(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -218,7 +224,8 @@ impl SqlStore {
         Ok(Some(run))
     }
 
-    pub(crate) async fn runs(
+    /// Newest first; `None` when the thread does not exist.
+    pub async fn list_runs(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -250,7 +257,11 @@ impl SqlStore {
         Ok(Some(runs))
     }
 
-    pub(crate) async fn cancel(
+    /// Cancel a queued, running or suspended run.
+    ///
+    /// # Errors
+    /// [`StoreError::RunNotFound`]; [`StoreError::Conflict`] when the run already ended.
+    pub async fn cancel_run(
         &self,
         tenant: &str,
         thread_id: &ThreadId,

@@ -3,7 +3,7 @@
 //! definitions); a delete marks every version deleted, soft, because a call the engine pinned to
 //! a version must still find it. Written once for both dialects.
 
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Row, q};
 use super::sql_store::SqlStore;
 use super::{PutFlowchart, StoreResult};

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use super::rows::Cols;
 use uuid::Uuid;
 
 use super::fragments::lease_secs;

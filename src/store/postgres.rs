@@ -30,7 +30,7 @@ use serde_json::Value;
 
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
 use super::fragments::{Commit, RUN_UPDATE, bind_fence};
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
 use super::sql_store::{Db, SqlStore};
 use super::tables::{

@@ -1,15 +1,17 @@
 //! Runs: enqueueing (the idempotency key and the multitask strategies, atomically), reading,
 //! listing and cancelling. Written once for both dialects.
 
+use std::collections::HashMap;
+
 use uuid::Uuid;
 
 use super::apply::append_observations;
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Conn, q};
 use super::sql_store::SqlStore;
 use super::threads::{lock_thread, map_rows};
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
-use crate::model::{MultitaskStrategy, Run, RunStatus, ThreadId, Usage, new_id};
+use crate::model::{MultitaskStrategy, Run, RunStatus, Suspension, ThreadId, Usage, new_id};
 
 /// Cancel the queued or suspended runs among `$1` (the store cancels those itself).
 const CANCEL_QUEUED_OR_SUSPENDED: &str = "UPDATE runs SET status = 'cancelled', \
@@ -20,20 +22,36 @@ const CANCEL_QUEUED_OR_SUSPENDED: &str = "UPDATE runs SET status = 'cancelled', 
 const CANCEL_PENDING_SUSPENSIONS: &str = "UPDATE suspensions SET status = 'cancelled', \
     resolved_at = {now} WHERE {in run_id 1} AND status = 'pending'";
 
-/// Fill `suspension` of the suspended runs among `runs`.
+/// Fill `suspension` of the suspended runs among `runs` with their pending suspension (camelCase
+/// JSON, as `Suspension` serializes; the newest wins should there ever be two).
 pub(super) async fn attach_suspensions(conn: &mut Conn, runs: &mut [Run]) -> StoreResult<()> {
-    let ids = rows::suspended_run_ids(runs);
-    let pending = if ids.is_empty() {
-        Vec::new()
-    } else {
-        let found = conn
-            .all(
-                q("SELECT * FROM suspensions WHERE {in run_id 1} AND status = 'pending'").bind(ids),
-            )
-            .await?;
-        map_rows(&found, rows::suspension_from_row)?
-    };
-    rows::attach_suspensions(runs, pending)
+    let ids: Vec<Uuid> = runs
+        .iter()
+        .filter(|r| r.status == RunStatus::Suspended)
+        .map(|r| r.run_id)
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let found = conn
+        .all(q("SELECT * FROM suspensions WHERE {in run_id 1} AND status = 'pending'").bind(ids))
+        .await?;
+    let mut by_run: HashMap<Uuid, Suspension> = HashMap::new();
+    for s in map_rows(&found, rows::suspension_from_row)? {
+        match by_run.get(&s.run_id) {
+            Some(old) if old.created_at > s.created_at => {}
+            _ => {
+                by_run.insert(s.run_id, s);
+            }
+        }
+    }
+    for run in runs.iter_mut() {
+        run.suspension = match (run.status, by_run.get(&run.run_id)) {
+            (RunStatus::Suspended, Some(s)) => Some(rows::to_json(s)?),
+            _ => None,
+        };
+    }
+    Ok(())
 }
 
 /// Cancel queued or suspended runs (and their pending suspensions) in the caller's transaction;

@@ -11,7 +11,6 @@ use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
 
 use super::group::GroupCommit;
-use super::rows::Cols;
 use super::sql::{Conn, Dialect, Link, q};
 use super::{Backlog, StoreError, StoreResult};
 

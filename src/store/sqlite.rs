@@ -24,7 +24,7 @@ use sqlx::sqlite::{
 
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
 use super::fragments::{Commit, RUN_UPDATE, bind_fence};
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Arg, Conn, Q, id_text, q};
 use super::sql_store::{Db, SqlStore};
 use super::tables::{

@@ -4,7 +4,7 @@
 use uuid::Uuid;
 
 use super::apply::append_observations;
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::q;
 use super::sql_store::SqlStore;
 use super::threads::{lock_thread, map_rows};

@@ -3,7 +3,7 @@
 
 use uuid::Uuid;
 
-use super::rows::{self, Cols};
+use super::rows;
 use super::runs::attach_suspensions;
 use super::sql::{Q, q};
 use super::sql_store::SqlStore;

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Arg, Conn, Q, Row, q};
 use super::sql_store::SqlStore;
 use super::{

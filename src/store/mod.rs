@@ -4,8 +4,8 @@
 //! [`postgres::PgStore`]) and on SQLite (the embedded default for one process;
 //! [`sqlite::SqliteStore`]); the backend is a closed enum inside it, not a trait. Both pass one
 //! conformance suite (`tests/api/store.rs`). The engine does not see it: its seam is
-//! [`crate::agent::Journal`], which the worker implements over the store and the
-//! engine's tests replace with a double.
+//! [`crate::agent::Journal`], which the worker implements over the store and the engine's tests
+//! replace with a double.
 //!
 //! Layout: each operation is defined once, for both dialects, in the file of its concept, next
 //! to its SQL: `threads` (threads, their messages and observations), `runs` (enqueue, read,
@@ -15,9 +15,9 @@
 //! concerns the whole store (migrations, readiness, the backlog). Below them: the dialect layer
 //! `sql` (bind values, rows, connections and a few SQL tokens each dialect renders), `rows`
 //! (rows to domain types, one decoder per type), `tables` and `fragments` (SQL shared by the
-//! commit paths); `postgres` and `sqlite` hold only what truly differs (connecting, the claim,
-//! the one-statement commit, the list insert of observations, LISTEN/NOTIFY), and `group` is
-//! SQLite's group commit.
+//! commit and claim paths); `postgres` and `sqlite` hold only what truly differs (connecting,
+//! the claim, the one-statement commit, the list insert of observations, LISTEN/NOTIFY), and
+//! `group` is SQLite's group commit.
 //!
 //! Invariants every backend keeps:
 //! - an observation and the state change it reports commit in one transaction

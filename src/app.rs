@@ -29,7 +29,7 @@ use crate::llm::offline::OfflineProvider;
 use crate::llm::openai::{OpenAiConfig, OpenAiProvider};
 use crate::llm::transport::TransportConfig;
 use crate::redact::redact_url;
-use crate::store::Store;
+use crate::store::SqlStore;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
 use crate::telemetry::metrics::Metrics;
@@ -57,7 +57,7 @@ fn is_postgres(url: &str) -> bool {
 ///
 /// # Errors
 /// An unsupported scheme, or the database cannot be reached or created.
-pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Arc<dyn Store>> {
+pub async fn connect_store(url: &str, max_connections: u32) -> anyhow::Result<Arc<SqlStore>> {
     if is_postgres(url) {
         Ok(Arc::new(
             PgStore::connect(url, max_connections)
@@ -89,7 +89,7 @@ pub async fn connect_store_waiting(
     url: &str,
     max_connections: u32,
     wait: Duration,
-) -> anyhow::Result<Arc<dyn Store>> {
+) -> anyhow::Result<Arc<SqlStore>> {
     if !is_postgres(url) {
         return connect_store(url, max_connections).await;
     }

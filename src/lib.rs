@@ -14,7 +14,7 @@
 //! - [`worker`]: claims runs under a lease and drives the engine;
 //! - [`registry`]: the runs this process drives, so commands reach them at once;
 //! - [`events`]: in-process fan-out of committed observations, and wake-ups from other replicas;
-//! - [`store`]: all SQL, behind the [`store::Store`] trait (Postgres and SQLite);
+//! - [`store`]: all SQL, in one concrete type [`store::SqlStore`] (Postgres and SQLite);
 //! - [`llm`]: model providers (`openai`, `anthropic`, `offline`);
 //! - [`tools`]: the tool registry and built-in tools;
 //! - [`memory`]: returns freed heap memory to the system (glibc);

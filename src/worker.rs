@@ -20,7 +20,7 @@ use crate::agent::{Engine, EngineError, Journal, RunEnd, RunInput, Signals};
 use crate::commands::RunCommands;
 use crate::events::EventBus;
 use crate::model::{ResumeDecision, Run, SuspensionStatus};
-use crate::store::{Batch, Fence, Resolution, Store, StoreError};
+use crate::store::{Batch, Fence, Resolution, SqlStore, StoreError};
 use crate::telemetry::metrics::{Metrics, item_ends};
 use crate::telemetry::spans;
 
@@ -62,7 +62,7 @@ pub struct WorkerSettings {
 /// Claims and drives runs.
 #[derive(Clone)]
 pub struct Worker {
-    store: Arc<dyn Store>,
+    store: Arc<SqlStore>,
     /// The bus its commits publish on, its wake-up, and the registry of the runs it drives.
     commands: RunCommands,
     engine: Arc<Engine>,
@@ -77,7 +77,7 @@ pub struct Worker {
 }
 
 struct WorkerJournal {
-    store: Arc<dyn Store>,
+    store: Arc<SqlStore>,
     tenant: String,
     thread_id: crate::model::ThreadId,
     run_id: uuid::Uuid,

@@ -260,7 +260,7 @@ impl MemJournal {
     }
 
     /// A person decides on the item's pending suspension; the run goes back to the queue (what
-    /// `Store::resolve_suspension` does).
+    /// `SqlStore::resolve_suspension` does).
     fn resolve(&self, item: &str, decision: ResumeDecision) {
         let mut rows = self.rows.lock().unwrap();
         let s = rows

@@ -10,12 +10,12 @@ use tokio_util::sync::CancellationToken;
 use super::RunCommands;
 use crate::agent::Engine;
 use crate::config::Config;
-use crate::store::Store;
+use crate::store::SqlStore;
 
 /// The use cases' handles: cheap to clone (every field is shared).
 #[derive(Clone)]
 pub struct UseCases {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<SqlStore>,
     pub engine: Arc<Engine>,
     pub config: Arc<Config>,
     /// The one path from a store write to the runs and streams it concerns.

@@ -32,7 +32,7 @@ use crate::events::EventBus;
 use crate::model::{MultitaskStrategy, RunStatus, ThreadId};
 use crate::registry::RunRegistry;
 use crate::store::{
-    CancelledRun, CreatedRun, NewRun, Resolution, ResolvedSuspension, Store, StoreResult,
+    CancelledRun, CreatedRun, NewRun, Resolution, ResolvedSuspension, SqlStore, StoreResult,
 };
 pub use cases::UseCases;
 pub use decisions::{DecisionRequest, already_decided};
@@ -43,7 +43,7 @@ pub use runs::RunRequest;
 /// bus, the worker's wake-up and the registry of local runs.
 #[derive(Clone)]
 pub struct RunCommands {
-    store: Arc<dyn Store>,
+    store: Arc<SqlStore>,
     bus: EventBus,
     runs: RunRegistry,
     /// Wakes this process's worker: a run may have become claimable.
@@ -53,7 +53,7 @@ pub struct RunCommands {
 impl RunCommands {
     /// Commands over `store`, publishing on `bus`, with a fresh worker wake-up and run registry
     /// (the worker built from these commands uses both).
-    pub fn new(store: Arc<dyn Store>, bus: EventBus) -> Self {
+    pub fn new(store: Arc<SqlStore>, bus: EventBus) -> Self {
         Self {
             store,
             bus,
@@ -63,7 +63,7 @@ impl RunCommands {
     }
 
     /// The store the commands write to.
-    pub fn store(&self) -> &Arc<dyn Store> {
+    pub fn store(&self) -> &Arc<SqlStore> {
         &self.store
     }
 
@@ -94,7 +94,7 @@ impl RunCommands {
     /// next heartbeat.
     ///
     /// # Errors
-    /// As [`Store::create_run`].
+    /// As [`SqlStore::create_run`].
     pub async fn enqueue(&self, new: NewRun) -> StoreResult<CreatedRun> {
         let strategy = new.strategy;
         let created = self.store.create_run(new).await?;
@@ -114,7 +114,7 @@ impl RunCommands {
     /// one driven elsewhere is stopped by its replica (signal) or at its next heartbeat.
     ///
     /// # Errors
-    /// As [`Store::cancel_run`].
+    /// As [`SqlStore::cancel_run`].
     pub async fn cancel(
         &self,
         tenant: &str,
@@ -137,7 +137,7 @@ impl RunCommands {
     /// replica the store's signal does that).
     ///
     /// # Errors
-    /// As [`Store::resolve_suspension`].
+    /// As [`SqlStore::resolve_suspension`].
     pub async fn resume(
         &self,
         tenant: &str,
@@ -162,7 +162,7 @@ impl RunCommands {
     /// the store's signal, or at their next poll). False when it did not exist.
     ///
     /// # Errors
-    /// As [`Store::delete_thread`].
+    /// As [`SqlStore::delete_thread`].
     pub async fn delete_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<bool> {
         let deleted = self.store.delete_thread(tenant, thread_id).await?;
         if deleted {

@@ -33,7 +33,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 use super::delta::{Key, TokenDelta};
-use crate::store::{Signal, Store, TokenPiece};
+use crate::store::{Signal, SqlStore, TokenPiece};
 use crate::telemetry::metrics::Metrics;
 
 /// How often a replica repeats which threads it streams.
@@ -69,7 +69,7 @@ pub struct Relay {
 }
 
 struct Sink {
-    store: Arc<dyn Store>,
+    store: Arc<SqlStore>,
     metrics: Metrics,
 }
 
@@ -197,7 +197,7 @@ pub fn spawn(
     tracker: &TaskTracker,
     relay: &Arc<Relay>,
     subscribed: Subscribed,
-    store: Arc<dyn Store>,
+    store: Arc<SqlStore>,
     metrics: Metrics,
     stop: &CancellationToken,
 ) {
@@ -240,7 +240,7 @@ impl Quiet {
 async fn announce(
     relay: Arc<Relay>,
     subscribed: Subscribed,
-    store: Arc<dyn Store>,
+    store: Arc<SqlStore>,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(ANNOUNCE_EVERY);

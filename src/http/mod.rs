@@ -43,14 +43,14 @@ use crate::commands::RunCommands;
 use crate::config::Config;
 use crate::events::EventBus;
 use crate::model::{DEFAULT_TENANT, ThreadId};
-use crate::store::{PageCursor, Store};
+use crate::store::{PageCursor, SqlStore};
 use crate::telemetry::metrics::Metrics;
 pub use error::{ApiError, AppJson, AppPath, AppQuery, Problem};
 
 /// Cheap, cloneable handles every handler may use.
 #[derive(Clone)]
 pub struct AppState {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<SqlStore>,
     pub bus: EventBus,
     pub config: Arc<Config>,
     pub engine: Arc<Engine>,

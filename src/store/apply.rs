@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::db::{Db, SqlStore};
 use super::fragments::{Commit, RUN_UPDATE, bind_fence};
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Conn, Raw, q};
+use super::sql_store::{Db, SqlStore};
 use super::tables::{
     AGENT_STATE, MESSAGES, SUSPENSIONS, TODO_ITEMS, item_cols, message_cols, state_cols,
     suspension_cols,
@@ -129,12 +129,11 @@ async fn apply_op(conn: &mut Conn, tenant: &str, thread_id: &ThreadId, op: &Op) 
 }
 
 impl SqlStore {
-    pub(crate) async fn commit_batch(
-        &self,
-        fence: Fence,
-        lease: Duration,
-        batch: Batch,
-    ) -> StoreResult<Applied> {
+    /// Commit a batch under the run's fence, extending its lease.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] (nothing is written) when the fence does not match a running run.
+    pub async fn apply(&self, fence: Fence, lease: Duration, batch: Batch) -> StoreResult<Applied> {
         let Batch {
             tenant,
             thread_id,

@@ -3,9 +3,9 @@
 //! definitions); a delete marks every version deleted, soft, because a call the engine pinned to
 //! a version must still find it. Written once for both dialects.
 
-use super::db::SqlStore;
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Row, q};
+use super::sql_store::SqlStore;
 use super::{PutFlowchart, StoreResult};
 use crate::flowchart::{FlowchartRecord, FlowchartSpec};
 
@@ -26,7 +26,10 @@ fn lock_key(tenant: &str, name: &str) -> String {
 }
 
 impl SqlStore {
-    pub(crate) async fn insert_flowchart(
+    /// Store `spec` as the next version of the tenant's flowchart `name`: one more than its
+    /// highest version, deleted ones included (after a delete the numbering goes on).
+    /// Concurrent calls for one name get distinct versions.
+    pub async fn put_flowchart(
         &self,
         tenant: &str,
         name: &str,
@@ -66,7 +69,10 @@ impl SqlStore {
         })
     }
 
-    pub(crate) async fn flowchart(
+    /// One version of a flowchart: `version`, or the latest when `None`. A deleted flowchart's
+    /// versions are found only with `include_deleted` (the engine resuming a call pinned to a
+    /// version; the API shows only live ones).
+    pub async fn get_flowchart(
         &self,
         tenant: &str,
         name: &str,
@@ -98,7 +104,9 @@ impl SqlStore {
             .transpose()
     }
 
-    pub(crate) async fn flowcharts(&self, tenant: &str) -> StoreResult<Vec<FlowchartRecord>> {
+    /// The latest version of each of the tenant's flowcharts that is not deleted, sorted by name
+    /// (byte order).
+    pub async fn list_flowcharts(&self, tenant: &str) -> StoreResult<Vec<FlowchartRecord>> {
         let rows = self
             .read()
             .await?
@@ -121,7 +129,8 @@ impl SqlStore {
         Ok(records)
     }
 
-    pub(crate) async fn remove_flowchart(&self, tenant: &str, name: &str) -> StoreResult<bool> {
+    /// Mark every version of the flowchart deleted; false when it had no live version.
+    pub async fn delete_flowchart(&self, tenant: &str, name: &str) -> StoreResult<bool> {
         let mut tx = self.write().await?;
         tx.lock_key(&lock_key(tenant, name)).await?;
         let n = tx

@@ -20,7 +20,6 @@ use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 
-use super::rows::Cols;
 use super::sql::{Conn, Q};
 use super::{StoreError, StoreResult};
 

@@ -4,16 +4,41 @@
 
 use std::time::Duration;
 
-use super::rows::Cols;
 use uuid::Uuid;
 
-use super::db::SqlStore;
 use super::fragments::lease_secs;
 use super::sql::{id_text, q};
-use super::{Fence, Signal, StoreError, StoreResult};
+use super::sql_store::{Db, SqlStore};
+use super::{Claim, Fence, Signal, StoreError, StoreResult};
+use crate::model::Run;
 
 impl SqlStore {
-    pub(crate) async fn extend_lease(&self, fence: Fence, lease: Duration) -> StoreResult<bool> {
+    /// Claim up to `max` runnable runs at once: running runs whose lease expired (earliest
+    /// expiry first), then the oldest queued run of each thread that has no running or suspended
+    /// run (oldest first). Each claim bumps `attempt`, sets the lease owner and expiry and moves
+    /// the run to `running`; never two running runs on one thread. Fewer than `max` runs means
+    /// nothing else was claimable; [`Claim::next_expiry`] then says when to look again.
+    pub async fn claim_runs(&self, owner: &str, lease: Duration, max: usize) -> StoreResult<Claim> {
+        match &self.db {
+            Db::Pg(_) => {
+                super::postgres::claim_runs(self.write_one().await?, owner, lease, max).await
+            }
+            Db::Lite { .. } => {
+                super::sqlite::claim_runs(self.write().await?, owner, lease, max).await
+            }
+        }
+    }
+
+    /// Claim the next runnable run (see [`SqlStore::claim_runs`]).
+    pub async fn claim_run(&self, owner: &str, lease: Duration) -> StoreResult<Option<Run>> {
+        Ok(self.claim_runs(owner, lease, 1).await?.runs.pop())
+    }
+
+    /// Extend the lease; returns whether a cancel was requested.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] when the fence no longer matches a running run.
+    pub async fn heartbeat(&self, fence: Fence, lease: Duration) -> StoreResult<bool> {
         self.write_one()
             .await?
             .opt(
@@ -29,7 +54,11 @@ impl SqlStore {
             .boolean("cancel_requested")
     }
 
-    pub(crate) async fn extend_leases(
+    /// Extend the leases of many runs in one statement (a worker's heartbeat for every run it
+    /// drives, so ten thousand runs waiting on a model cost one statement per period, not ten
+    /// thousand): the runs whose fence still holds, each with whether a cancel was requested. A
+    /// run missing from the answer lost its lease.
+    pub async fn heartbeat_many(
         &self,
         fences: &[Fence],
         lease: Duration,
@@ -59,9 +88,13 @@ impl SqlStore {
             .collect()
     }
 
-    /// A parked run goes back to the queue still `running`: its lease runs out now, so the next
-    /// claim (on any replica) takes it, the way it takes over a run whose worker died.
-    pub(crate) async fn requeue(&self, fence: Fence) -> StoreResult<()> {
+    /// Give a run that waited on remote agents (parked, still `running`) back to the queue
+    /// without changing its status: its lease runs out at once, so the next claim, on any
+    /// replica, takes it and the run goes on (the way it takes over a run whose worker died).
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] when the fence no longer holds.
+    pub async fn requeue_run(&self, fence: Fence) -> StoreResult<()> {
         let mut tx = self.write().await?;
         let requeued = tx
             .exec(
@@ -82,7 +115,11 @@ impl SqlStore {
         tx.commit().await
     }
 
-    pub(crate) async fn release(&self, fence: Fence) -> StoreResult<()> {
+    /// Give a run back to the queue (graceful shutdown): `queued`, lease cleared.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] when the fence no longer matches.
+    pub async fn release_run(&self, fence: Fence) -> StoreResult<()> {
         let mut tx = self.write().await?;
         let released = tx
             .exec(

@@ -3,7 +3,7 @@
 //! watched threads that covers a lost notification). Everything else is the shared logic of
 //! [`SqlStore`].
 //!
-//! How Postgres keeps the [`Store`](super::Store) invariants:
+//! How Postgres keeps the store's invariants (see [`super`]):
 //! - **Gap-free seqs.** `threads.last_seq` is bumped by the transaction that inserts the
 //!   observations, so the row lock serializes appenders of one thread and a rollback takes the
 //!   counter back with it.
@@ -28,11 +28,11 @@ use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use serde_json::Value;
 
-use super::db::{Db, SqlStore};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
 use super::fragments::{Commit, RUN_UPDATE, bind_fence};
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
+use super::sql_store::{Db, SqlStore};
 use super::tables::{
     AGENT_STATE, MESSAGES, RowCols, TODO_ITEMS, Table, item_cols, message_cols, state_cols,
 };

@@ -1,23 +1,22 @@
-//! Row mapping shared by both backends. SQL stays per backend; what a row *means* is decided once
-//! here: each backend implements [`Cols`] (how it decodes one primitive column: Postgres has native
-//! `UUID`/`TIMESTAMPTZ`/`JSONB`, SQLite keeps them as text) and the `*_from_row` functions build the
-//! domain types from it. Bad stored data becomes [`StoreError::Decode`], never a panic.
+//! Row mapping, written once for both backends: how a [`Row`] reads one column (one reader per
+//! kind of column; only where Postgres and SQLite store a value differently does it say how each
+//! decodes it), and one `*_from_row` function per domain type built from those readers. Bad
+//! stored data becomes [`StoreError::Decode`], never a panic.
 //!
 //! Also here: the fixed-width SQLite timestamp format, JSON encoding helpers and the observations
 //! the store itself writes (`RUN_CANCELLED`, `AGENT_RESUMED`).
 
-use std::collections::HashMap;
 use std::str::FromStr;
 
 use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use sqlx::Row;
-use sqlx::postgres::PgRow;
-use sqlx::sqlite::SqliteRow;
+use sqlx::Row as _;
+use sqlx::{Postgres, Sqlite};
 use uuid::Uuid;
 
+use super::sql::Row;
 use super::{StoreError, StoreResult};
 use crate::model::{
     AgentStateRow, ItemId, Message, NewObservation, Observation, ObservationType, ResumeDecision,
@@ -56,121 +55,125 @@ pub(crate) fn opt_json<T: Serialize>(v: Option<&T>) -> StoreResult<Option<Value>
 }
 
 fn from_json<T: DeserializeOwned>(col: &str, v: Value) -> StoreResult<T> {
-    serde_json::from_value(v).map_err(|e| StoreError::Decode(format!("column {col}: {e}")))
+    serde_json::from_value(v).map_err(|e| decode_err(col, e))
 }
 
 fn parse_enum<T: FromStr<Err = String>>(col: &str, s: &str) -> StoreResult<T> {
-    s.parse()
-        .map_err(|e: String| StoreError::Decode(format!("column {col}: {e}")))
+    s.parse().map_err(|e: String| decode_err(col, e))
 }
 
 fn decode_err(col: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Decode(format!("column {col}: {e}"))
 }
 
-/// How one backend decodes a primitive column. The mapping functions below are written once
-/// against this trait.
-pub(crate) trait Cols {
-    fn text(&self, col: &str) -> StoreResult<String>;
-    fn opt_text(&self, col: &str) -> StoreResult<Option<String>>;
-    fn int(&self, col: &str) -> StoreResult<i64>;
-    fn boolean(&self, col: &str) -> StoreResult<bool>;
-    fn uuid(&self, col: &str) -> StoreResult<Uuid>;
-    fn opt_uuid(&self, col: &str) -> StoreResult<Option<Uuid>>;
-    fn ts(&self, col: &str) -> StoreResult<DateTime<Utc>>;
-    fn opt_ts(&self, col: &str) -> StoreResult<Option<DateTime<Utc>>>;
-    fn json(&self, col: &str) -> StoreResult<Value>;
-    fn opt_json(&self, col: &str) -> StoreResult<Option<Value>>;
+/// A column that must not be NULL.
+fn required<T>(col: &str, v: Option<T>) -> StoreResult<T> {
+    v.ok_or_else(|| decode_err(col, "unexpected NULL"))
+}
 
+/// A value both backends decode natively (text, integers, booleans, floats).
+trait Native:
+    for<'r> sqlx::Decode<'r, Postgres>
+    + sqlx::Type<Postgres>
+    + for<'r> sqlx::Decode<'r, Sqlite>
+    + sqlx::Type<Sqlite>
+{
+}
+
+impl<T> Native for T where
+    T: for<'r> sqlx::Decode<'r, Postgres>
+        + sqlx::Type<Postgres>
+        + for<'r> sqlx::Decode<'r, Sqlite>
+        + sqlx::Type<Sqlite>
+{
+}
+
+/// Reading one column of a row, once for both backends: where they store a value alike (text,
+/// integers, booleans) one read serves both; where they differ (Postgres has native `UUID`,
+/// `TIMESTAMPTZ` and `JSONB`; SQLite keeps them as text) the nullable reader says how each
+/// decodes it, and the required reader is that plus "not NULL". The `*_from_row` functions below
+/// build the domain types from these. Bad stored data becomes [`StoreError::Decode`].
+impl Row {
+    fn native<T: Native>(&self, col: &str) -> StoreResult<T> {
+        match self {
+            Row::Pg(r) => r.try_get(col),
+            Row::Lite(r) => r.try_get(col),
+        }
+        .map_err(|e| decode_err(col, e))
+    }
+
+    /// A nullable column SQLite keeps as text, parsed by `parse`; Postgres decodes it natively.
+    fn parsed<T, E>(
+        &self,
+        col: &str,
+        parse: impl FnOnce(&str) -> Result<T, E>,
+    ) -> StoreResult<Option<T>>
+    where
+        T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+        E: std::fmt::Display,
+    {
+        match self {
+            Row::Pg(r) => r.try_get(col).map_err(|e| decode_err(col, e)),
+            Row::Lite(_) => self
+                .opt_text(col)?
+                .map(|s| parse(&s).map_err(|e| decode_err(col, e)))
+                .transpose(),
+        }
+    }
+
+    pub(crate) fn text(&self, col: &str) -> StoreResult<String> {
+        self.native(col)
+    }
+    pub(crate) fn opt_text(&self, col: &str) -> StoreResult<Option<String>> {
+        self.native(col)
+    }
+    pub(crate) fn int(&self, col: &str) -> StoreResult<i64> {
+        self.native(col)
+    }
+    pub(crate) fn opt_int(&self, col: &str) -> StoreResult<Option<i64>> {
+        self.native(col)
+    }
+    pub(crate) fn boolean(&self, col: &str) -> StoreResult<bool> {
+        self.native(col)
+    }
+    /// A nullable float column (only computed columns are floats).
+    pub(crate) fn opt_float(&self, col: &str) -> StoreResult<Option<f64>> {
+        self.native(col)
+    }
+    pub(crate) fn opt_uuid(&self, col: &str) -> StoreResult<Option<Uuid>> {
+        self.parsed(col, Uuid::parse_str)
+    }
+    pub(crate) fn uuid(&self, col: &str) -> StoreResult<Uuid> {
+        required(col, self.opt_uuid(col)?)
+    }
+    pub(crate) fn opt_ts(&self, col: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        self.parsed(col, parse_ts_text)
+    }
+    pub(crate) fn ts(&self, col: &str) -> StoreResult<DateTime<Utc>> {
+        required(col, self.opt_ts(col)?)
+    }
+    pub(crate) fn opt_json(&self, col: &str) -> StoreResult<Option<Value>> {
+        self.parsed(col, |s| serde_json::from_str(s))
+    }
+    pub(crate) fn json(&self, col: &str) -> StoreResult<Value> {
+        required(col, self.opt_json(col)?)
+    }
     /// A JSON column decoded into a type.
-    fn typed<T: DeserializeOwned>(&self, col: &str) -> StoreResult<T> {
+    pub(crate) fn typed<T: DeserializeOwned>(&self, col: &str) -> StoreResult<T> {
         from_json(col, self.json(col)?)
     }
     /// A nullable JSON column decoded into a type.
-    fn opt_typed<T: DeserializeOwned>(&self, col: &str) -> StoreResult<Option<T>> {
+    pub(crate) fn opt_typed<T: DeserializeOwned>(&self, col: &str) -> StoreResult<Option<T>> {
         self.opt_json(col)?.map(|v| from_json(col, v)).transpose()
     }
     /// A text column holding one of a string enum's values.
-    fn enumeration<T: FromStr<Err = String>>(&self, col: &str) -> StoreResult<T> {
+    pub(crate) fn enumeration<T: FromStr<Err = String>>(&self, col: &str) -> StoreResult<T> {
         parse_enum(col, &self.text(col)?)
     }
 }
 
-impl Cols for PgRow {
-    fn text(&self, col: &str) -> StoreResult<String> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn opt_text(&self, col: &str) -> StoreResult<Option<String>> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn int(&self, col: &str) -> StoreResult<i64> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn boolean(&self, col: &str) -> StoreResult<bool> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn uuid(&self, col: &str) -> StoreResult<Uuid> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn opt_uuid(&self, col: &str) -> StoreResult<Option<Uuid>> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn ts(&self, col: &str) -> StoreResult<DateTime<Utc>> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn opt_ts(&self, col: &str) -> StoreResult<Option<DateTime<Utc>>> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn json(&self, col: &str) -> StoreResult<Value> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn opt_json(&self, col: &str) -> StoreResult<Option<Value>> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-}
-
-impl Cols for SqliteRow {
-    fn text(&self, col: &str) -> StoreResult<String> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn opt_text(&self, col: &str) -> StoreResult<Option<String>> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn int(&self, col: &str) -> StoreResult<i64> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn boolean(&self, col: &str) -> StoreResult<bool> {
-        self.try_get(col).map_err(|e| decode_err(col, e))
-    }
-    fn uuid(&self, col: &str) -> StoreResult<Uuid> {
-        let s = self.text(col)?;
-        Uuid::parse_str(&s).map_err(|e| decode_err(col, e))
-    }
-    fn opt_uuid(&self, col: &str) -> StoreResult<Option<Uuid>> {
-        self.opt_text(col)?
-            .map(|s| Uuid::parse_str(&s).map_err(|e| decode_err(col, e)))
-            .transpose()
-    }
-    fn ts(&self, col: &str) -> StoreResult<DateTime<Utc>> {
-        parse_ts_text(&self.text(col)?).map_err(|e| decode_err(col, e))
-    }
-    fn opt_ts(&self, col: &str) -> StoreResult<Option<DateTime<Utc>>> {
-        self.opt_text(col)?
-            .map(|s| parse_ts_text(&s).map_err(|e| decode_err(col, e)))
-            .transpose()
-    }
-    fn json(&self, col: &str) -> StoreResult<Value> {
-        serde_json::from_str(&self.text(col)?).map_err(|e| decode_err(col, e))
-    }
-    fn opt_json(&self, col: &str) -> StoreResult<Option<Value>> {
-        self.opt_text(col)?
-            .map(|s| serde_json::from_str(&s).map_err(|e| decode_err(col, e)))
-            .transpose()
-    }
-}
-
 /// A `threads` row plus a derived `status` column.
-pub(crate) fn thread_from_row(r: &impl Cols) -> StoreResult<Thread> {
+pub(crate) fn thread_from_row(r: &Row) -> StoreResult<Thread> {
     Ok(Thread {
         thread_id: ThreadId::from_stored(r.text("thread_id")?),
         tenant: r.text("tenant")?,
@@ -183,7 +186,7 @@ pub(crate) fn thread_from_row(r: &impl Cols) -> StoreResult<Thread> {
 }
 
 /// An `agent_state` row.
-pub(crate) fn agent_state_from_row(r: &impl Cols) -> StoreResult<AgentStateRow> {
+pub(crate) fn agent_state_from_row(r: &Row) -> StoreResult<AgentStateRow> {
     Ok(AgentStateRow {
         intent: r.opt_text("intent")?,
         title: r.opt_text("title")?,
@@ -194,7 +197,7 @@ pub(crate) fn agent_state_from_row(r: &impl Cols) -> StoreResult<AgentStateRow> 
 }
 
 /// A `todo_items` row.
-pub(crate) fn item_from_row(r: &impl Cols) -> StoreResult<TodoItem> {
+pub(crate) fn item_from_row(r: &Row) -> StoreResult<TodoItem> {
     let attempts = r.int("attempts")?;
     Ok(TodoItem {
         id: ItemId::from_stored(r.text("item_id")?),
@@ -229,8 +232,8 @@ pub(crate) fn item_from_row(r: &impl Cols) -> StoreResult<TodoItem> {
     })
 }
 
-/// A `runs` row; `suspension` is left empty (see [`attach_suspensions`]).
-pub(crate) fn run_from_row(r: &impl Cols) -> StoreResult<Run> {
+/// A `runs` row; `suspension` is left empty (`runs::attach_suspensions` fills it).
+pub(crate) fn run_from_row(r: &Row) -> StoreResult<Run> {
     Ok(Run {
         run_id: r.uuid("run_id")?,
         thread_id: ThreadId::from_stored(r.text("thread_id")?),
@@ -256,7 +259,7 @@ pub(crate) fn run_from_row(r: &impl Cols) -> StoreResult<Run> {
 }
 
 /// A `messages` row.
-pub(crate) fn message_from_row(r: &impl Cols) -> StoreResult<Message> {
+pub(crate) fn message_from_row(r: &Row) -> StoreResult<Message> {
     Ok(Message {
         id: r.uuid("id")?,
         thread_id: ThreadId::from_stored(r.text("thread_id")?),
@@ -272,7 +275,7 @@ pub(crate) fn message_from_row(r: &impl Cols) -> StoreResult<Message> {
 }
 
 /// An `observations` row.
-pub(crate) fn observation_from_row(r: &impl Cols) -> StoreResult<Observation> {
+pub(crate) fn observation_from_row(r: &Row) -> StoreResult<Observation> {
     Ok(Observation {
         id: r.uuid("id")?,
         seq: r.int("seq")?,
@@ -288,7 +291,7 @@ pub(crate) fn observation_from_row(r: &impl Cols) -> StoreResult<Observation> {
 }
 
 /// A `suspensions` row.
-pub(crate) fn suspension_from_row(r: &impl Cols) -> StoreResult<Suspension> {
+pub(crate) fn suspension_from_row(r: &Row) -> StoreResult<Suspension> {
     Ok(Suspension {
         suspension_id: r.uuid("suspension_id")?,
         thread_id: ThreadId::from_stored(r.text("thread_id")?),
@@ -308,36 +311,6 @@ pub(crate) fn suspension_from_row(r: &impl Cols) -> StoreResult<Suspension> {
         resolved_at: r.opt_ts("resolved_at")?,
         expires_at: r.opt_ts("expires_at")?,
     })
-}
-
-/// Fill `Run::suspension` of suspended runs with their pending suspension (camelCase JSON, as
-/// `Suspension` serializes).
-pub(crate) fn attach_suspensions(runs: &mut [Run], pending: Vec<Suspension>) -> StoreResult<()> {
-    let mut by_run: HashMap<Uuid, Suspension> = HashMap::new();
-    for s in pending {
-        // The newest pending suspension wins should there ever be two.
-        match by_run.get(&s.run_id) {
-            Some(old) if old.created_at > s.created_at => {}
-            _ => {
-                by_run.insert(s.run_id, s);
-            }
-        }
-    }
-    for run in runs.iter_mut() {
-        run.suspension = match (run.status, by_run.get(&run.run_id)) {
-            (RunStatus::Suspended, Some(s)) => Some(to_json(s)?),
-            _ => None,
-        };
-    }
-    Ok(())
-}
-
-/// Ids of the runs whose pending suspension must be loaded.
-pub(crate) fn suspended_run_ids(runs: &[Run]) -> Vec<Uuid> {
-    runs.iter()
-        .filter(|r| r.status == RunStatus::Suspended)
-        .map(|r| r.run_id)
-        .collect()
 }
 
 /// Does moving a run to `status` end its lease? (Terminal statuses and `suspended`.)

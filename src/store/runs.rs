@@ -1,15 +1,17 @@
 //! Runs: enqueueing (the idempotency key and the multitask strategies, atomically), reading,
 //! listing and cancelling. Written once for both dialects.
 
+use std::collections::HashMap;
+
 use uuid::Uuid;
 
 use super::apply::append_observations;
-use super::db::SqlStore;
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Conn, q};
+use super::sql_store::SqlStore;
 use super::threads::{lock_thread, map_rows};
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
-use crate::model::{MultitaskStrategy, Run, RunStatus, ThreadId, Usage, new_id};
+use crate::model::{MultitaskStrategy, Run, RunStatus, Suspension, ThreadId, Usage, new_id};
 
 /// Cancel the queued or suspended runs among `$1` (the store cancels those itself).
 const CANCEL_QUEUED_OR_SUSPENDED: &str = "UPDATE runs SET status = 'cancelled', \
@@ -20,20 +22,36 @@ const CANCEL_QUEUED_OR_SUSPENDED: &str = "UPDATE runs SET status = 'cancelled', 
 const CANCEL_PENDING_SUSPENSIONS: &str = "UPDATE suspensions SET status = 'cancelled', \
     resolved_at = {now} WHERE {in run_id 1} AND status = 'pending'";
 
-/// Fill `suspension` of the suspended runs among `runs`.
+/// Fill `suspension` of the suspended runs among `runs` with their pending suspension (camelCase
+/// JSON, as `Suspension` serializes; the newest wins should there ever be two).
 pub(super) async fn attach_suspensions(conn: &mut Conn, runs: &mut [Run]) -> StoreResult<()> {
-    let ids = rows::suspended_run_ids(runs);
-    let pending = if ids.is_empty() {
-        Vec::new()
-    } else {
-        let found = conn
-            .all(
-                q("SELECT * FROM suspensions WHERE {in run_id 1} AND status = 'pending'").bind(ids),
-            )
-            .await?;
-        map_rows(&found, rows::suspension_from_row)?
-    };
-    rows::attach_suspensions(runs, pending)
+    let ids: Vec<Uuid> = runs
+        .iter()
+        .filter(|r| r.status == RunStatus::Suspended)
+        .map(|r| r.run_id)
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let found = conn
+        .all(q("SELECT * FROM suspensions WHERE {in run_id 1} AND status = 'pending'").bind(ids))
+        .await?;
+    let mut by_run: HashMap<Uuid, Suspension> = HashMap::new();
+    for s in map_rows(&found, rows::suspension_from_row)? {
+        match by_run.get(&s.run_id) {
+            Some(old) if old.created_at > s.created_at => {}
+            _ => {
+                by_run.insert(s.run_id, s);
+            }
+        }
+    }
+    for run in runs.iter_mut() {
+        run.suspension = match (run.status, by_run.get(&run.run_id)) {
+            (RunStatus::Suspended, Some(s)) => Some(rows::to_json(s)?),
+            _ => None,
+        };
+    }
+    Ok(())
 }
 
 /// Cancel queued or suspended runs (and their pending suspensions) in the caller's transaction;
@@ -59,7 +77,12 @@ async fn request_cancel(conn: &mut Conn, ids: Vec<Uuid>) -> StoreResult<Vec<Run>
 }
 
 impl SqlStore {
-    pub(crate) async fn enqueue(&self, new: NewRun) -> StoreResult<CreatedRun> {
+    /// Enqueue a run, applying the idempotency key and the multitask strategy atomically.
+    ///
+    /// # Errors
+    /// [`StoreError::ThreadNotFound`] (unless `create_thread`), [`StoreError::ThreadBusy`] for
+    /// `reject` while a run is active.
+    pub async fn create_run(&self, new: NewRun) -> StoreResult<CreatedRun> {
         let mut tx = self.write().await?;
         let (tenant, thread_id) = (new.tenant.as_str(), &new.thread_id);
         let mut last_seq = lock_thread(&mut tx, tenant, thread_id).await?;
@@ -189,7 +212,8 @@ impl SqlStore {
         })
     }
 
-    pub(crate) async fn run(
+    /// The run, with its pending suspension when it is suspended.
+    pub async fn get_run(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -218,7 +242,8 @@ impl SqlStore {
         Ok(Some(run))
     }
 
-    pub(crate) async fn runs(
+    /// Newest first; `None` when the thread does not exist.
+    pub async fn list_runs(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -250,7 +275,11 @@ impl SqlStore {
         Ok(Some(runs))
     }
 
-    pub(crate) async fn cancel(
+    /// Cancel a queued, running or suspended run.
+    ///
+    /// # Errors
+    /// [`StoreError::RunNotFound`]; [`StoreError::Conflict`] when the run already ended.
+    pub async fn cancel_run(
         &self,
         tenant: &str,
         thread_id: &ThreadId,

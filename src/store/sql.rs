@@ -4,7 +4,7 @@
 //!
 //! - [`Arg`]: a bind value in the domain's terms; each dialect encodes it natively (Postgres has
 //!   `UUID`, `JSONB`, `TIMESTAMPTZ` and arrays; SQLite keeps them as text, lists as JSON arrays).
-//! - [`Row`]: a result row of either backend, decoded through [`Cols`].
+//! - [`Row`]: a result row of either backend; its column readers are in `rows.rs`.
 //! - [`Conn`]: a connection or transaction of either backend that runs a [`Q`].
 //! - SQL templates: the shared SQL text, with a few tokens each dialect renders its own way —
 //!   `{now}` (the time, from the database's clock on Postgres), `{clock}` (the time even inside a
@@ -26,7 +26,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{Postgres, Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::rows::{self, Cols};
+use super::rows;
 use super::{Signal, StoreError, StoreResult};
 
 /// Which SQL the store speaks.
@@ -256,54 +256,6 @@ pub(crate) fn id_text(id: Uuid) -> String {
 pub(crate) enum Row {
     Pg(PgRow),
     Lite(SqliteRow),
-}
-
-macro_rules! delegate_cols {
-    ($($name:ident -> $t:ty),* $(,)?) => {
-        $(fn $name(&self, col: &str) -> StoreResult<$t> {
-            match self {
-                Row::Pg(r) => r.$name(col),
-                Row::Lite(r) => r.$name(col),
-            }
-        })*
-    };
-}
-
-impl Cols for Row {
-    delegate_cols! {
-        text -> String,
-        opt_text -> Option<String>,
-        int -> i64,
-        boolean -> bool,
-        uuid -> Uuid,
-        opt_uuid -> Option<Uuid>,
-        ts -> DateTime<Utc>,
-        opt_ts -> Option<DateTime<Utc>>,
-        json -> Value,
-        opt_json -> Option<Value>,
-    }
-}
-
-impl Row {
-    /// A nullable integer column.
-    pub(crate) fn opt_int(&self, col: &str) -> StoreResult<Option<i64>> {
-        use sqlx::Row as _;
-        match self {
-            Row::Pg(r) => r.try_get(col),
-            Row::Lite(r) => r.try_get(col),
-        }
-        .map_err(|e| StoreError::Decode(format!("column {col}: {e}")))
-    }
-
-    /// A nullable float column (only computed columns are floats).
-    pub(crate) fn opt_float(&self, col: &str) -> StoreResult<Option<f64>> {
-        use sqlx::Row as _;
-        match self {
-            Row::Pg(r) => r.try_get(col),
-            Row::Lite(r) => r.try_get(col),
-        }
-        .map_err(|e| StoreError::Decode(format!("column {col}: {e}")))
-    }
 }
 
 /// A connection of either backend: a pooled one (each statement commits on its own) or a

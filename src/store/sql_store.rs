@@ -1,51 +1,155 @@
-//! [`SqlStore`]: the one [`Store`] implementation, over either backend. The logic lives in one
-//! file per concept (`threads`, `runs`, `leases`, `apply`, `suspensions`) and is written once;
-//! what truly differs per backend (connecting, the claim query, the seq counter's round trip,
-//! inserting a list of observations, LISTEN/NOTIFY) is in `postgres.rs` and `sqlite.rs`.
+//! [`SqlStore`] itself: the pools of one backend, the connections the logic asks for (a read,
+//! a snapshot, a write transaction, one write statement), and what concerns the whole store
+//! (its backend's name, migrations, readiness, the backlog). Each operation on the data is an
+//! inherent method defined in the file of its concept (`threads`, `runs`, `tenant_runs`,
+//! `leases`, `apply`, `suspensions`, `flowcharts`, `signals`), next to its SQL.
 
-use std::time::Duration;
+use std::sync::Arc;
 
-use async_trait::async_trait;
-use serde_json::Value;
-use uuid::Uuid;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::PgPool;
+use sqlx::sqlite::SqlitePool;
 
-use super::db::Db;
-pub use super::db::SqlStore;
-use super::rows::Cols;
-use super::sql::{Dialect, q};
-use super::{
-    AgentSnapshot, Applied, Backlog, Batch, CancelledRun, Claim, CreatedRun, Fence, NewRun,
-    ObservationQuery, PageCursor, PutFlowchart, Resolution, ResolvedSuspension, RunFilter, Signal,
-    Store, StoreResult, ThreadPatch,
-};
-use crate::flowchart::{FlowchartRecord, FlowchartSpec};
-use crate::model::{AgentConfig, Message, Observation, Run, Suspension, Thread, ThreadId};
+use super::group::GroupCommit;
+use super::sql::{Conn, Dialect, Link, q};
+use super::{Backlog, StoreError, StoreResult};
 
-#[async_trait]
-impl Store for SqlStore {
-    fn backend(&self) -> &'static str {
+/// The pools of one backend.
+#[derive(Debug, Clone)]
+pub(crate) enum Db {
+    Pg(PgPool),
+    Lite {
+        /// Exactly one connection: the only writer of this process.
+        writer: SqlitePool,
+        /// Readers (the writer pool itself for an in-memory database, which is per connection).
+        reader: SqlitePool,
+    },
+}
+
+/// The store over Postgres or SQLite (open one with [`super::postgres::PgStore::connect`] or
+/// [`super::sqlite::SqliteStore::connect`]): the only door to the database. Cheap to clone (its
+/// pools are shared); the service holds one behind an `Arc`.
+#[derive(Debug, Clone)]
+pub struct SqlStore {
+    pub(crate) db: Db,
+    /// This store's id on the signals it sends (a random UUID per store).
+    pub(crate) origin: Arc<str>,
+    /// SQLite: batches waiting for the one writer, committed together.
+    pub(crate) group: Arc<GroupCommit>,
+}
+
+impl SqlStore {
+    pub(crate) fn new(db: Db) -> Self {
+        SqlStore {
+            db,
+            origin: crate::model::new_id().to_string().into(),
+            group: Arc::default(),
+        }
+    }
+
+    fn conn(&self, link: Link) -> Conn {
+        Conn::new(link, &self.origin)
+    }
+
+    pub(crate) fn dialect(&self) -> Dialect {
+        match self.db {
+            Db::Pg(_) => Dialect::Postgres,
+            Db::Lite { .. } => Dialect::Sqlite,
+        }
+    }
+
+    /// The Postgres pool, when the store is on Postgres (e.g. for a `LISTEN` connection).
+    pub fn pg_pool(&self) -> Option<&PgPool> {
+        match &self.db {
+            Db::Pg(p) => Some(p),
+            Db::Lite { .. } => None,
+        }
+    }
+
+    /// A pooled connection for reads (each statement on its own).
+    pub(crate) async fn read(&self) -> StoreResult<Conn> {
+        Ok(match &self.db {
+            Db::Pg(p) => self.conn(Link::Pg(p.acquire().await?)),
+            Db::Lite { reader, .. } => self.conn(Link::Lite(reader.acquire().await?)),
+        })
+    }
+
+    /// A read-only transaction: one snapshot for several reads.
+    pub(crate) async fn snapshot(&self) -> StoreResult<Conn> {
+        Ok(match &self.db {
+            Db::Pg(p) => self.conn(Link::PgTx(
+                p.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await?,
+            )),
+            Db::Lite { reader, .. } => self.conn(Link::LiteTx(reader.begin().await?)),
+        })
+    }
+
+    /// A write transaction. On SQLite it is `BEGIN IMMEDIATE` on the one writer connection:
+    /// writers of this process queue on the pool, and a writer in another process is waited for
+    /// (`busy_timeout`) before anything was read, so read-then-write cannot deadlock.
+    pub(crate) async fn write(&self) -> StoreResult<Conn> {
+        Ok(match &self.db {
+            Db::Pg(p) => self.conn(Link::PgTx(p.begin().await?)),
+            Db::Lite { writer, .. } => {
+                self.conn(Link::LiteTx(writer.begin_with("BEGIN IMMEDIATE").await?))
+            }
+        })
+    }
+
+    /// A connection for one self-contained write statement.
+    pub(crate) async fn write_one(&self) -> StoreResult<Conn> {
+        Ok(match &self.db {
+            Db::Pg(p) => self.conn(Link::Pg(p.acquire().await?)),
+            Db::Lite { writer, .. } => self.conn(Link::Lite(writer.acquire().await?)),
+        })
+    }
+}
+
+impl SqlStore {
+    /// Backend name for logs and metrics (`postgres`, `sqlite`).
+    pub fn backend(&self) -> &'static str {
         match self.dialect() {
             Dialect::Postgres => "postgres",
             Dialect::Sqlite => "sqlite",
         }
     }
 
-    async fn migrate(&self) -> StoreResult<()> {
+    /// Apply pending migrations (idempotent; safe with several replicas starting at once).
+    ///
+    /// # Errors
+    /// [`StoreError::Migrate`] when a migration fails or the applied ones differ from ours.
+    pub async fn migrate(&self) -> StoreResult<()> {
         match &self.db {
             Db::Pg(p) => super::postgres::migrate(p).await,
             Db::Lite { writer, .. } => super::sqlite::migrate(writer).await,
         }
     }
 
-    async fn ready(&self) -> StoreResult<()> {
+    /// Store reachable and migrations applied.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when unreachable; [`StoreError::Conflict`] naming a migration
+    /// not applied yet.
+    pub async fn ready(&self) -> StoreResult<()> {
         let migrator = match self.dialect() {
             Dialect::Postgres => &super::postgres::MIGRATOR,
             Dialect::Sqlite => &super::sqlite::MIGRATOR,
         };
-        self.migrations_applied(migrator).await
+        let applied = self
+            .read()
+            .await?
+            .all(q("SELECT version FROM _sqlx_migrations WHERE success"))
+            .await?
+            .iter()
+            .map(|r| r.int("version"))
+            .collect::<StoreResult<Vec<i64>>>()?;
+        missing_migration(migrator, &applied)
     }
 
-    async fn backlog(&self) -> StoreResult<Backlog> {
+    /// What waits, across every tenant and replica: queued runs and pending suspensions (read at
+    /// each `/metrics` scrape; both counts use a partial index).
+    pub async fn backlog(&self) -> StoreResult<Backlog> {
         let row = self
             .read()
             .await?
@@ -60,248 +164,15 @@ impl Store for SqlStore {
             pending_suspensions: count("pending")?,
         })
     }
+}
 
-    async fn create_thread(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-        metadata: Value,
-        config: AgentConfig,
-    ) -> StoreResult<Thread> {
-        self.insert_thread(tenant, thread_id, metadata, config)
-            .await
-    }
-
-    async fn get_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<Option<Thread>> {
-        self.thread(tenant, thread_id).await
-    }
-
-    async fn list_threads(
-        &self,
-        tenant: &str,
-        limit: u32,
-        cursor: Option<&PageCursor>,
-    ) -> StoreResult<Vec<Thread>> {
-        self.threads(tenant, limit, cursor).await
-    }
-
-    async fn update_thread(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-        patch: ThreadPatch,
-    ) -> StoreResult<Option<Thread>> {
-        self.patch_thread(tenant, thread_id, patch).await
-    }
-
-    async fn delete_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<bool> {
-        self.remove_thread(tenant, thread_id).await
-    }
-
-    async fn agent_snapshot(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-    ) -> StoreResult<Option<AgentSnapshot>> {
-        self.snapshot_of(tenant, thread_id).await
-    }
-
-    async fn list_messages(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-        limit: u32,
-        cursor: Option<&PageCursor>,
-    ) -> StoreResult<Option<Vec<Message>>> {
-        self.messages(tenant, thread_id, limit, cursor).await
-    }
-
-    async fn recent_messages(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-        limit: u32,
-    ) -> StoreResult<Vec<Message>> {
-        self.newest_messages(tenant, thread_id, limit).await
-    }
-
-    async fn create_run(&self, new: NewRun) -> StoreResult<CreatedRun> {
-        self.enqueue(new).await
-    }
-
-    async fn get_run(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-        run_id: Uuid,
-    ) -> StoreResult<Option<Run>> {
-        self.run(tenant, thread_id, run_id).await
-    }
-
-    async fn list_runs(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-        limit: u32,
-        cursor: Option<&PageCursor>,
-    ) -> StoreResult<Option<Vec<Run>>> {
-        self.runs(tenant, thread_id, limit, cursor).await
-    }
-
-    async fn find_run(&self, tenant: &str, run_id: Uuid) -> StoreResult<Option<Run>> {
-        self.run_by_id(tenant, run_id).await
-    }
-
-    async fn count_active_runs(&self, tenant: &str, cap: u64) -> StoreResult<u64> {
-        self.active_runs(tenant, cap).await
-    }
-
-    async fn list_tenant_runs(
-        &self,
-        tenant: &str,
-        filter: &RunFilter,
-        limit: u32,
-        cursor: Option<&PageCursor>,
-    ) -> StoreResult<(Vec<Run>, u64)> {
-        self.tenant_runs(tenant, filter, limit, cursor).await
-    }
-
-    async fn cancel_run(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-        run_id: Uuid,
-    ) -> StoreResult<CancelledRun> {
-        self.cancel(tenant, thread_id, run_id).await
-    }
-
-    async fn claim_runs(&self, owner: &str, lease: Duration, max: usize) -> StoreResult<Claim> {
-        match &self.db {
-            Db::Pg(_) => {
-                super::postgres::claim_runs(self.write_one().await?, owner, lease, max).await
-            }
-            Db::Lite { .. } => {
-                let conn = self.write().await?;
-                super::sqlite::claim_runs(conn, owner, lease, max).await
-            }
-        }
-    }
-
-    async fn heartbeat(&self, fence: Fence, lease: Duration) -> StoreResult<bool> {
-        self.extend_lease(fence, lease).await
-    }
-
-    async fn heartbeat_many(
-        &self,
-        fences: &[Fence],
-        lease: Duration,
-    ) -> StoreResult<Vec<(Uuid, bool)>> {
-        self.extend_leases(fences, lease).await
-    }
-
-    async fn release_run(&self, fence: Fence) -> StoreResult<()> {
-        self.release(fence).await
-    }
-
-    async fn requeue_run(&self, fence: Fence) -> StoreResult<()> {
-        self.requeue(fence).await
-    }
-
-    async fn apply(&self, fence: Fence, lease: Duration, batch: Batch) -> StoreResult<Applied> {
-        self.commit_batch(fence, lease, batch).await
-    }
-
-    async fn list_observations(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-        query: &ObservationQuery,
-    ) -> StoreResult<Option<Vec<Observation>>> {
-        self.observations(tenant, thread_id, query).await
-    }
-
-    async fn list_suspensions(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-        include_resolved: bool,
-    ) -> StoreResult<Option<Vec<Suspension>>> {
-        self.suspensions(tenant, thread_id, include_resolved).await
-    }
-
-    async fn get_suspension(
-        &self,
-        tenant: &str,
-        suspension_id: Uuid,
-    ) -> StoreResult<Option<Suspension>> {
-        self.suspension(tenant, suspension_id).await
-    }
-
-    async fn resolve_suspension(
-        &self,
-        tenant: &str,
-        suspension_id: Uuid,
-        resolution: Resolution,
-    ) -> StoreResult<ResolvedSuspension> {
-        self.resolve(tenant, suspension_id, resolution).await
-    }
-
-    async fn put_flowchart(
-        &self,
-        tenant: &str,
-        name: &str,
-        spec: &FlowchartSpec,
-    ) -> StoreResult<PutFlowchart> {
-        self.insert_flowchart(tenant, name, spec).await
-    }
-
-    async fn get_flowchart(
-        &self,
-        tenant: &str,
-        name: &str,
-        version: Option<i64>,
-        include_deleted: bool,
-    ) -> StoreResult<Option<FlowchartRecord>> {
-        self.flowchart(tenant, name, version, include_deleted).await
-    }
-
-    async fn list_flowcharts(&self, tenant: &str) -> StoreResult<Vec<FlowchartRecord>> {
-        self.flowcharts(tenant).await
-    }
-
-    async fn delete_flowchart(&self, tenant: &str, name: &str) -> StoreResult<bool> {
-        self.remove_flowchart(tenant, name).await
-    }
-
-    async fn due_suspensions(&self, limit: u32) -> StoreResult<Vec<(String, Uuid)>> {
-        self.due(limit).await
-    }
-
-    async fn signals(&self) -> StoreResult<Option<futures::stream::BoxStream<'static, Signal>>> {
-        match &self.db {
-            Db::Pg(p) => super::postgres::signals(p, self.origin.clone())
-                .await
-                .map(Some),
-            Db::Lite { .. } => Ok(None),
-        }
-    }
-
-    async fn send_signals(&self, signals: &[Signal]) -> StoreResult<()> {
-        match &self.db {
-            Db::Pg(_) if !signals.is_empty() => {
-                super::postgres::send_signals(self.read().await?, &self.origin, signals).await
-            }
-            _ => Ok(()),
-        }
-    }
-
-    async fn thread_seqs(
-        &self,
-        threads: &[(String, ThreadId)],
-    ) -> StoreResult<Vec<(String, ThreadId, i64)>> {
-        match &self.db {
-            Db::Pg(_) => super::postgres::thread_seqs(self.read().await?, threads).await,
-            Db::Lite { .. } => Ok(Vec::new()),
-        }
+/// The first migration of `migrator` missing from `applied`, as a [`StoreError::Conflict`].
+fn missing_migration(migrator: &Migrator, applied: &[i64]) -> StoreResult<()> {
+    match migrator.iter().find(|m| !applied.contains(&m.version)) {
+        Some(m) => Err(StoreError::Conflict(format!(
+            "migration {} ({}) is not applied",
+            m.version, m.description
+        ))),
+        None => Ok(()),
     }
 }

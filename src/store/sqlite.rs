@@ -3,12 +3,12 @@
 //! else is the shared logic of [`SqlStore`].
 //!
 //! SQLite has one writer. Writes go through a pool of **one** connection and every write
-//! transaction starts with `BEGIN IMMEDIATE` (see [`SqlStore::write`]). Reads use a separate pool
+//! transaction starts with `BEGIN IMMEDIATE` (see `SqlStore::write`). Reads use a separate pool
 //! and see committed data (WAL). Because writers are serialized, the seq counter
 //! (`threads.last_seq`), fences and claims need no row locks.
 //!
 //! Storage conventions: ids are hyphenated UUID text, JSON is text, timestamps are text in the
-//! fixed-width UTC format [`rows::SQLITE_TS_FORMAT`] (text order is time order); the clock is
+//! fixed-width UTC format `rows::SQLITE_TS_FORMAT` (text order is time order); the clock is
 //! SQLite's own (`'now'`, which keeps milliseconds).
 
 use std::path::Path;
@@ -22,11 +22,11 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
-use super::db::{Db, SqlStore};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
 use super::fragments::{Commit, RUN_UPDATE, bind_fence};
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Arg, Conn, Q, id_text, q};
+use super::sql_store::{Db, SqlStore};
 use super::tables::{
     AGENT_STATE, MESSAGES, RowCols, SUSPENSIONS, TODO_ITEMS, Table, item_cols, message_cols,
     state_cols, suspension_cols,

@@ -4,15 +4,17 @@
 use uuid::Uuid;
 
 use super::apply::append_observations;
-use super::db::SqlStore;
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::q;
+use super::sql_store::SqlStore;
 use super::threads::{lock_thread, map_rows};
 use super::{Resolution, ResolvedSuspension, Signal, StoreError, StoreResult};
 use crate::model::{RunStatus, Suspension, ThreadId};
 
 impl SqlStore {
-    pub(crate) async fn suspensions(
+    /// Pending suspensions of a thread (all of them with `include_resolved`), oldest first;
+    /// `None` when the thread does not exist.
+    pub async fn list_suspensions(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -37,7 +39,8 @@ impl SqlStore {
         map_rows(&found, rows::suspension_from_row).map(Some)
     }
 
-    pub(crate) async fn suspension(
+    /// A suspension by id, within `tenant`.
+    pub async fn get_suspension(
         &self,
         tenant: &str,
         suspension_id: Uuid,
@@ -55,7 +58,15 @@ impl SqlStore {
             .transpose()
     }
 
-    pub(crate) async fn resolve(
+    /// Resolve a pending suspension exactly once, atomically: the suspension moves from
+    /// `pending` to `resolution.status` (compare-and-set; concurrent callers get one success),
+    /// its run from `suspended` back to `queued`, and an `AGENT_RESUMED` observation (parentId =
+    /// the item id; content `{suspensionId, decision, reason?, expired?}`) is committed with them.
+    ///
+    /// # Errors
+    /// [`StoreError::SuspensionNotFound`] for an unknown id or another tenant's;
+    /// [`StoreError::Conflict`] when it is no longer pending.
+    pub async fn resolve_suspension(
         &self,
         tenant: &str,
         suspension_id: Uuid,
@@ -154,7 +165,9 @@ impl SqlStore {
         })
     }
 
-    pub(crate) async fn due(&self, limit: u32) -> StoreResult<Vec<(String, Uuid)>> {
+    /// Pending suspensions whose `expires_at` has passed, as `(tenant, suspension_id)`, oldest
+    /// first, at most `limit`.
+    pub async fn due_suspensions(&self, limit: u32) -> StoreResult<Vec<(String, Uuid)>> {
         // The predicate matches the partial index `suspensions_expiry_idx` (SQLite's fixed-width
         // timestamps compare as text).
         self.read()

@@ -3,10 +3,10 @@
 
 use uuid::Uuid;
 
-use super::db::SqlStore;
-use super::rows::{self, Cols};
+use super::rows;
 use super::runs::attach_suspensions;
 use super::sql::{Q, q};
+use super::sql_store::SqlStore;
 use super::threads::map_rows;
 use super::{PageCursor, RunFilter, StoreResult};
 use crate::model::Run;
@@ -51,7 +51,9 @@ fn with_args(mut stmt: Q, args: Vec<super::sql::Arg>) -> Q {
 }
 
 impl SqlStore {
-    pub(crate) async fn run_by_id(&self, tenant: &str, run_id: Uuid) -> StoreResult<Option<Run>> {
+    /// A run by its id alone, within `tenant` (an A2A task id names a run, not its thread): the
+    /// primary key, so one row; another tenant's run is `None`.
+    pub async fn find_run(&self, tenant: &str, run_id: Uuid) -> StoreResult<Option<Run>> {
         self.one_run(
             q("SELECT * FROM runs WHERE run_id = $1 AND tenant = $2")
                 .bind(run_id)
@@ -60,7 +62,9 @@ impl SqlStore {
         .await
     }
 
-    pub(crate) async fn active_runs(&self, tenant: &str, cap: u64) -> StoreResult<u64> {
+    /// How many of the tenant's runs are queued or running, counted up to `cap` (a count past
+    /// it answers `cap`): what the per-tenant quota compares with its limit.
+    pub async fn count_active_runs(&self, tenant: &str, cap: u64) -> StoreResult<u64> {
         let n = self
             .read()
             .await?
@@ -75,7 +79,10 @@ impl SqlStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    pub(crate) async fn tenant_runs(
+    /// The tenant's runs that `filter` selects, across threads, newest first (`created_at` desc,
+    /// then id desc), at most `limit` after `cursor`; with the number of runs the filter selects
+    /// in all.
+    pub async fn list_tenant_runs(
         &self,
         tenant: &str,
         filter: &RunFilter,

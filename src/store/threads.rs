@@ -1,12 +1,12 @@
-//! Threads, their agent state and conversation: create, read, list, patch, delete, and the
-//! engine's snapshot. Written once for both dialects.
+//! Threads, their agent state, conversation and observation log: create, read, list, patch,
+//! delete, the engine's snapshot, the messages and the observations. Written once for both
+//! dialects.
 
 use serde_json::Value;
-use sqlx::migrate::Migrator;
 
-use super::db::SqlStore;
-use super::rows::{self, Cols};
+use super::rows;
 use super::sql::{Arg, Conn, Q, Row, q};
+use super::sql_store::SqlStore;
 use super::{
     AgentSnapshot, ObservationQuery, PageCursor, Signal, StoreError, StoreResult, ThreadPatch,
 };
@@ -67,27 +67,7 @@ async fn thread_in(
 }
 
 impl SqlStore {
-    /// Every migration of `migrator` applied.
-    pub(crate) async fn migrations_applied(&self, migrator: &Migrator) -> StoreResult<()> {
-        let applied = self
-            .read()
-            .await?
-            .all(q("SELECT version FROM _sqlx_migrations WHERE success"))
-            .await?
-            .iter()
-            .map(|r| r.int("version"))
-            .collect::<StoreResult<Vec<i64>>>()?;
-        for m in migrator.iter() {
-            if !applied.contains(&m.version) {
-                return Err(StoreError::Conflict(format!(
-                    "migration {} ({}) is not applied",
-                    m.version, m.description
-                )));
-            }
-        }
-        Ok(())
-    }
-
+    /// Whether the tenant has this thread (the list methods answer `None` when not).
     pub(crate) async fn thread_exists(
         &self,
         tenant: &str,
@@ -105,7 +85,11 @@ impl SqlStore {
             .is_some())
     }
 
-    pub(crate) async fn insert_thread(
+    /// Create a thread with empty agent state.
+    ///
+    /// # Errors
+    /// [`StoreError::ThreadExists`] when the tenant already has a thread with this id.
+    pub async fn create_thread(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -143,7 +127,8 @@ impl SqlStore {
         rows::thread_from_row(&row)
     }
 
-    pub(crate) async fn thread(
+    /// The thread, with its status derived from its runs.
+    pub async fn get_thread(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -151,7 +136,9 @@ impl SqlStore {
         thread_in(&mut self.read().await?, tenant, thread_id).await
     }
 
-    pub(crate) async fn threads(
+    /// Newest first (`created_at` desc, then id desc); at most `limit` rows after `cursor`
+    /// (`limit` 0: no limit, in every list method).
+    pub async fn list_threads(
         &self,
         tenant: &str,
         limit: u32,
@@ -174,7 +161,8 @@ impl SqlStore {
         map_rows(&self.read().await?.all(stmt).await?, rows::thread_from_row)
     }
 
-    pub(crate) async fn patch_thread(
+    /// Change the fields `patch` sets; `None` when the thread does not exist.
+    pub async fn update_thread(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -200,11 +188,8 @@ impl SqlStore {
         Ok(thread)
     }
 
-    pub(crate) async fn remove_thread(
-        &self,
-        tenant: &str,
-        thread_id: &ThreadId,
-    ) -> StoreResult<bool> {
+    /// Delete the thread and everything it owns; false when it did not exist.
+    pub async fn delete_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<bool> {
         let mut tx = self.write().await?;
         let deleted = tx
             .exec(
@@ -225,7 +210,9 @@ impl SqlStore {
         Ok(deleted)
     }
 
-    pub(crate) async fn snapshot_of(
+    /// What the engine reads of a thread: its agent state, todo items and pending suspension,
+    /// from one snapshot; `None` when the thread does not exist.
+    pub async fn agent_snapshot(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -264,7 +251,8 @@ impl SqlStore {
         }))
     }
 
-    pub(crate) async fn messages(
+    /// Conversation history, oldest first; `None` when the thread does not exist.
+    pub async fn list_messages(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -292,7 +280,10 @@ impl SqlStore {
         map_rows(&self.read().await?.all(stmt).await?, rows::message_from_row).map(Some)
     }
 
-    pub(crate) async fn newest_messages(
+    /// The newest `limit` messages of the thread-level conversation (the user's queries and the
+    /// final answers: no item's tool-call turns or tool results), oldest first: the planner's
+    /// context.
+    pub async fn recent_messages(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
@@ -315,10 +306,9 @@ impl SqlStore {
             .await?;
         map_rows(&rows, rows::message_from_row)
     }
-}
 
-impl SqlStore {
-    pub(crate) async fn observations(
+    /// Observations in `seq` order; `None` when the thread does not exist.
+    pub async fn list_observations(
         &self,
         tenant: &str,
         thread_id: &ThreadId,

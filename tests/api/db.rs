@@ -11,7 +11,6 @@
 use std::path::PathBuf;
 
 use pes_server::store::SqlStore;
-use pes_server::store::Store;
 use pes_server::store::postgres::PgStore;
 use pes_server::store::sqlite::SqliteStore;
 use sqlx::{Connection, Executor, PgConnection};

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use pes_server::flowchart::FlowchartSpec;
-use pes_server::store::Store;
+use pes_server::store::SqlStore;
 use serde_json::{Value, json};
 
-type S = Arc<dyn Store>;
+type S = Arc<SqlStore>;
 
 const A: &str = "tenant-a";
 const B: &str = "tenant-b";

@@ -1,13 +1,13 @@
 //! Taking back abandoned runs: after a `kill -9` with many runs in flight, every run is claimed
 //! again as soon as its lease expires — all of them at once, not one per poll — on both stores;
-//! and the multi-run claim underneath ([`Store::claim_runs`]), store by store.
+//! and the multi-run claim underneath ([`SqlStore::claim_runs`]), store by store.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pes_server::model::{AgentConfig, MultitaskStrategy, Run, RunStatus, ThreadId};
-use pes_server::store::{NewRun, Store};
+use pes_server::store::{NewRun, SqlStore};
 use serde_json::json;
 
 use crate::both_stores;
@@ -162,7 +162,7 @@ both_stores!(heartbeats, runs_waiting_longer_than_their_lease_keep_it);
 
 // ----- the claim, store by store -----------------------------------------------------------------
 
-type S = Arc<dyn Store>;
+type S = Arc<SqlStore>;
 
 async fn enqueue(store: &S, thread: &str) -> Run {
     store

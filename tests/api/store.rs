@@ -1,4 +1,4 @@
-//! Store conformance suite: every case is written once against `Arc<dyn Store>` and runs on
+//! Store conformance suite: every case is written once against `Arc<SqlStore>` and runs on
 //! Postgres and on SQLite (modules `postgres` and `sqlite` below), each on a fresh database.
 
 use std::collections::HashSet;
@@ -15,13 +15,13 @@ use pes_server::model::{
 };
 use pes_server::store::{
     Backlog, Batch, Fence, NewRun, ObservationQuery, Op, PageCursor, Resolution, RunFilter,
-    RunUpdate, Store, StoreError, ThreadPatch,
+    RunUpdate, SqlStore, StoreError, ThreadPatch,
 };
 use serde_json::json;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-type S = Arc<dyn Store>;
+type S = Arc<SqlStore>;
 
 const LEASE: Duration = Duration::from_secs(30);
 const A: &str = "tenant-a";
@@ -2438,7 +2438,7 @@ async fn ready_after_migrate_and_migrate_is_idempotent(store: S) {
 
 // ----- the two backends ------------------------------------------------------------------------
 
-/// Run store cases (each `async fn(Arc<dyn Store-like>)`) on a fresh Postgres database and a
+/// Run store cases (each `async fn(Arc<SqlStore>)`) on a fresh Postgres database and a
 /// fresh SQLite file: `postgres::<case>` and `sqlite::<case>`. Used by every module whose tests
 /// take a store directly.
 #[macro_export]

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use pes_server::agent::{Engine, EngineError, EngineSettings, Journal, RunEnd, RunInput, Signals};
 use pes_server::llm::{ChatRequest, ChatResponse, LlmError, LlmProvider, Phase, Role, ToolCall};
 use pes_server::model::{AgentConfig, MultitaskStrategy, ObservationType, ThreadId, Usage};
-use pes_server::store::{Batch, Fence, NewRun, ObservationQuery, Store, StoreError};
+use pes_server::store::{Batch, Fence, NewRun, ObservationQuery, SqlStore, StoreError};
 use pes_server::tools::{Tool, ToolContext, ToolError, ToolRegistry};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
@@ -129,7 +129,7 @@ enum FailOn {
 
 /// The worker's journal (the store, fenced) with one injected failure.
 struct FlakyJournal {
-    store: Arc<dyn Store>,
+    store: Arc<SqlStore>,
     fence: Fence,
     fail: Mutex<Option<FailOn>>,
     keys: Arc<Mutex<Vec<String>>>,
@@ -168,14 +168,14 @@ impl Journal for FlakyJournal {
 }
 
 struct Harness {
-    store: Arc<dyn Store>,
+    store: Arc<SqlStore>,
     engine: Engine,
     keys: Arc<Mutex<Vec<String>>>,
     thread: ThreadId,
 }
 
 impl Harness {
-    fn new(store: Arc<dyn Store>, side_effects: bool) -> Harness {
+    fn new(store: Arc<SqlStore>, side_effects: bool) -> Harness {
         let keys = Arc::new(Mutex::new(Vec::new()));
         let tools = ToolRegistry::new();
         tools.register(Arc::new(Recorder {
@@ -301,7 +301,7 @@ impl Harness {
 }
 
 async fn a_failed_commit_after_the_model_named_a_tool_call_means_the_tool_never_ran(
-    store: Arc<dyn Store>,
+    store: Arc<SqlStore>,
 ) {
     let h = Harness::new(store, true);
     h.enqueue().await;
@@ -335,7 +335,7 @@ async fn a_failed_commit_after_the_model_named_a_tool_call_means_the_tool_never_
     );
 }
 
-async fn a_failed_result_commit_repeats_the_call_under_the_same_key(store: Arc<dyn Store>) {
+async fn a_failed_result_commit_repeats_the_call_under_the_same_key(store: Arc<SqlStore>) {
     let h = Harness::new(store, true);
     h.enqueue().await;
     let (end, journal) = h.drive(Some(FailOn::Result)).await;
@@ -368,7 +368,7 @@ async fn a_failed_result_commit_repeats_the_call_under_the_same_key(store: Arc<d
     assert_eq!(h.logged(ObservationType::ToolExecution).await.len(), 1);
 }
 
-async fn a_pure_tool_call_commits_its_turn_with_its_result(store: Arc<dyn Store>) {
+async fn a_pure_tool_call_commits_its_turn_with_its_result(store: Arc<SqlStore>) {
     let h = Harness::new(store, false);
     h.enqueue().await;
     let (end, journal) = h.drive(None).await;

@@ -32,12 +32,13 @@ pub(crate) const EXPIRED_CANDIDATES: &str = "SELECT run_id FROM runs \
     WHERE status = 'running' AND lease_expires_at < {now} ORDER BY lease_expires_at LIMIT $3";
 
 /// The queued runs to claim next, tenants served in turn; `$3` is how many, less `taken` (SQL:
-/// the slots already filled).
+/// the slots already filled), and `$4` the tenants this process served, least recent first
+/// (`,a,b,`: see `leases::ServedTenants`).
 ///
 /// A candidate is the oldest queued run of a thread with no running or suspended run (so never
 /// two of one thread). Candidates are ordered by their tenant's *turn*: the tenant's running runs
 /// plus the candidate's place among the tenant's candidates (1 for its oldest); among equal
-/// turns, the tenant whose last run started longest ago (or never) goes first; then by age. A
+/// turns, the tenant this process served longest ago (or never) goes first; then by age. A
 /// tenant with 2,000 runs queued and 64 running puts its next run at turn 65 while another
 /// tenant's first run is at turn 1, and when both are at turn 1 (one slot that just freed) the
 /// tenant served last waits: tenants take turns, and one tenant's backlog never holds back
@@ -46,28 +47,25 @@ pub(crate) const EXPIRED_CANDIDATES: &str = "SELECT run_id FROM runs \
 /// The statement selects `r.run_id` from `runs r` so that Postgres can lock `r` (`FOR UPDATE OF r
 /// SKIP LOCKED`, which re-checks `r.status` on the row's latest version, so a run another claimer
 /// took meanwhile is passed over); the window function sits in the subquery `f`, which is not
-/// locked. Its cost grows with the number of queued candidates (an index probe each) and of
-/// tenants with queued runs (two index look-ups each), not with the table.
+/// locked. Its cost grows with the number of queued candidates (an index probe each), not with
+/// the table, and it needs no index of its own: an index the claim alone reads would be written
+/// at every one of a run's commits.
 pub(crate) fn queued_candidates(taken: &str) -> String {
     format!(
         "SELECT r.run_id FROM runs r JOIN ( \
-           SELECT q.run_id, q.created_at, t.last_start, \
+           SELECT q.run_id, q.created_at, {{served q.tenant 4}} AS served, \
              row_number() OVER (PARTITION BY q.tenant ORDER BY q.created_at, q.run_id) \
-               + t.running AS turn \
-           FROM runs q JOIN ( \
-             SELECT g.tenant, \
-               (SELECT count(*) FROM runs a WHERE a.tenant = g.tenant AND a.status = 'running') \
-                 AS running, \
-               (SELECT max(s.started_at) FROM runs s WHERE s.tenant = g.tenant) AS last_start \
-             FROM (SELECT DISTINCT tenant FROM runs WHERE status = 'queued') g \
-           ) t ON t.tenant = q.tenant \
+               + COALESCE(load.running, 0) AS turn \
+           FROM runs q \
+           LEFT JOIN (SELECT tenant, count(*) AS running FROM runs WHERE status = 'running' \
+                      GROUP BY tenant) load ON load.tenant = q.tenant \
            WHERE q.status = 'queued' AND NOT EXISTS ( \
              SELECT 1 FROM runs o WHERE o.tenant = q.tenant AND o.thread_id = q.thread_id \
                AND (o.status IN ('running', 'suspended') \
                     OR (o.status = 'queued' \
                         AND (o.created_at, o.run_id) < (q.created_at, q.run_id))))) f \
          ON f.run_id = r.run_id WHERE r.status = 'queued' \
-         ORDER BY f.turn, f.last_start IS NOT NULL, f.last_start, f.created_at, f.run_id \
+         ORDER BY f.turn, f.served, f.created_at, f.run_id \
          LIMIT $3 - {taken}"
     )
 }

@@ -18,15 +18,35 @@ impl SqlStore {
     /// run (oldest first). Each claim bumps `attempt`, sets the lease owner and expiry and moves
     /// the run to `running`; never two running runs on one thread. Fewer than `max` runs means
     /// nothing else was claimable; [`Claim::next_expiry`] then says when to look again.
+    ///
+    /// Queued runs are taken tenant by tenant in turn (see
+    /// [`super::fragments::queued_candidates`]): among tenants with equal turns, the one this
+    /// process served longest ago goes first.
     pub async fn claim_runs(&self, owner: &str, lease: Duration, max: usize) -> StoreResult<Claim> {
-        match &self.db {
+        let served = self
+            .served
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .param();
+        let claim = match &self.db {
             Db::Pg(_) => {
-                super::postgres::claim_runs(self.write_one().await?, owner, lease, max).await
+                super::postgres::claim_runs(self.write_one().await?, owner, lease, max, &served)
+                    .await
             }
             Db::Lite { .. } => {
-                super::sqlite::claim_runs(self.write().await?, owner, lease, max).await
+                super::sqlite::claim_runs(self.write().await?, owner, lease, max, &served).await
+            }
+        }?;
+        if !claim.runs.is_empty() {
+            let mut served = self
+                .served
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for run in &claim.runs {
+                served.note(&run.tenant);
             }
         }
+        Ok(claim)
     }
 
     /// Claim the next runnable run (see [`SqlStore::claim_runs`]).
@@ -135,5 +155,59 @@ impl SqlStore {
         }
         tx.notify(&Signal::RunReady).await?;
         tx.commit().await
+    }
+}
+
+/// The tenants this process's claims served, the most recent last (at most
+/// [`ServedTenants::KEPT`]): what breaks a tie between tenants whose turns are equal, so tenants
+/// with backlogs take turns. Kept in memory, not in the database: it costs no write, and each
+/// replica's own order is enough to keep any one tenant from being passed over.
+#[derive(Debug, Default)]
+pub struct ServedTenants {
+    recent: std::collections::VecDeque<String>,
+}
+
+impl ServedTenants {
+    /// Tenants remembered at most.
+    pub const KEPT: usize = 256;
+
+    /// `tenant` was just served.
+    fn note(&mut self, tenant: &str) {
+        if self.recent.back().is_some_and(|t| t == tenant) {
+            return;
+        }
+        self.recent.retain(|t| t != tenant);
+        self.recent.push_back(tenant.to_owned());
+        if self.recent.len() > Self::KEPT {
+            self.recent.pop_front();
+        }
+    }
+
+    /// The claim's parameter: `,a,b,c,` (least recent first), so the position of `,<tenant>,`
+    /// orders tenants from never or long ago served to just served. Tenant names hold no comma
+    /// (they come from the comma-separated `PES_API_KEYS`).
+    fn param(&self) -> String {
+        let mut s = String::from(",");
+        for t in &self.recent {
+            s.push_str(t);
+            s.push(',');
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServedTenants;
+
+    #[test]
+    fn the_tenant_served_last_comes_last() {
+        let mut s = ServedTenants::default();
+        s.note("a");
+        s.note("b");
+        s.note("a");
+        assert_eq!(s.param(), ",b,a,");
+        s.note("a");
+        assert_eq!(s.param(), ",b,a,");
     }
 }

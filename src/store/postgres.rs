@@ -204,10 +204,17 @@ pub(crate) async fn claim_runs(
     owner: &str,
     lease: Duration,
     max: usize,
+    served: &str,
 ) -> StoreResult<Claim> {
     let max = i64::try_from(max).unwrap_or(i64::MAX);
     let found = conn
-        .all(q(claim_sql()).bind(owner).bind(lease_secs(lease)).bind(max))
+        .all(
+            q(claim_sql())
+                .bind(owner)
+                .bind(lease_secs(lease))
+                .bind(max)
+                .bind(served),
+        )
         .await;
     let found = match found {
         Ok(found) => found,

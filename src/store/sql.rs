@@ -9,7 +9,8 @@
 //! - SQL templates: the shared SQL text, with a few tokens each dialect renders its own way —
 //!   `{now}` (the time, from the database's clock on Postgres), `{clock}` (the time even inside a
 //!   transaction), `{later N}` (now plus `$N` seconds), `{in COL N}` (`COL` is one of the list
-//!   `$N`) and `{lock}` (`FOR UPDATE`, a no-op where writers are serialized).
+//!   `$N`), `{served COL N}` (where `,COL,` is in the text `$N`, 0 when absent) and `{lock}`
+//!   (`FOR UPDATE`, a no-op where writers are serialized).
 //!
 //! The two backends are a closed set, so they are an enum rather than a trait: no generic
 //! bounds over sqlx's database traits, one compiled copy of the logic.
@@ -208,6 +209,8 @@ fn token_sql(d: Dialect, token: &[&str], tpl: &str) -> String {
         (Dialect::Sqlite, ["in", col, n]) => {
             format!("{col} IN (SELECT value FROM json_each(${n}))")
         }
+        (Dialect::Postgres, ["served", col, n]) => format!("strpos(${n}, ',' || {col} || ',')"),
+        (Dialect::Sqlite, ["served", col, n]) => format!("instr(${n}, ',' || {col} || ',')"),
         (Dialect::Postgres, ["lock"]) => "FOR UPDATE".into(),
         (Dialect::Sqlite, ["lock"]) => String::new(),
         _ => panic!("unknown token {token:?} in SQL template: {tpl}"),

@@ -36,6 +36,8 @@ pub struct SqlStore {
     pub(crate) origin: Arc<str>,
     /// SQLite: batches waiting for the one writer, committed together.
     pub(crate) group: Arc<GroupCommit>,
+    /// The tenants this process's claims served last (see [`super::leases::ServedTenants`]).
+    pub(crate) served: Arc<std::sync::Mutex<super::leases::ServedTenants>>,
 }
 
 impl SqlStore {
@@ -44,6 +46,7 @@ impl SqlStore {
             db,
             origin: crate::model::new_id().to_string().into(),
             group: Arc::default(),
+            served: Arc::default(),
         }
     }
 

@@ -200,6 +200,7 @@ pub(crate) async fn claim_runs(
     owner: &str,
     lease: Duration,
     max: usize,
+    served: &str,
 ) -> StoreResult<Claim> {
     let leases = tx.one(q(LEASES)).await?;
     let now = leases.ts("now")?;
@@ -222,14 +223,13 @@ pub(crate) async fn claim_runs(
         if !wanted || left == 0 {
             continue;
         }
-        let claimed = tx
-            .all(
-                q(sql)
-                    .bind(owner)
-                    .bind(lease_secs(lease))
-                    .bind(i64::try_from(left).unwrap_or(i64::MAX)),
-            )
-            .await?;
+        let stmt = q(sql)
+            .bind(owner)
+            .bind(lease_secs(lease))
+            .bind(i64::try_from(left).unwrap_or(i64::MAX));
+        // Only the queued pick reads `$4`, the tenants served last.
+        let stmt = if expired { stmt } else { stmt.bind(served) };
+        let claimed = tx.all(stmt).await?;
         if expired {
             taken_over += claimed.len();
         }

@@ -375,6 +375,7 @@ impl App {
             config: config.clone(),
             commands: commands.clone(),
             shutdown: shutdown.clone(),
+            quota_counts: Arc::default(),
         };
         let state = AppState {
             store,

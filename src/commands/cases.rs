@@ -22,4 +22,7 @@ pub struct UseCases {
     pub commands: RunCommands,
     /// Fires when the service shuts down: a wait for a run ends with it.
     pub shutdown: CancellationToken,
+    /// Per tenant, its active runs as last counted and when (see `UseCases::enqueue`).
+    pub quota_counts:
+        Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>>,
 }

@@ -430,7 +430,17 @@ impl App {
             tools_stop,
             grace,
         } = self;
-        info!(%addr, store = state.store.backend(), "pes-server listening");
+        let console = format!(
+            "{}/console",
+            state
+                .config
+                .public_url
+                .as_deref()
+                .unwrap_or_default()
+                .trim_end_matches('/')
+        );
+        info!(%addr, store = state.store.backend(), %console, "pes-server listening");
+        info!("the web console is at {console}");
         let shutdown = state.shutdown.clone();
         let tracker = state.tracker.clone();
         tracker.spawn(crate::worker::sweep_suspensions(

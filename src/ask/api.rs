@@ -74,7 +74,7 @@ impl Api {
         let req = self
             .request(reqwest::Method::GET, path)
             .timeout(Duration::from_secs(30));
-        answer(req.send().await).await
+        answer(req.send().await, self.key.is_some()).await
     }
 
     /// `POST path` with a JSON body (or none).
@@ -88,11 +88,16 @@ impl Api {
         if let Some(b) = body {
             req = req.json(b);
         }
-        answer(req.send().await).await
+        answer(req.send().await, self.key.is_some()).await
     }
 }
 
-async fn answer(sent: reqwest::Result<reqwest::Response>) -> Result<Value, Failure> {
+/// The JSON an answer carries, or a failure worded for a person; `key_sent` tells a key the
+/// server refused from a key that is missing.
+async fn answer(
+    sent: reqwest::Result<reqwest::Response>,
+    key_sent: bool,
+) -> Result<Value, Failure> {
     let resp = sent.map_err(unreachable_failure)?;
     let status = resp.status();
     let text = resp.text().await.map_err(unreachable_failure)?;
@@ -101,6 +106,11 @@ async fn answer(sent: reqwest::Result<reqwest::Response>) -> Result<Value, Failu
         return Ok(body);
     }
     let message = match status {
+        StatusCode::UNAUTHORIZED if key_sent => {
+            "the key was refused: check --api-key (or PES_API_KEY) against the server's \
+             PES_API_KEYS"
+                .to_owned()
+        }
         StatusCode::UNAUTHORIZED => {
             "the server needs an API key: pass --api-key or set PES_API_KEY".to_owned()
         }
@@ -124,6 +134,11 @@ fn unreachable_failure(e: reqwest::Error) -> Failure {
     while let Some(s) = source {
         message = format!("{message}: {s}");
         source = s.source();
+    }
+    if e.is_connect() {
+        message.push_str(
+            " (is the service running there? pass --url, or set PES_BIND to its address)",
+        );
     }
     Failure {
         status: None,
@@ -192,7 +207,7 @@ pub fn follow(api: Api, thread: String, run: String) -> (mpsc::Receiver<StreamMs
                     }
                 }
                 Ok(resp) if resp.status().is_client_error() => {
-                    let failure = answer(Ok(resp)).await.err();
+                    let failure = answer(Ok(resp), api.key.is_some()).await.err();
                     let text = failure.map_or_else(|| "refused".into(), |f| f.to_string());
                     let _ = tx.send(StreamMsg::Ended(text)).await;
                     return;

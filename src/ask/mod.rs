@@ -28,9 +28,11 @@ pub struct AskArgs {
     /// Post to this thread (created when missing); by default a new thread is made.
     #[arg(long)]
     pub thread: Option<String>,
-    /// The service's base URL.
-    #[arg(long, default_value = "http://localhost:8080")]
-    pub url: String,
+    /// The service's base URL; default `http://<PES_BIND>` (a wildcard address as 127.0.0.1),
+    /// else `http://localhost:8080`: the address a service started in the same environment
+    /// listens on.
+    #[arg(long)]
+    pub url: Option<String>,
     /// API key, sent as `Authorization: Bearer <key>`.
     #[arg(long, env = "PES_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -38,6 +40,27 @@ pub struct AskArgs {
     /// `{"requireApproval": ["calculator"]}`.
     #[arg(long)]
     pub config: Option<String>,
+}
+
+impl AskArgs {
+    /// The base URL to reach the service at (see [`AskArgs::url`]).
+    pub fn base_url(&self) -> String {
+        if let Some(u) = &self.url {
+            return u.clone();
+        }
+        match std::env::var("PES_BIND")
+            .ok()
+            .and_then(|b| b.trim().parse::<std::net::SocketAddr>().ok())
+        {
+            Some(mut addr) => {
+                if addr.ip().is_unspecified() {
+                    addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                }
+                format!("http://{addr}")
+            }
+            None => "http://localhost:8080".into(),
+        }
+    }
 }
 
 /// The exit statuses of `pes-server ask`.

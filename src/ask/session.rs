@@ -54,7 +54,7 @@ impl Session {
                 Err(e) => return Err((exit::USAGE, format!("--config is not JSON: {e}"))),
             },
         };
-        let api = Api::new(&args.url, args.api_key.clone())
+        let api = Api::new(&args.base_url(), args.api_key.clone())
             .map_err(|e| (exit::ERROR, format!("cannot make an HTTP client: {e}")))?;
         let refused = |what: &str, f: Failure| (exit::ERROR, format!("{what}: {f}"));
         let mut body = json!({"query": args.query});

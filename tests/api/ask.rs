@@ -375,12 +375,35 @@ async fn ask_says_plainly_when_the_server_needs_a_key_and_uses_one() {
         .await;
     assert_eq!(status.code(), Some(1), "{out}\n{err}");
     assert!(err.contains("401") && err.contains("--api-key"), "{err}");
+    // A key that was passed and refused is said to be refused, not missing.
+    let (status, out, err) =
+        Ask::start(&app.base, "What is 1+1?", &["--api-key", "nope"], Some(""))
+            .finish()
+            .await;
+    assert_eq!(status.code(), Some(1), "{out}\n{err}");
+    assert!(err.contains("the key was refused"), "{err}");
     let (status, out, err) = Ask::start(&app.base, "What is 1+1?", &["--api-key", "k1"], Some(""))
         .finish()
         .await;
     assert_eq!(status.code(), Some(0), "{out}\n{err}");
     assert!(out.contains("1+1 = 2"), "{out}");
     app.stop().await;
+}
+
+#[tokio::test]
+async fn ask_suggests_url_when_nothing_answers() {
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let (status, out, err) = Ask::start(&base, "What is 1+1?", &[], Some(""))
+        .finish()
+        .await;
+    assert_eq!(status.code(), Some(1), "{out}\n{err}");
+    assert!(err.contains("--url") && err.contains("PES_BIND"), "{err}");
 }
 
 #[tokio::test]

@@ -391,7 +391,7 @@ impl<'h> FlowCall<'h> {
                 }
             }
         }
-        let size = Value::Object(content.clone()).to_string().len();
+        let size = serde_json::to_vec(&content).map_or(0, |v| v.len());
         let logged = self
             .logged
             .load(std::sync::atomic::Ordering::Relaxed)

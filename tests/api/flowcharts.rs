@@ -20,18 +20,6 @@ async fn put_as(app: &TestApp, key: Option<&str>, name: &str, body: Value) -> (u
     read(r.json(&body).send().await.unwrap()).await
 }
 
-async fn get_as(app: &TestApp, key: &str, path: &str) -> (u16, Value) {
-    read(
-        app.client
-            .get(app.url(path))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
-}
-
 async fn delete(app: &TestApp, key: Option<&str>, name: &str) -> (u16, Value) {
     let mut r = app
         .client
@@ -332,11 +320,11 @@ async fn flowcharts_belong_to_their_tenant(backend: Backend) {
     assert_eq!(s, 201, "{b}");
     put_as(&app, Some("ka"), "triage", triage("acme's again")).await;
 
-    let (s, b) = get_as(&app, "kb", "/v1/flowcharts/triage").await;
+    let (s, b) = app.get_as("kb", "/v1/flowcharts/triage").await;
     assert_problem(s, &b, 404, "flowchart_not_found");
-    let (s, b) = get_as(&app, "kb", "/v1/flowcharts/triage?version=1").await;
+    let (s, b) = app.get_as("kb", "/v1/flowcharts/triage?version=1").await;
     assert_problem(s, &b, 404, "flowchart_not_found");
-    let (_, list) = get_as(&app, "kb", "/v1/flowcharts").await;
+    let (_, list) = app.get_as("kb", "/v1/flowcharts").await;
     assert_eq!(list["items"], json!([]));
     let (s, b) = delete(&app, Some("kb"), "triage").await;
     assert_problem(s, &b, 404, "flowchart_not_found");
@@ -350,14 +338,14 @@ async fn flowcharts_belong_to_their_tenant(backend: Backend) {
     let (s, b) = put_as(&app, Some("kb"), "other", calls("acme-only")).await;
     assert_invalid(s, &b, &["/flowchart/stages/a/flowchart"]);
 
-    let (_, a) = get_as(&app, "ka", "/v1/flowcharts/triage").await;
+    let (_, a) = app.get_as("ka", "/v1/flowcharts/triage").await;
     assert_eq!(
         (a["version"].as_i64(), a["description"].as_str()),
         (Some(2), Some("acme's again"))
     );
     let (s, _) = delete(&app, Some("kb"), "triage").await;
     assert_eq!(s, 204);
-    let (s, a) = get_as(&app, "ka", "/v1/flowcharts/triage").await;
+    let (s, a) = app.get_as("ka", "/v1/flowcharts/triage").await;
     assert_eq!(s, 200, "globex's delete left acme's alone: {a}");
     app.stop().await;
 }
@@ -377,7 +365,7 @@ async fn a_flowchart_is_a_tool_of_its_tenant(backend: Backend) {
     .await;
     put_as(&app, Some("ka"), "b_first", calls("triage")).await;
 
-    let (s, cat) = get_as(&app, "ka", "/v1/tools").await;
+    let (s, cat) = app.get_as("ka", "/v1/tools").await;
     assert_eq!(s, 200, "{cat}");
     let items = cat["items"].as_array().unwrap();
     let names: Vec<&str> = items.iter().map(|t| t["name"].as_str().unwrap()).collect();
@@ -402,7 +390,7 @@ async fn a_flowchart_is_a_tool_of_its_tenant(backend: Backend) {
         json!({"type": "object", "properties": {}}),
         "the default input schema"
     );
-    let (_, other) = get_as(&app, "kb", "/v1/tools").await;
+    let (_, other) = app.get_as("kb", "/v1/tools").await;
     assert!(
         other["items"]
             .as_array()
@@ -461,7 +449,7 @@ async fn a_flowchart_is_a_tool_of_its_tenant(backend: Backend) {
 
     // Deleted, it leaves the catalogue and can no longer be enabled.
     delete(&app, Some("ka"), "triage").await;
-    let (_, cat) = get_as(&app, "ka", "/v1/tools").await;
+    let (_, cat) = app.get_as("ka", "/v1/tools").await;
     assert!(
         cat["items"]
             .as_array()

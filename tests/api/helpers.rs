@@ -129,6 +129,18 @@ impl TestApp {
         read(r).await
     }
 
+    /// `GET path` with `key` as the bearer (a tenant's view).
+    pub async fn get_as(&self, key: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        read(r).await
+    }
+
     /// Create a thread and return its id.
     pub async fn thread(&self, body: Value) -> String {
         let (status, t) = self.post("/v1/threads", body).await;

@@ -23,18 +23,6 @@ async fn post_as(app: &TestApp, key: &str, path: &str, body: Value) -> reqwest::
         .unwrap()
 }
 
-async fn get_as(app: &TestApp, key: &str, path: &str) -> (u16, Value) {
-    read(
-        app.client
-            .get(app.url(path))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
-}
-
 fn assert_quota(r: &reqwest::Response) {
     assert_eq!(r.status().as_u16(), 429);
     let retry: u64 = r.headers()["retry-after"]
@@ -146,12 +134,12 @@ async fn quotas_refuse_one_tenant_and_leave_the_other_alone(backend: Backend) {
         "{problem}"
     );
     // The refused run created nothing, not even its thread.
-    let (s, _) = get_as(&app, "ka", "/v1/threads/a9").await;
+    let (s, _) = app.get_as("ka", "/v1/threads/a9").await;
     assert_eq!(s, 404);
     let r = post_as(&app, "kb", "/v1/threads/b0/runs", body.clone()).await;
     assert_eq!(r.status().as_u16(), 202);
     // Cancelling one frees its place.
-    let (_, runs) = get_as(&app, "ka", "/v1/threads/a0/runs").await;
+    let (_, runs) = app.get_as("ka", "/v1/threads/a0/runs").await;
     let run_id = runs["items"][0]["runId"].as_str().unwrap().to_owned();
     let r = post_as(
         &app,
@@ -251,7 +239,9 @@ async fn another_tenants_run_is_not_held_behind_a_backlog(backend: Backend) {
     let b_id = b["runId"].as_str().unwrap().to_owned();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let b = loop {
-        let (_, run) = get_as(&app, "kb", &format!("/v1/threads/b/runs/{b_id}")).await;
+        let (_, run) = app
+            .get_as("kb", &format!("/v1/threads/b/runs/{b_id}"))
+            .await;
         if run["status"] == "completed" {
             break run;
         }
@@ -265,7 +255,9 @@ async fn another_tenants_run_is_not_held_behind_a_backlog(backend: Backend) {
     for (thread, id) in &a_runs {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         let run = loop {
-            let (_, run) = get_as(&app, "ka", &format!("/v1/threads/{thread}/runs/{id}")).await;
+            let (_, run) = app
+                .get_as("ka", &format!("/v1/threads/{thread}/runs/{id}"))
+                .await;
             if run["status"] == "completed" {
                 break run;
             }

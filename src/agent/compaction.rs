@@ -19,7 +19,8 @@ use super::prompts::{self, truncate};
 impl Engine {
     /// Results longer than this many characters are compacted.
     pub(super) fn compaction_threshold(&self, ctx: &Ctx<'_>) -> usize {
-        ctx.cfg
+        ctx.env
+            .cfg
             .compaction_threshold_chars
             .unwrap_or(self.settings.compaction_threshold_chars) as usize
     }

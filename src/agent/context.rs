@@ -20,7 +20,7 @@ impl Engine {
             role: item
                 .role
                 .as_ref()
-                .and_then(|r| ctx.cfg.roles.as_ref()?.get(r))
+                .and_then(|r| ctx.env.cfg.roles.as_ref()?.get(r))
                 .map(|r| (r.name.as_str(), r.system_prompt_fragment.as_str())),
             item_id: item.id.as_str(),
             description: &item.description,
@@ -34,7 +34,8 @@ impl Engine {
     /// dependencies (the context the team was planned with); with `all`, of every completed item
     /// of this run, after the bounded summary of earlier runs' items ([`Earlier`]).
     pub(super) fn context_lines(&self, ctx: &Ctx<'_>, item: &TodoItem) -> Vec<ResultLine> {
-        let wanted: Vec<&crate::model::ItemId> = match ctx.cfg.context_mode.unwrap_or_default() {
+        let wanted: Vec<&crate::model::ItemId> = match ctx.env.cfg.context_mode.unwrap_or_default()
+        {
             ContextMode::All => {
                 let mut lines: Vec<ResultLine> = self
                     .earlier(ctx, prompts::EARLIER_ITEMS_IN_SYNTHESIS)

@@ -65,7 +65,10 @@ impl Engine {
         let mut b = ctx.batch();
         // Remote agents still working for this run are asked to stop too.
         if let Some(agents) = &self.remote_agents {
-            for o in super::delegation::cancel_pending(ctx.journal, agents, ctx.run.run_id).await {
+            for o in
+                super::calls::delegation::cancel_pending(ctx.env.journal, agents, ctx.run.run_id)
+                    .await
+            {
                 b.observe(o);
             }
         }

@@ -42,7 +42,8 @@ impl Engine {
                     .collect();
                 let mut specs = self.tools.specs(Some(&allowed));
                 specs.extend(
-                    ctx.flowcharts
+                    ctx.env
+                        .flowcharts
                         .values()
                         .filter(|f| allowed.contains(&f.record.name))
                         .map(|f| f.spec()),
@@ -87,6 +88,7 @@ impl Engine {
     /// model calls fails here.
     pub(super) fn item_step(&self, ctx: &mut Ctx<'_>, item_id: &str) -> Result<Next, Halt> {
         let max_iterations = ctx
+            .env
             .cfg
             .max_iterations
             .unwrap_or(self.settings.max_iterations)
@@ -131,7 +133,7 @@ impl Engine {
                 return Ok(Next::Idle);
             }
             let mut messages = vec![
-                ChatMessage::system(prompts::execution_system(&ctx.cfg, true)),
+                ChatMessage::system(prompts::execution_system(&ctx.env.cfg, true)),
                 ChatMessage::user(self.item_brief(ctx, &item)),
             ];
             messages.extend(item.conversation.iter().map(to_chat));
@@ -191,7 +193,7 @@ impl Engine {
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
         b.op(Op::AppendMessage(Message {
             id: new_id(),
-            thread_id: ctx.thread_id.clone(),
+            thread_id: ctx.env.thread_id.clone(),
             run_id: Some(ctx.run.run_id),
             role: MessageRole::Assistant,
             content: text.clone().unwrap_or_default(),

@@ -75,6 +75,7 @@ impl Engine {
         let idx = ctx.item_idx(item_id).expect("item");
         let now = Utc::now();
         let ttl = ctx
+            .env
             .cfg
             .suspension_ttl_seconds
             .unwrap_or(self.settings.suspension_ttl_seconds);
@@ -120,8 +121,8 @@ impl Engine {
         };
         let suspension = Suspension {
             suspension_id: new_id(),
-            thread_id: ctx.thread_id.clone(),
-            tenant: ctx.tenant.clone(),
+            thread_id: ctx.env.thread_id.clone(),
+            tenant: ctx.env.tenant.clone(),
             run_id: ctx.run.run_id,
             item_id: item.id.clone(),
             kind,

@@ -156,34 +156,43 @@ pub(super) fn halt_to_error(h: Halt) -> EngineError {
     }
 }
 
-/// Mutable state of one run being driven.
-pub(super) struct Ctx<'a> {
+/// What one run being driven reads and never changes while it runs: where it commits, the
+/// signals that stop it, its model provider, whose run it is, its effective configuration and the
+/// flowcharts mounted as its tools. A durable call borrows this while the loop owns the rest.
+pub(super) struct RunEnv<'a> {
     pub(super) journal: &'a dyn Journal,
     pub(super) signals: &'a Signals,
     pub(super) llm: Arc<dyn LlmProvider>,
     pub(super) tenant: String,
     pub(super) thread_id: ThreadId,
-    pub(super) run: Run,
     pub(super) cfg: AgentConfig,
-    pub(super) state: AgentStateRow,
-    pub(super) items: Vec<TodoItem>,
-    pub(super) history: Vec<Message>,
-    pub(super) suspensions: Vec<Suspension>,
     /// The tenant's flowcharts, mounted as tools for this run (loaded when it starts).
     pub(super) flowcharts:
         Arc<std::collections::BTreeMap<String, crate::flowchart::tool::FlowTool>>,
-    pub(super) usage: Usage,
     pub(super) started: Instant,
-    /// Changes staged since the last commit: written together at the next point where they must
-    /// be durable (before a model or tool call, at a suspension, at the end).
-    pub(super) pending: Batch,
     /// Where the streamed text of the run's model calls goes (the journal's).
     pub(super) tokens: Option<Arc<dyn TokenOut>>,
 }
 
+/// One run being driven: what it reads ([`RunEnv`]) and what its loop owns and changes — the run
+/// row, the state and todo items, the conversation, the suspensions, the usage so far, and the
+/// changes staged for the next commit.
+pub(super) struct Ctx<'a> {
+    pub(super) env: RunEnv<'a>,
+    pub(super) run: Run,
+    pub(super) state: AgentStateRow,
+    pub(super) items: Vec<TodoItem>,
+    pub(super) history: Vec<Message>,
+    pub(super) suspensions: Vec<Suspension>,
+    pub(super) usage: Usage,
+    /// Changes staged since the last commit: written together at the next point where they must
+    /// be durable (before a model or tool call, at a suspension, at the end).
+    pub(super) pending: Batch,
+}
+
 impl Ctx<'_> {
     pub(super) fn batch(&self) -> Batch {
-        Batch::new(self.tenant.clone(), self.thread_id.clone())
+        Batch::new(self.env.tenant.clone(), self.env.thread_id.clone())
     }
 
     pub(super) fn obs(
@@ -214,9 +223,9 @@ impl Ctx<'_> {
         }
         let batch = std::mem::replace(
             &mut self.pending,
-            Batch::new(self.tenant.clone(), self.thread_id.clone()),
+            Batch::new(self.env.tenant.clone(), self.env.thread_id.clone()),
         );
-        self.journal.commit(batch).await.map_err(Halt::from)
+        self.env.journal.commit(batch).await.map_err(Halt::from)
     }
 
     /// Stage and commit now.
@@ -229,8 +238,8 @@ impl Ctx<'_> {
     pub(super) async fn guard<T>(&self, fut: impl Future<Output = T>) -> Result<T, Halt> {
         tokio::select! {
             biased;
-            _ = self.signals.shutdown.cancelled() => Err(Halt::Shutdown),
-            _ = self.signals.cancel.cancelled() => Err(Halt::Cancel),
+            _ = self.env.signals.shutdown.cancelled() => Err(Halt::Shutdown),
+            _ = self.env.signals.cancel.cancelled() => Err(Halt::Cancel),
             v = fut => Ok(v),
         }
     }
@@ -238,7 +247,7 @@ impl Ctx<'_> {
     /// The token sink of a model call for `item_id` (none for the run's own plan and synthesis)
     /// in `phase`.
     pub(super) fn tap(&self, item_id: Option<&str>, phase: Phase) -> Tokens {
-        match &self.tokens {
+        match &self.env.tokens {
             Some(out) => Tokens::to(Arc::new(RequestTokens {
                 out: out.clone(),
                 item_id: item_id.map(str::to_owned),
@@ -259,7 +268,7 @@ impl Ctx<'_> {
         self.flush().await?;
         let (value, resp) = self
             .guard(crate::llm::structured::complete_structured(
-                self.llm.as_ref(),
+                self.env.llm.as_ref(),
                 req,
             ))
             .await?
@@ -270,10 +279,10 @@ impl Ctx<'_> {
 
     /// At a safe point (everything so far committed): stop here if asked to.
     pub(super) fn check_signals(&self) -> Result<(), Halt> {
-        if self.signals.cancel.is_cancelled() {
+        if self.env.signals.cancel.is_cancelled() {
             return Err(Halt::Cancel);
         }
-        if self.signals.shutdown.is_cancelled() || self.signals.drain.is_cancelled() {
+        if self.env.signals.shutdown.is_cancelled() || self.env.signals.drain.is_cancelled() {
             return Err(Halt::Shutdown);
         }
         Ok(())
@@ -293,16 +302,17 @@ impl Ctx<'_> {
     }
 
     pub(super) fn model(&self) -> Option<String> {
-        self.cfg.model.clone()
+        self.env.cfg.model.clone()
     }
 
     /// The model the run's requests go to: the thread's or run's `model`, else the provider's
     /// default.
     pub(super) fn model_in_use(&self) -> Option<String> {
-        self.cfg
+        self.env
+            .cfg
             .model
             .clone()
             .filter(|m| !m.trim().is_empty())
-            .or_else(|| self.llm.default_model().map(str::to_owned))
+            .or_else(|| self.env.llm.default_model().map(str::to_owned))
     }
 }

@@ -28,13 +28,12 @@
 //!   and a run parked on remote agents ([`RunEnd::WaitingRemote`]).
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts, their labels, and schemas).
 
+mod calls;
 pub mod changes;
 mod compaction;
 mod context;
-mod delegation;
 mod endings;
 mod executor;
-mod flowcharts;
 mod hitl;
 mod journal;
 pub mod plan;
@@ -67,7 +66,7 @@ use changes::{AgentSnapshot, Batch, Op, RunUpdate};
 pub use journal::{Journal, TokenOut};
 pub use tool_calls::FLUSH_SLOW_TOOL_AFTER;
 
-use journal::{Ctx, Halt, halt_to_error};
+use journal::{Ctx, Halt, RunEnv, halt_to_error};
 
 /// Engine limits and defaults (each a service setting).
 #[derive(Debug, Clone)]
@@ -296,22 +295,24 @@ impl Engine {
             }
         }
         let mut ctx = Ctx {
-            journal,
-            signals,
-            llm,
-            tenant: input.run.tenant.clone(),
-            thread_id: input.run.thread_id.clone(),
+            env: RunEnv {
+                journal,
+                signals,
+                llm,
+                tenant: input.run.tenant.clone(),
+                thread_id: input.run.thread_id.clone(),
+                cfg,
+                flowcharts: Arc::new(flowcharts),
+                started: Instant::now(),
+                tokens: journal.token_out(),
+            },
             usage: input.run.usage,
             run: input.run,
-            cfg,
             state: input.snapshot.state,
             items: input.snapshot.items,
             history: input.history,
             suspensions: input.suspensions,
-            flowcharts: Arc::new(flowcharts),
-            started: Instant::now(),
             pending,
-            tokens: journal.token_out(),
         };
         match self.drive_inner(&mut ctx).await {
             Ok(end) => Ok(end),
@@ -364,11 +365,11 @@ impl Engine {
         let mut b = ctx.batch();
         let mut content = json!({
             "query": ctx.run.query,
-            "provider": ctx.llm.name(),
+            "provider": ctx.env.llm.name(),
             "model": ctx.model_in_use(),
             "attempt": ctx.run.attempt,
         });
-        if ctx.llm.is_offline() {
+        if ctx.env.llm.is_offline() {
             content["warning"] = json!(
                 "offline model: answers are made by a deterministic stand-in, not a real LLM. \
                  Set PES_LLM_BASE_URL / PES_LLM_API_KEY to use a real model."
@@ -377,7 +378,7 @@ impl Engine {
         b.observe(ctx.obs(None, ObservationType::RunStarted, "Run started", content));
         b.op(Op::AppendMessage(Message {
             id: new_id(),
-            thread_id: ctx.thread_id.clone(),
+            thread_id: ctx.env.thread_id.clone(),
             run_id: Some(ctx.run.run_id),
             role: MessageRole::User,
             content: ctx.run.query.clone(),

@@ -37,12 +37,13 @@ impl Engine {
     pub(super) fn enabled_tools(&self, ctx: &Ctx<'_>) -> Vec<String> {
         let mut all = self.tools.names();
         all.extend(
-            ctx.flowcharts
+            ctx.env
+                .flowcharts
                 .keys()
                 .filter(|n| !self.tools.contains(n))
                 .cloned(),
         );
-        match &ctx.cfg.tools {
+        match &ctx.env.cfg.tools {
             Some(list) => all.into_iter().filter(|n| list.contains(n)).collect(),
             None => all,
         }
@@ -55,6 +56,7 @@ impl Engine {
             .filter_map(|n| match self.tools.get(n) {
                 Some(t) => Some((n.clone(), t.description().to_owned())),
                 None => ctx
+                    .env
                     .flowcharts
                     .get(n)
                     .map(|f| (n.clone(), f.record.spec.description.clone())),
@@ -106,13 +108,13 @@ impl Engine {
     pub(super) async fn plan(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
         let known = self.enabled_tools(ctx);
         let described = self.described_tools(ctx, &known);
-        let max_items = self.max_items(&ctx.cfg);
+        let max_items = self.max_items(&ctx.env.cfg);
         let refining = !ctx.items.is_empty();
         let mut messages = vec![ChatMessage::system(prompts::planning_system(
-            &ctx.cfg,
+            &ctx.env.cfg,
             &described,
             max_items,
-            self.max_team_depth(&ctx.cfg) > 0,
+            self.max_team_depth(&ctx.env.cfg) > 0,
         ))];
         messages.extend(self.recent_conversation(ctx));
         if refining {
@@ -153,7 +155,7 @@ impl Engine {
                     &frozen,
                     &plan::Rules {
                         known_tools: &known,
-                        roles: ctx.cfg.roles.as_ref(),
+                        roles: ctx.env.cfg.roles.as_ref(),
                         max_items: max_items as usize,
                     },
                 )
@@ -186,6 +188,7 @@ impl Engine {
         };
 
         let mode = ctx
+            .env
             .cfg
             .tool_validation_mode
             .unwrap_or(ToolValidationMode::Strict);
@@ -268,8 +271,8 @@ impl Engine {
         let known = self.enabled_tools(ctx);
         let rules = plan::Rules {
             known_tools: &known,
-            roles: ctx.cfg.roles.as_ref(),
-            max_items: self.max_items(&ctx.cfg) as usize,
+            roles: ctx.env.cfg.roles.as_ref(),
+            max_items: self.max_items(&ctx.env.cfg) as usize,
         };
         let valid = match plan::validate(&list, &frozen, &rules) {
             Ok(v) => v,
@@ -282,6 +285,7 @@ impl Engine {
             }
         };
         let mode = ctx
+            .env
             .cfg
             .tool_validation_mode
             .unwrap_or(ToolValidationMode::Strict);

@@ -27,9 +27,9 @@ use crate::model::{
 };
 use crate::telemetry::spans;
 
+use super::calls::{Outcome, Watching, kind_of};
 use super::executor::Next;
 use super::journal::{Ctx, Halt, llm_halt};
-use super::tool_calls::invoke_tool;
 use super::{Engine, FLUSH_SLOW_TOOL_AFTER, RunEnd};
 
 /// What a finished piece of I/O brought back for an item.
@@ -40,29 +40,8 @@ pub(super) enum Io {
     Structured(Result<(Value, ChatResponse), LlmError>),
     /// A team plan's structured reply.
     TeamPlan(Result<(Value, ChatResponse), LlmError>),
-    /// A tool call's journaled outcome.
-    Tool(crate::model::ToolCallRecord, crate::model::ToolResultRecord),
-    /// A flowchart call's outcome, and the model usage of its `llm` stages.
-    FlowTool(
-        crate::model::ToolCallRecord,
-        crate::model::ToolResultRecord,
-        crate::model::Usage,
-    ),
-    /// A delegation whose remote agent asks a question: the call to suspend on.
-    RemoteInput(crate::model::ToolCallRecord),
-    /// A flowchart call paused at a `tool` stage for a person.
-    FlowPaused(crate::flowchart::interpreter::Paused),
-}
-
-/// The flowchart `name` names in this run, unless a registry tool has that name.
-fn flowchart<'c>(
-    engine: &Engine,
-    ctx: &'c Ctx<'_>,
-    name: &str,
-) -> Option<&'c crate::flowchart::tool::FlowTool> {
-    ctx.flowcharts
-        .get(name)
-        .filter(|_| !engine.tools.contains(name))
+    /// A durable call's outcome: its result, or the person it waits for.
+    Call(crate::model::ToolCallRecord, Outcome),
 }
 
 /// The pending suspensions of this run that its waiting items wait on.
@@ -81,7 +60,7 @@ fn waiting_suspensions(ctx: &Ctx<'_>) -> Vec<uuid::Uuid> {
 /// Read which of `waiting` were decided since the run loaded them and take the decisions in;
 /// `true` when there was one (its item can go on).
 async fn take_decisions(ctx: &mut Ctx<'_>, waiting: &[uuid::Uuid]) -> Result<bool, Halt> {
-    let decided = ctx.journal.decided(waiting).await.map_err(Halt::from)?;
+    let decided = ctx.env.journal.decided(waiting).await.map_err(Halt::from)?;
     let any = !decided.is_empty();
     for d in decided {
         if let Some(s) = ctx
@@ -115,12 +94,12 @@ fn item_span(ctx: &Ctx<'_>, open: &mut HashMap<String, Span>, id: &str) -> Span 
 /// How a tool call's I/O ended, as the metrics count it.
 fn tool_outcome(io: &Io) -> &'static str {
     match io {
-        Io::Tool(_, r) | Io::FlowTool(_, r, _) => match r.status {
+        Io::Call(_, Outcome::Done(r, _)) => match r.status {
             ToolResultStatus::Success | ToolResultStatus::Responded => "ok",
             ToolResultStatus::Error => "error",
             ToolResultStatus::Rejected => "rejected",
         },
-        Io::RemoteInput(_) | Io::FlowPaused(_) => "suspended",
+        Io::Call(_, Outcome::Paused(..)) => "suspended",
         Io::Reply(_) | Io::Structured(_) | Io::TeamPlan(_) => "ok",
     }
 }
@@ -128,7 +107,8 @@ fn tool_outcome(io: &Io) -> &'static str {
 impl Engine {
     /// Ready items that execute at once for this run.
     fn parallel_limit(&self, ctx: &Ctx<'_>) -> usize {
-        ctx.cfg
+        ctx.env
+            .cfg
             .max_parallel_items
             .unwrap_or(self.settings.max_parallel_items)
             .max(1) as usize
@@ -137,7 +117,7 @@ impl Engine {
     /// Execute the plan until no item can make progress. `Some(Suspended)` when what is left
     /// waits for people; `None` when every item reached an end (synthesis comes next).
     pub(super) async fn execute_plan(&self, ctx: &mut Ctx<'_>) -> Result<Option<RunEnd>, Halt> {
-        let signals = ctx.signals;
+        let signals = ctx.env.signals;
         let limit = self.parallel_limit(ctx);
         let mut inflight: FuturesUnordered<InFlight<'_>> = FuturesUnordered::new();
         // Items whose I/O is in flight.
@@ -150,9 +130,9 @@ impl Engine {
         let mut look_at: Option<tokio::time::Instant> = None;
         // Items whose delegation only waits on its recorded remote task; when every item in
         // flight is one, the run parks (after `a2a_park_after`) and gives its slot back.
-        let watching = Arc::new(super::delegation::Watching::default());
+        let watching = Arc::new(Watching::default());
         let mut park_at: Option<tokio::time::Instant> = None;
-        let journal = ctx.journal;
+        let journal = ctx.env.journal;
         // The span of each item with work left in this attempt: its steps' I/O runs inside it.
         let mut item_spans: HashMap<String, Span> = HashMap::new();
         'run: loop {
@@ -215,7 +195,7 @@ impl Engine {
                         let (item, io) = done.expect("the set is not empty");
                         busy.remove(&item);
                         watching.remove(&item);
-                        let was_tool = matches!(io, Io::Tool(..) | Io::FlowTool(..));
+                        let was_tool = matches!(io, Io::Call(_, Outcome::Done(..)));
                         self.absorb(ctx, &item, io)?;
                         if ctx.item_idx(&item).is_none_or(|i| !self.needs_attention(&ctx.items[i])) {
                             item_spans.remove(&item);
@@ -365,17 +345,13 @@ impl Engine {
         ctx: &Ctx<'f>,
         item: String,
         step: Next,
-        watching: &Arc<super::delegation::Watching>,
+        watching: &Arc<Watching>,
     ) -> InFlight<'f> {
         let Next::Invoke(call, _) = &step else {
             return self.start_step(ctx, item, step, watching);
         };
         let span = spans::execute_tool(&call.name, &call.id);
-        let tool = if !self.tools.contains(&call.name) && ctx.flowcharts.contains_key(&call.name) {
-            "flowchart".to_owned()
-        } else {
-            self.tools.metric_label(&call.name, &call.arguments)
-        };
+        let tool = kind_of(self, &ctx.env, &call.name).metric_label(self, call);
         let (metrics, metrics_too, tool_too) =
             (self.metrics.clone(), self.metrics.clone(), tool.clone());
         // A delegation dropped while it only waits on its remote was handed over (the run
@@ -409,15 +385,25 @@ impl Engine {
         ctx: &Ctx<'f>,
         item: String,
         step: Next,
-        watching: &Arc<super::delegation::Watching>,
+        watching: &Arc<Watching>,
     ) -> InFlight<'f> {
-        let llm = ctx.llm.clone();
+        if let Next::Invoke(call, args) = step {
+            let io = kind_of(self, &ctx.env, &call.name).start(
+                self,
+                ctx,
+                &item,
+                call.clone(),
+                args,
+                watching,
+            );
+            return Box::pin(async move { (item, Io::Call(call, io.await)) });
+        }
+        let llm = ctx.env.llm.clone();
         // The item's model text streams to the run's token sink, under the step's phase.
-        let phase = match &step {
-            Next::Ask(r) | Next::Compact(r) | Next::PlanTeam(r) => r.phase,
-            _ => crate::llm::Phase::Flowchart,
+        let tokens = match &step {
+            Next::Ask(r) | Next::Compact(r) | Next::PlanTeam(r) => ctx.tap(Some(&item), r.phase),
+            Next::Invoke(..) | Next::Idle => crate::llm::Tokens::none(),
         };
-        let tokens = ctx.tap(Some(&item), phase);
         match step {
             Next::Ask(mut req) => Box::pin(async move {
                 req.tokens = tokens;
@@ -434,98 +420,9 @@ impl Engine {
                 let r = crate::llm::structured::complete_structured(llm.as_ref(), req).await;
                 (item, Io::TeamPlan(r))
             }),
-            Next::Invoke(call, args) if flowchart(self, ctx, &call.name).is_some() => {
-                let tool = flowchart(self, ctx, &call.name).expect("checked").clone();
-                // Its `tool` stages may call what the calling item may call, no more.
-                let may_call = ctx.item_idx(&item).map_or_else(
-                    || self.enabled_tools(ctx),
-                    |i| {
-                        self.enabled_tools(ctx)
-                            .into_iter()
-                            .filter(|t| self.item_may_call(ctx, &ctx.items[i], t))
-                            .collect()
-                    },
-                );
-                let host = super::flowcharts::RunFlowHost {
-                    may_call,
-                    journal: ctx.journal,
-                    tools: &self.tools,
-                    metrics: &self.metrics,
-                    tokens,
-                    llm,
-                    model: ctx.model_in_use(),
-                    tenant: ctx.tenant.clone(),
-                    thread_id: ctx.thread_id.clone(),
-                    run_id: ctx.run.run_id,
-                    require_approval: ctx.cfg.require_approval.clone().unwrap_or_default(),
-                    decisions: super::flowcharts::RunFlowHost::decisions_of(
-                        &ctx.suspensions,
-                        &call,
-                    ),
-                };
-                let limits = crate::flowchart::interpreter::FlowLimits {
-                    max_steps: self.settings.flowchart_max_steps.max(1),
-                    expr: self.settings.flowchart_expr.clone(),
-                };
-                Box::pin(async move {
-                    match super::flowcharts::invoke_flowchart(&host, &tool, &call, args, limits)
-                        .await
-                    {
-                        super::flowcharts::FlowOutcome::Done(result, usage) => {
-                            (item, Io::FlowTool(call, result, usage))
-                        }
-                        super::flowcharts::FlowOutcome::Paused(p) => (item, Io::FlowPaused(p)),
-                    }
-                })
+            Next::Invoke(..) | Next::Idle => {
+                unreachable!("calls started above; idle steps start no I/O")
             }
-            Next::Invoke(call, args)
-                if call.name == crate::a2a::client::agents::DELEGATE_TOOL
-                    && self.remote_agents.is_some() =>
-            {
-                let d = super::delegation::Delegation {
-                    item_id: item.clone(),
-                    decisions: super::flowcharts::RunFlowHost::decisions_of(
-                        &ctx.suspensions,
-                        &call,
-                    ),
-                    journal: ctx.journal,
-                    agents: self.remote_agents.clone().expect("checked"),
-                    tenant: ctx.tenant.clone(),
-                    thread_id: ctx.thread_id.clone(),
-                    run_id: ctx.run.run_id,
-                    watching: Some(watching.clone()),
-                    unreachable_for: self.settings.a2a_unreachable_for,
-                };
-                let tools = &self.tools;
-                Box::pin(async move {
-                    let outcome = match tools.validate(&call.name, &args) {
-                        Err(e) => super::delegation::Delegated::Done(
-                            super::tool_calls::error_record(&call, e.to_string()),
-                        ),
-                        Ok(()) => super::delegation::delegate(&d, &call, &args).await,
-                    };
-                    match outcome {
-                        super::delegation::Delegated::Done(result) => {
-                            (item, Io::Tool(call, result))
-                        }
-                        super::delegation::Delegated::NeedsInput(question) => {
-                            (item, Io::RemoteInput(question))
-                        }
-                    }
-                })
-            }
-            Next::Invoke(call, args) => {
-                let tctx = crate::tools::ToolContext {
-                    tenant: ctx.tenant.clone(),
-                    thread_id: ctx.thread_id.to_string(),
-                    idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
-                };
-                Box::pin(async move {
-                    let result = invoke_tool(&self.tools, &call, args, &tctx).await;
-                    (item, Io::Tool(call, result))
-                })
-            }
-            Next::Idle => unreachable!("idle steps start no I/O"),
         }
     }
 
@@ -547,29 +444,15 @@ impl Engine {
                 self.take_compaction(ctx, item, &value, &resp);
                 Ok(())
             }
-            Io::Tool(call, result) => {
-                self.journal_result(ctx, item, &call, result, vec![], vec![]);
-                Ok(())
-            }
-            Io::FlowTool(call, result, usage) => {
+            Io::Call(call, Outcome::Done(result, usage)) => {
                 ctx.usage.add(&usage);
                 self.journal_result(ctx, item, &call, result, vec![], vec![]);
                 Ok(())
             }
-            Io::RemoteInput(question) => {
-                // The delegation stays unanswered; the person's answer goes to the remote agent.
-                self.suspend(
-                    ctx,
-                    item,
-                    &question,
-                    crate::model::SuspensionKind::RemoteInput,
-                );
-                Ok(())
-            }
-            Io::FlowPaused(p) => {
-                // The flowchart's call stays unanswered; the person's decision is on the call
-                // of its stage, and the flowchart resumes there.
-                self.suspend(ctx, item, &p.call, p.kind);
+            Io::Call(_, Outcome::Paused(at, kind)) => {
+                // The call stays unanswered: the person decides on `at` (one of the call's own
+                // steps, or its remote's question), and the call goes on from there.
+                self.suspend(ctx, item, &at, kind);
                 Ok(())
             }
         }

@@ -57,7 +57,7 @@ impl Engine {
             phase: Phase::Synthesize,
             model: ctx.model(),
             messages: vec![
-                ChatMessage::system(prompts::synthesis_system(&ctx.cfg)),
+                ChatMessage::system(prompts::synthesis_system(&ctx.env.cfg)),
                 ChatMessage::user(brief),
             ],
             tools: vec![],
@@ -82,7 +82,7 @@ impl Engine {
         let mut b = ctx.batch();
         b.op(Op::AppendMessage(Message {
             id: new_id(),
-            thread_id: ctx.thread_id.clone(),
+            thread_id: ctx.env.thread_id.clone(),
             run_id: Some(ctx.run.run_id),
             role: MessageRole::Assistant,
             content: response.clone(),
@@ -103,7 +103,7 @@ impl Engine {
             .run
             .started_at
             .map(|s| (Utc::now() - s).num_milliseconds().max(0))
-            .unwrap_or_else(|| ctx.started.elapsed().as_millis() as i64);
+            .unwrap_or_else(|| ctx.env.started.elapsed().as_millis() as i64);
         b.observe(ctx.obs(
             None,
             ObservationType::RunCompleted,

@@ -45,7 +45,7 @@ impl Engine {
     /// children run, or its end once they all ended.
     pub(super) fn team_step(&self, ctx: &mut Ctx<'_>, idx: usize) -> Next {
         let team = ctx.items[idx].clone();
-        let max_depth = self.max_team_depth(&ctx.cfg);
+        let max_depth = self.max_team_depth(&ctx.env.cfg);
         let depth = self.team_depth(ctx, &team);
         if depth > max_depth {
             self.fail_item(
@@ -155,7 +155,7 @@ impl Engine {
         }
         let mut messages = vec![
             ChatMessage::system(prompts::planning_system(
-                &ctx.cfg,
+                &ctx.env.cfg,
                 &described,
                 room as u32,
                 teams_allowed,
@@ -195,7 +195,7 @@ impl Engine {
             .iter()
             .filter(|i| super::context::this_runs(ctx, i) || i.status == ItemStatus::Pending)
             .count();
-        (self.max_items(&ctx.cfg) as usize).saturating_sub(this_run)
+        (self.max_items(&ctx.env.cfg) as usize).saturating_sub(this_run)
     }
 
     /// A team's plan came back: its children join the todo list with `PLAN` under the team; an
@@ -265,6 +265,7 @@ impl Engine {
             }
         };
         let mode = ctx
+            .env
             .cfg
             .tool_validation_mode
             .unwrap_or(ToolValidationMode::Strict);
@@ -320,7 +321,7 @@ impl Engine {
         if room == 0 {
             errors.push(format!(
                 "maxItems ({}) is reached: the team cannot add items",
-                self.max_items(&ctx.cfg)
+                self.max_items(&ctx.env.cfg)
             ));
         }
         for p in &reply.todo_list {
@@ -337,7 +338,7 @@ impl Engine {
             &[],
             &plan::Rules {
                 known_tools: &known,
-                roles: ctx.cfg.roles.as_ref(),
+                roles: ctx.env.cfg.roles.as_ref(),
                 max_items: room.max(1),
             },
         );

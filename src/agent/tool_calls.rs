@@ -11,7 +11,6 @@ use crate::model::{
     StepType, SuspensionKind, SuspensionStatus, TodoItem, ToolCallRecord, ToolResultRecord,
     ToolResultStatus, new_id,
 };
-use crate::tools::{ToolContext, ToolRegistry};
 
 use super::Engine;
 use super::journal::Ctx;
@@ -80,8 +79,7 @@ impl Engine {
         }
         // A flowchart call paused at one of its stages waits for that decision.
         let paused_at = format!("{}:", call.id);
-        if (ctx.flowcharts.contains_key(&call.name)
-            || call.name == crate::a2a::client::agents::DELEGATE_TOOL)
+        if super::calls::kind_of(self, &ctx.env, &call.name).pauses_inside()
             && ctx.suspensions.iter().any(|s| {
                 s.status == SuspensionStatus::Pending && s.tool_call.id.starts_with(&paused_at)
             })
@@ -146,7 +144,7 @@ impl Engine {
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
         b.op(Op::AppendMessage(Message {
             id: new_id(),
-            thread_id: ctx.thread_id.clone(),
+            thread_id: ctx.env.thread_id.clone(),
             run_id: Some(ctx.run.run_id),
             role: MessageRole::Tool,
             content: tool_message_text(&result),
@@ -188,7 +186,7 @@ impl Engine {
             && item
                 .role
                 .as_ref()
-                .and_then(|r| ctx.cfg.roles.as_ref()?.get(r))
+                .and_then(|r| ctx.env.cfg.roles.as_ref()?.get(r))
                 .and_then(|r| r.tools.as_ref())
                 .is_none_or(|l| l.iter().any(|t| t == name))
     }
@@ -198,38 +196,12 @@ impl Engine {
         if let Some(kind) = self.tools.get(name).and_then(|t| t.blocking()) {
             return Some(kind);
         }
-        ctx.cfg
+        ctx.env
+            .cfg
             .require_approval
             .as_ref()
             .is_some_and(|list| list.iter().any(|n| n == name))
             .then_some(SuspensionKind::Approval)
-    }
-}
-
-/// Run a tool (its arguments are validated by the registry) and describe the outcome. The
-/// scheduler commits what is staged first when the tool has side effects (see
-/// [`FLUSH_SLOW_TOOL_AFTER`] for the others).
-pub(super) async fn invoke_tool(
-    tools: &ToolRegistry,
-    call: &ToolCallRecord,
-    args: Value,
-    tctx: &ToolContext,
-) -> ToolResultRecord {
-    let outcome = tools.invoke(&call.name, args, tctx).await;
-    ToolResultRecord {
-        tool_call_id: call.id.clone(),
-        name: call.name.clone(),
-        status: if outcome.error.is_none() {
-            ToolResultStatus::Success
-        } else {
-            ToolResultStatus::Error
-        },
-        error: outcome.error.map(|e| {
-            let mut text = e.to_string();
-            crate::model::scrub_nul_str(&mut text);
-            text
-        }),
-        output: outcome.output,
     }
 }
 

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use super::Engine;
-use super::changes::Batch;
-use super::journal::{Ctx, Journal};
+use super::{CallFuture, CallKind, Outcome, Watching};
+use crate::agent::Engine;
+use crate::agent::changes::Batch;
+use crate::agent::journal::{Ctx, Journal, RunEnv};
 use crate::flowchart::FlowchartRecord;
 use crate::flowchart::interpreter::{FlowCall, FlowHost, FlowLimits, Gate, Paused, StepRecord};
 use crate::flowchart::tool::FlowTool;
@@ -19,24 +20,6 @@ use crate::model::{
     ThreadId, ToolCallRecord, ToolResultRecord, ToolResultStatus, Usage,
 };
 use crate::tools::{ToolContext, ToolError, ToolRegistry};
-
-impl Engine {
-    /// Check a call's arguments: a flowchart's against its input schema, any other tool's in the
-    /// registry.
-    pub(super) fn validate_call(
-        &self,
-        ctx: &Ctx<'_>,
-        name: &str,
-        args: &Value,
-    ) -> Result<(), ToolError> {
-        match ctx.flowcharts.get(name) {
-            Some(f) if !self.tools.contains(name) => {
-                f.validate(args).map_err(ToolError::InvalidArguments)
-            }
-            _ => self.tools.validate(name, args),
-        }
-    }
-}
 
 /// What a flowchart call uses of the run: its journal, tools, model and identity.
 pub(super) struct RunFlowHost<'a> {
@@ -60,14 +43,83 @@ pub(super) struct RunFlowHost<'a> {
     pub decisions: Vec<Suspension>,
 }
 
-impl RunFlowHost<'_> {
-    /// The suspensions of `call`'s gated stages, from the run's.
-    pub(super) fn decisions_of(all: &[Suspension], call: &ToolCallRecord) -> Vec<Suspension> {
-        let prefix = format!("{}:", call.id);
-        all.iter()
-            .filter(|s| s.tool_call.id.starts_with(&prefix))
-            .cloned()
-            .collect()
+/// The suspensions of `call`'s own steps (a flowchart's gated stages, a remote's questions: ids
+/// `<toolCallId>:…`), from the run's.
+pub(in crate::agent) fn decisions_of(all: &[Suspension], call: &ToolCallRecord) -> Vec<Suspension> {
+    let prefix = format!("{}:", call.id);
+    all.iter()
+        .filter(|s| s.tool_call.id.starts_with(&prefix))
+        .cloned()
+        .collect()
+}
+
+/// A call of one of the tenant's flowcharts (unless a registry tool has its name).
+pub(super) struct Flowchart;
+
+impl CallKind for Flowchart {
+    fn claims(&self, engine: &Engine, env: &RunEnv<'_>, name: &str) -> bool {
+        env.flowcharts.contains_key(name) && !engine.tools.contains(name)
+    }
+
+    fn pauses_inside(&self) -> bool {
+        true
+    }
+
+    fn validate(
+        &self,
+        _: &Engine,
+        env: &RunEnv<'_>,
+        name: &str,
+        args: &Value,
+    ) -> Result<(), ToolError> {
+        let flowchart = env.flowcharts.get(name).expect("claimed");
+        flowchart
+            .validate(args)
+            .map_err(ToolError::InvalidArguments)
+    }
+
+    fn metric_label(&self, _: &Engine, _: &ToolCallRecord) -> String {
+        "flowchart".to_owned()
+    }
+
+    fn start<'f>(
+        &self,
+        engine: &'f Engine,
+        ctx: &Ctx<'f>,
+        item: &str,
+        call: ToolCallRecord,
+        args: Value,
+        _parkable: &Arc<Watching>,
+    ) -> CallFuture<'f> {
+        let tool = ctx.env.flowcharts.get(&call.name).expect("claimed").clone();
+        // Its `tool` stages may call what the calling item may call, no more.
+        let enabled = engine.enabled_tools(ctx);
+        let may_call = match ctx.item_idx(item) {
+            None => enabled,
+            Some(i) => enabled
+                .into_iter()
+                .filter(|t| engine.item_may_call(ctx, &ctx.items[i], t))
+                .collect(),
+        };
+        let host = RunFlowHost {
+            may_call,
+            journal: ctx.env.journal,
+            tools: &engine.tools,
+            metrics: &engine.metrics,
+            tokens: ctx.tap(Some(item), Phase::Flowchart),
+            llm: ctx.env.llm.clone(),
+            model: ctx.model_in_use(),
+            tenant: ctx.env.tenant.clone(),
+            thread_id: ctx.env.thread_id.clone(),
+            run_id: ctx.run.run_id,
+            require_approval: ctx.env.cfg.require_approval.clone().unwrap_or_default(),
+            decisions: decisions_of(&ctx.suspensions, &call),
+        };
+        let limits = FlowLimits {
+            max_steps: engine.settings.flowchart_max_steps.max(1),
+            expr: engine.settings.flowchart_expr.clone(),
+        };
+        Box::pin(async move { invoke_flowchart(&host, &tool, &call, args, limits).await })
     }
 }
 
@@ -200,28 +252,20 @@ impl FlowHost for RunFlowHost<'_> {
     }
 }
 
-/// How a flowchart call ended.
-pub(super) enum FlowOutcome {
-    /// With a result, or a tool error naming the stage that failed (the model reads it; the run
-    /// goes on); and what its `llm` stages used of the model.
-    Done(ToolResultRecord, Usage),
-    /// Paused at a `tool` stage for a person's decision.
-    Paused(Paused),
-}
-
-/// Run a flowchart call until it ends or pauses for a person.
-pub(super) async fn invoke_flowchart(
+/// Run a flowchart call until it ends (with a result, or a tool error naming the stage that
+/// failed: the model reads it, the run goes on) or pauses at a `tool` stage for a person.
+async fn invoke_flowchart(
     host: &RunFlowHost<'_>,
     tool: &FlowTool,
     call: &ToolCallRecord,
     args: Value,
     limits: FlowLimits,
-) -> FlowOutcome {
+) -> Outcome {
     let mut paused = None;
     let mut usage = Usage::default();
     let result = run(host, tool, call, args, limits, &mut paused, &mut usage).await;
     if let Some(p) = paused {
-        return FlowOutcome::Paused(p);
+        return Outcome::Paused(p.call, p.kind);
     }
     let (status, output, error) = match result {
         Ok(v) => (ToolResultStatus::Success, v, None),
@@ -231,7 +275,7 @@ pub(super) async fn invoke_flowchart(
             Some(message),
         ),
     };
-    FlowOutcome::Done(
+    Outcome::Done(
         ToolResultRecord {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),

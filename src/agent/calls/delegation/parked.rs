@@ -120,7 +120,7 @@ async fn unanswered(journal: &dyn Journal) -> Result<Vec<Unanswered>, crate::age
 }
 
 impl Engine {
-    /// Follow the remote tasks a parked run waits on ([`super::RunEnd::WaitingRemote`]), with the
+    /// Follow the remote tasks a parked run waits on ([`crate::agent::RunEnd::WaitingRemote`]), with the
     /// run's lease but no worker slot, committing their updates as the run itself would. Returns
     /// once one of them settles (its outcome is committed: the run, back in the queue, reads it)
     /// or when none is left to follow.

@@ -8,7 +8,7 @@
 //! How a call settles (the result, a failure, or a question for a person) is committed with the
 //! update that reports it (`settled`), so the call, resumed later, reads it back without asking
 //! the remote again. While every item a run has in flight waits on a remote, the run gives its
-//! worker slot back ([`super::RunEnd::WaitingRemote`]): [`Engine::watch_remote`] follows the
+//! worker slot back ([`crate::agent::RunEnd::WaitingRemote`]): [`Engine::watch_remote`] follows the
 //! recorded tasks with the same code, until one settles.
 
 mod parked;
@@ -19,16 +19,18 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::changes::Batch;
-use super::journal::Journal;
+use super::{CallFuture, CallKind, Outcome};
 use crate::a2a::client::agents::RemoteAgents;
 use crate::a2a::client::rpc::RemoteTask;
+use crate::agent::Engine;
+use crate::agent::changes::Batch;
+use crate::agent::journal::{Ctx, Journal, RunEnv};
 use crate::model::{
     NewObservation, ObservationType, ResumeDecision, Suspension, SuspensionStatus, ThreadId,
     ToolCallRecord, ToolResultRecord, ToolResultStatus,
 };
 
-pub(super) use parked::{Watching, cancel_pending};
+pub(in crate::agent) use parked::{Watching, cancel_pending};
 use watch::{Settled, read_settled, settled_json, watch};
 
 /// How long one call to the remote may take.
@@ -61,6 +63,54 @@ pub(super) enum Delegated {
     /// The remote asks a question: the call waits for a person's answer on this call
     /// (`<toolCallId>:remote:<n>`, arguments `{agent, taskId, question}`).
     NeedsInput(ToolCallRecord),
+}
+
+/// A call of `delegate_to_agent`, when remote agents are configured.
+pub(super) struct Delegate;
+
+impl CallKind for Delegate {
+    fn claims(&self, engine: &Engine, _: &RunEnv<'_>, name: &str) -> bool {
+        name == crate::a2a::client::agents::DELEGATE_TOOL && engine.remote_agents.is_some()
+    }
+
+    fn pauses_inside(&self) -> bool {
+        true
+    }
+
+    fn start<'f>(
+        &self,
+        engine: &'f Engine,
+        ctx: &Ctx<'f>,
+        item: &str,
+        call: ToolCallRecord,
+        args: Value,
+        parkable: &Arc<Watching>,
+    ) -> CallFuture<'f> {
+        let d = Delegation {
+            item_id: item.to_owned(),
+            decisions: super::decisions_of(&ctx.suspensions, &call),
+            journal: ctx.env.journal,
+            agents: engine.remote_agents.clone().expect("claimed"),
+            tenant: ctx.env.tenant.clone(),
+            thread_id: ctx.env.thread_id.clone(),
+            run_id: ctx.run.run_id,
+            watching: Some(parkable.clone()),
+            unreachable_for: engine.settings.a2a_unreachable_for,
+        };
+        let tools = &engine.tools;
+        Box::pin(async move {
+            if let Err(e) = tools.validate(&call.name, &args) {
+                let result = crate::agent::tool_calls::error_record(&call, e.to_string());
+                return Outcome::Done(result, crate::model::Usage::default());
+            }
+            match delegate(&d, &call, &args).await {
+                Delegated::Done(result) => Outcome::Done(result, crate::model::Usage::default()),
+                Delegated::NeedsInput(question) => {
+                    Outcome::Paused(question, crate::model::SuspensionKind::RemoteInput)
+                }
+            }
+        })
+    }
 }
 
 /// Run one call until it ends or its remote agent asks a question.

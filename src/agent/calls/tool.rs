@@ -1,0 +1,66 @@
+//! A plain tool call (built-in, HTTP, MCP): it runs once under the idempotency key
+//! `<runId>:<toolCallId>`, so a call repeated after a crash is recognised by a tool that honours it.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{CallFuture, CallKind, Outcome, Watching};
+use crate::agent::Engine;
+use crate::agent::journal::{Ctx, RunEnv};
+use crate::model::{ToolCallRecord, ToolResultRecord, ToolResultStatus, Usage};
+use crate::tools::{ToolContext, ToolRegistry};
+
+/// Any tool of the registry.
+pub(super) struct Tool;
+
+impl CallKind for Tool {
+    fn claims(&self, _: &Engine, _: &RunEnv<'_>, _: &str) -> bool {
+        true
+    }
+
+    fn start<'f>(
+        &self,
+        engine: &'f Engine,
+        ctx: &Ctx<'f>,
+        _item: &str,
+        call: ToolCallRecord,
+        args: Value,
+        _parkable: &Arc<Watching>,
+    ) -> CallFuture<'f> {
+        let tctx = ToolContext {
+            tenant: ctx.env.tenant.clone(),
+            thread_id: ctx.env.thread_id.to_string(),
+            idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
+        };
+        Box::pin(async move {
+            let result = invoke_tool(&engine.tools, &call, args, &tctx).await;
+            Outcome::Done(result, Usage::default())
+        })
+    }
+}
+
+/// Run one registry tool and turn its outcome into the call's result.
+pub(in crate::agent) async fn invoke_tool(
+    tools: &ToolRegistry,
+    call: &ToolCallRecord,
+    args: Value,
+    tctx: &ToolContext,
+) -> ToolResultRecord {
+    let outcome = tools.invoke(&call.name, args, tctx).await;
+    ToolResultRecord {
+        tool_call_id: call.id.clone(),
+        name: call.name.clone(),
+        status: if outcome.error.is_none() {
+            ToolResultStatus::Success
+        } else {
+            ToolResultStatus::Error
+        },
+        error: outcome.error.map(|e| {
+            let mut text = e.to_string();
+            crate::model::scrub_nul_str(&mut text);
+            text
+        }),
+        output: outcome.output,
+    }
+}

@@ -9,7 +9,8 @@
 //! This file owns the engine's public types and [`Engine::drive`], which runs the phases in order.
 //! Each concept lives in its own file:
 //!
-//! - `journal.rs`: the [`Journal`] trait and the run context that stages and commits changes.
+//! - `journal.rs`: the [`Journal`] trait and the run context: what a run reads (`RunEnv`) and what
+//!   its loop owns (`Ctx`: items, usage, the staged batch), which stages and commits changes.
 //! - `changes.rs`: the change set a journal commits (`Batch`, `Op`, `RunUpdate`) and the snapshot
 //!   a run starts from; the store applies these types, the engine never sees the store.
 //! - `planner.rs`: the run's plan, its refinement, its repair, and the `update_plan` tool.
@@ -19,13 +20,15 @@
 //! - `executor.rs`: one item's next step in its ReAct loop, and taking the model's reply.
 //! - `compaction.rs`: the compacted output other items read of a result.
 //! - `context.rs`: what an item's brief and the synthesis read of the other items (`contextMode`).
-//! - `tool_calls.rs`: deciding, running and journaling one tool call.
+//! - `tool_calls.rs`: deciding whether a tool call runs, and journaling its result.
+//! - `calls/`: durable calls, one `CallKind` per file — a plain tool (`tool.rs`), a flowchart
+//!   (`flowchart.rs`: steps committed and replayed on resume), a delegation (`delegation/`: sent
+//!   once, recorded, watched until it settles; a run parked on remote agents,
+//!   [`RunEnd::WaitingRemote`]; the `DelegationLedger` every reader derives its state from). The
+//!   scheduler starts and takes in every kind the same way.
 //! - `hitl.rs`: suspending an item on a call that needs a person, and applying their decision.
 //! - `synthesizer.rs`: cancelling what can no longer run, and the final answer.
 //! - `endings.rs`: committing a run that failed or was cancelled.
-//! - `flowcharts.rs`: a flowchart call, its steps committed and replayed on resume.
-//! - `delegation/`: a `delegate_to_agent` call (sent once, recorded, watched until it settles),
-//!   and a run parked on remote agents ([`RunEnd::WaitingRemote`]).
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts, their labels, and schemas).
 
 mod calls;
@@ -63,6 +66,7 @@ use crate::telemetry::spans;
 use crate::tools::ToolRegistry;
 use changes::{AgentSnapshot, Batch, Op, RunUpdate};
 
+pub use calls::delegation::ledger::DelegationLedger;
 pub use journal::{Journal, TokenOut};
 pub use tool_calls::FLUSH_SLOW_TOOL_AFTER;
 

@@ -278,31 +278,22 @@ async fn pending_remote_tasks(
     }
     let mut seen = read(vec![T::ToolExecution]).await?;
     seen.extend(updates);
-    let answered: std::collections::HashSet<&str> = seen
-        .iter()
-        .filter(|o| o.kind == T::ToolExecution)
-        .filter_map(|o| o.content["toolCallId"].as_str())
-        .collect();
-    // By item, in the order first seen: (submittedAt, taskIds).
+    // The ledger wants the log in commit order.
+    seen.sort_by_key(|o| o.seq);
+    let ledger = crate::agent::DelegationLedger::read(&seen);
+    // By item, in the order first sent: (submittedAt, taskIds).
     let mut by_item: Vec<(String, Value, Vec<String>)> = Vec::new();
-    for o in seen.iter().filter(|o| o.kind == T::A2aTaskUpdate) {
-        let (Some(call), Some(task), Some(item)) = (
-            o.content["toolCallId"].as_str(),
-            o.content["taskId"].as_str(),
-            o.content["itemId"].as_str(),
-        ) else {
+    for r in ledger.unanswered() {
+        let (Some(item), Some(task)) = (&r.item_id, &r.task_id) else {
             continue;
         };
-        if answered.contains(call) {
-            continue;
-        }
         match by_item.iter_mut().find(|(i, _, _)| i == item) {
-            Some((_, _, tasks)) if !tasks.iter().any(|t| t == task) => tasks.push(task.to_owned()),
+            Some((_, _, tasks)) if !tasks.contains(task) => tasks.push(task.clone()),
             Some(_) => {}
             None => by_item.push((
-                item.to_owned(),
-                serde_json::json!(o.created_at),
-                vec![task.to_owned()],
+                item.clone(),
+                serde_json::json!(r.submitted_at),
+                vec![task.clone()],
             )),
         }
     }

@@ -8,7 +8,7 @@
 //! same way ([`kind_of`] then [`CallKind::start`]) and takes in its [`Outcome`] the same way. A new
 //! kind (a memory write, a budget pause…) is a new file here and one line in [`KINDS`].
 
-pub(super) mod delegation;
+pub(in crate::agent) mod delegation;
 mod flowchart;
 mod tool;
 

@@ -11,6 +11,7 @@
 //! worker slot back ([`crate::agent::RunEnd::WaitingRemote`]): [`Engine::watch_remote`] follows the
 //! recorded tasks with the same code, until one settles.
 
+pub mod ledger;
 mod parked;
 mod watch;
 
@@ -30,6 +31,7 @@ use crate::model::{
     ToolCallRecord, ToolResultRecord, ToolResultStatus,
 };
 
+use ledger::{DelegationLedger, DelegationRecord};
 pub(in crate::agent) use parked::{Watching, cancel_pending};
 use watch::{Settled, read_settled, settled_json, watch};
 
@@ -136,50 +138,19 @@ pub(super) async fn delegate(d: &Delegation<'_>, call: &ToolCallRecord, args: &V
     })
 }
 
-/// The call's own record: its `TOOL_CALL` observation, its recorded remote task, and the
-/// person's answers already forwarded (by suspension id).
-struct Recorded {
-    parent: Option<String>,
-    task_id: Option<String>,
-    forwarded: Vec<String>,
-    /// How the task settled, when that came after the last answer forwarded to it.
-    settled: Option<Value>,
-}
-
-async fn recorded(d: &Delegation<'_>, call: &ToolCallRecord) -> Result<Recorded, String> {
+/// The call's own record in the run's log (its `TOOL_CALL`, its recorded task, the answers
+/// already forwarded, how it settled), from the run's [`DelegationLedger`].
+async fn recorded(d: &Delegation<'_>, call: &ToolCallRecord) -> Result<DelegationRecord, String> {
     let seen = d
         .journal
         .run_observations(&[ObservationType::ToolCall, ObservationType::A2aTaskUpdate])
         .await
         .map_err(|e| format!("its records could not be read: {e}"))?;
-    let mine = |o: &&crate::model::Observation| o.content["toolCallId"] == call.id.as_str();
-    let mut settled = None;
-    for o in seen.iter().filter(mine) {
-        if o.content["forwarded"].is_string() {
-            settled = None;
-        }
-        if o.content["settled"].is_object() {
-            settled = Some(o.content["settled"].clone());
-        }
-    }
-    Ok(Recorded {
-        settled,
-        parent: seen
-            .iter()
-            .filter(mine)
-            .rfind(|o| o.kind == ObservationType::ToolCall)
-            .map(|o| o.id.to_string()),
-        task_id: seen
-            .iter()
-            .filter(mine)
-            .filter(|o| o.kind == ObservationType::A2aTaskUpdate)
-            .find_map(|o| o.content["taskId"].as_str().map(str::to_owned)),
-        forwarded: seen
-            .iter()
-            .filter(mine)
-            .filter_map(|o| o.content["forwarded"].as_str().map(str::to_owned))
-            .collect(),
-    })
+    let ledger = DelegationLedger::read(&seen);
+    Ok(ledger
+        .call(&call.id)
+        .cloned()
+        .unwrap_or_else(|| DelegationRecord::new(&call.id)))
 }
 
 async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<Settled, String> {

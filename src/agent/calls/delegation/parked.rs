@@ -10,6 +10,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde_json::{Value, json};
 
+use super::ledger::{DelegationLedger, DelegationRecord};
 use super::{Delegation, run};
 use crate::a2a::client::agents::RemoteAgents;
 use crate::agent::Engine;
@@ -56,67 +57,21 @@ impl Watching {
     }
 }
 
-/// A delegation of the run with no tool result yet, as its updates record it.
-struct Unanswered {
-    call_id: String,
-    item_id: String,
-    agent: String,
-    task_id: String,
-    /// Its `TOOL_CALL` observation.
-    parent: Option<String>,
-    /// Settled after the last answer forwarded (the run reads the outcome when it goes on).
-    settled: bool,
-}
-
 /// The run's delegations whose remote task is recorded and that have no tool result yet, in the
 /// order they were sent.
-async fn unanswered(journal: &dyn Journal) -> Result<Vec<Unanswered>, crate::agent::EngineError> {
+async fn unanswered(
+    journal: &dyn Journal,
+) -> Result<Vec<DelegationRecord>, crate::agent::EngineError> {
     let seen = journal
         .run_observations(&[
             ObservationType::A2aTaskUpdate,
             ObservationType::ToolExecution,
         ])
         .await?;
-    let answered: HashSet<&str> = seen
-        .iter()
-        .filter(|o| o.kind == ObservationType::ToolExecution)
-        .filter_map(|o| o.content["toolCallId"].as_str())
-        .collect();
-    let mut out: Vec<Unanswered> = Vec::new();
-    for o in seen
-        .iter()
-        .filter(|o| o.kind == ObservationType::A2aTaskUpdate)
-    {
-        let c = &o.content;
-        let call = c["toolCallId"].as_str().unwrap_or("");
-        if answered.contains(call) {
-            continue;
-        }
-        let known = out.iter().position(|u| u.call_id == call);
-        let u = match (known, c["taskId"].as_str()) {
-            (Some(k), _) => &mut out[k],
-            // The first update of a call names its task, agent, item and parent.
-            (None, Some(task)) => {
-                out.push(Unanswered {
-                    call_id: call.to_owned(),
-                    item_id: c["itemId"].as_str().unwrap_or("").to_owned(),
-                    agent: c["agent"].as_str().unwrap_or("").to_owned(),
-                    task_id: task.to_owned(),
-                    parent: o.parent_id.clone(),
-                    settled: false,
-                });
-                out.last_mut().expect("just pushed")
-            }
-            (None, None) => continue,
-        };
-        if c["forwarded"].is_string() {
-            u.settled = false;
-        }
-        if c["settled"].is_object() {
-            u.settled = true;
-        }
-    }
-    Ok(out)
+    Ok(DelegationLedger::read(&seen)
+        .unanswered()
+        .cloned()
+        .collect())
 }
 
 impl Engine {
@@ -137,22 +92,22 @@ impl Engine {
         let Some(agents) = self.remote_agents.clone() else {
             return Ok(());
         };
-        let calls: Vec<Unanswered> = unanswered(journal)
+        let calls: Vec<DelegationRecord> = unanswered(journal)
             .await?
             .into_iter()
-            .filter(|u| !u.settled)
+            .filter(|u| u.settled.is_none())
             .collect();
         let delegations: Vec<(Delegation<'_>, ToolCallRecord, Value)> = calls
             .into_iter()
             .map(|u| {
-                let args = json!({"agent": u.agent});
+                let args = json!({"agent": u.agent.unwrap_or_default()});
                 let call = ToolCallRecord {
                     id: u.call_id,
                     name: crate::a2a::client::agents::DELEGATE_TOOL.to_owned(),
                     arguments: args.clone(),
                 };
                 let d = Delegation {
-                    item_id: u.item_id,
+                    item_id: u.item_id.unwrap_or_default(),
                     decisions: vec![],
                     journal,
                     agents: agents.clone(),
@@ -189,10 +144,11 @@ pub(in crate::agent) async fn cancel_pending(
     };
     let mut out = Vec::new();
     for u in pending {
-        let Some(client) = agents.get(&u.agent).and_then(|a| a.client().ok()) else {
+        let (agent, task_id) = (u.agent.unwrap_or_default(), u.task_id.unwrap_or_default());
+        let Some(client) = agents.get(&agent).and_then(|a| a.client().ok()) else {
             continue;
         };
-        let (state, message) = match client.cancel_task(&u.task_id, Duration::from_secs(5)).await {
+        let (state, message) = match client.cancel_task(&task_id, Duration::from_secs(5)).await {
             Ok(t) => (json!(t.state), Value::Null),
             Err(e) => (
                 Value::Null,
@@ -203,8 +159,8 @@ pub(in crate::agent) async fn cancel_pending(
             run_id,
             u.parent,
             ObservationType::A2aTaskUpdate,
-            format!("{}: cancel requested", u.agent),
-            json!({"toolCallId": u.call_id, "agent": u.agent, "taskId": u.task_id,
+            format!("{agent}: cancel requested"),
+            json!({"toolCallId": u.call_id, "agent": agent, "taskId": task_id,
                    "state": state, "message": message, "cancelRequested": true}),
         ));
     }

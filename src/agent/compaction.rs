@@ -4,12 +4,12 @@
 //! depend on it become ready only once its compacted output exists, so a crash between the
 //! result and its compaction resumes with the compaction.
 
+use crate::model::payloads::CompactionContent;
 use chrono::Utc;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, JsonSchemaFormat, Phase};
-use crate::model::ObservationType;
 
 use super::Engine;
 use super::executor::Next;
@@ -96,12 +96,15 @@ impl Engine {
         it.updated_at = Utc::now();
         let mut b = ctx.batch();
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             Some(item_id),
-            ObservationType::Compaction,
             format!("{item_id}: {input_chars} → {output_chars} characters"),
-            json!({"itemId": item_id, "summary": summary,
-                   "inputChars": input_chars, "outputChars": output_chars}),
+            &CompactionContent {
+                item_id: ctx.items[idx].id.clone(),
+                summary: summary.clone(),
+                input_chars: input_chars as u64,
+                output_chars: output_chars as u64,
+            },
         ));
         b.op(Op::UpdateRun(RunUpdate {
             usage: Some(ctx.usage),

@@ -1,12 +1,14 @@
 //! The end of a run that did not complete: `RUN_FAILED` (with the item it failed in) and
 //! `RUN_CANCELLED` (the items in progress go back to pending, their journals kept).
 
+use crate::model::payloads::{
+    CancelReason, ErrorContent, ErrorPhase, RunCancelledContent, RunFailedContent,
+};
 use chrono::Utc;
-use serde_json::json;
 use tracing::warn;
 
 use super::changes::{Op, RunUpdate};
-use crate::model::{ErrorInfo, ItemStatus, ObservationType, RunPhase, RunStatus};
+use crate::model::{ErrorInfo, ItemStatus, RunPhase, RunStatus};
 
 use super::Engine;
 use super::journal::{Ctx, Halt};
@@ -20,9 +22,9 @@ impl Engine {
     ) -> Result<(), Halt> {
         warn!(run_id = %ctx.run.run_id, code = %err.code, message = %err.message, "run failed");
         let phase = match ctx.run.phase {
-            RunPhase::Planning | RunPhase::New => "plan",
-            RunPhase::Synthesizing => "synthesize",
-            RunPhase::Executing | RunPhase::Done => "execute",
+            RunPhase::Planning | RunPhase::New => ErrorPhase::Plan,
+            RunPhase::Synthesizing => ErrorPhase::Synthesize,
+            RunPhase::Executing | RunPhase::Done => ErrorPhase::Execute,
         };
         let mut b = ctx.batch();
         if let Some(item_id) = &item
@@ -38,17 +40,23 @@ impl Engine {
         }
         ctx.state.current_step_id = None;
         b.op(Op::SetAgentState(ctx.state.clone()));
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             item.as_deref(),
-            ObservationType::Error,
             err.code.clone(),
-            json!({"phase": phase, "code": err.code, "message": err.message}),
+            &ErrorContent {
+                phase,
+                code: err.code.clone(),
+                message: err.message.clone(),
+                item_id: None,
+            },
         ));
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             None,
-            ObservationType::RunFailed,
             "Run failed",
-            json!({"error": err, "usage": ctx.usage}),
+            &RunFailedContent {
+                error: err.clone(),
+                usage: ctx.usage,
+            },
         ));
         b.op(Op::UpdateRun(RunUpdate {
             status: Some(RunStatus::Failed),
@@ -83,11 +91,14 @@ impl Engine {
         }
         ctx.state.current_step_id = None;
         b.op(Op::SetAgentState(ctx.state.clone()));
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             None,
-            ObservationType::RunCancelled,
             "Run cancelled",
-            json!({"reason": "cancelled", "usage": ctx.usage}),
+            &RunCancelledContent {
+                reason: CancelReason::Cancelled,
+                by_run_id: None,
+                usage: Some(ctx.usage),
+            },
         ));
         b.op(Op::UpdateRun(RunUpdate {
             status: Some(RunStatus::Cancelled),

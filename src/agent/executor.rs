@@ -2,14 +2,14 @@
 //! it answers), TAEF's required-tool check, and the brief the item gets (the query, the plan and
 //! the results of earlier items).
 
+use crate::model::payloads::{RequiredToolRetry, ThoughtsContent, ToolCallContent};
 use chrono::Utc;
-use serde_json::json;
 
 use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, Phase, ToolCall, ToolSpec};
 use crate::model::{
-    ConversationMessage, ErrorInfo, ItemStatus, Message, MessageRole, ObservationType, StepType,
-    TodoItem, ToolCallRecord, ToolValidationMode, ValidationStatus, new_id,
+    ConversationMessage, ErrorInfo, ItemStatus, Message, MessageRole, StepType, TodoItem,
+    ToolCallRecord, ToolValidationMode, ValidationStatus, new_id,
 };
 
 use super::Engine;
@@ -204,19 +204,21 @@ impl Engine {
             created_at: Utc::now(),
         }));
         if let Some(t) = &text {
-            b.observe(ctx.obs(
+            b.observe(ctx.emit(
                 Some(&item_id),
-                ObservationType::Thoughts,
                 truncate(t, 120),
-                json!({"itemId": item_id, "text": t, "iteration": iteration}),
+                &ThoughtsContent::turn(ctx.items[idx].id.clone(), t, iteration),
             ));
         }
         for c in &calls {
-            b.observe(ctx.obs(
+            b.observe(ctx.emit(
                 Some(&item_id),
-                ObservationType::ToolCall,
                 c.name.clone(),
-                json!({"toolCallId": c.id, "name": c.name, "arguments": c.arguments}),
+                &ToolCallContent {
+                    tool_call_id: c.id.clone(),
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                },
             ));
         }
         b.op(Op::UpdateRun(RunUpdate {
@@ -269,12 +271,16 @@ impl Engine {
             it.thoughts.push(answer.clone());
             let mut b = ctx.batch();
             b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
-            b.observe(ctx.obs(
+            b.observe(ctx.emit(
                 Some(&item_id),
-                ObservationType::Thoughts,
                 "Required tool skipped: retrying",
-                json!({"itemId": item_id, "text": answer, "iteration": iteration,
-                       "validation": {"missingTools": missing, "retry": ctx.items[idx].attempts - 1}}),
+                &ThoughtsContent {
+                    validation: Some(RequiredToolRetry {
+                        missing_tools: missing,
+                        retry: ctx.items[idx].attempts - 1,
+                    }),
+                    ..ThoughtsContent::turn(ctx.items[idx].id.clone(), &answer, iteration)
+                },
             ));
             b.op(Op::UpdateRun(RunUpdate {
                 usage: Some(ctx.usage),
@@ -318,12 +324,14 @@ impl Engine {
         let mut b = ctx.batch();
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
         b.op(Op::SetAgentState(ctx.state.clone()));
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             Some(&item_id),
-            ObservationType::Thoughts,
             truncate(&answer, 120),
-            json!({"itemId": item_id, "text": answer, "iteration": iteration, "final": true,
-                   "validationStatus": ctx.items[idx].validation_status}),
+            &ThoughtsContent {
+                is_final: Some(true),
+                validation_status: Some(ctx.items[idx].validation_status),
+                ..ThoughtsContent::turn(ctx.items[idx].id.clone(), &answer, iteration)
+            },
         ));
         b.observe(ctx.status_change(&ctx.items[idx], previous));
         b.op(Op::UpdateRun(RunUpdate {

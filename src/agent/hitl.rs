@@ -1,12 +1,13 @@
 //! Human in the loop: suspending the run on a call that needs a person (approval or input), and
 //! turning a person's decision (or an expiry or cancellation) into the call's result.
 
+use crate::model::payloads::AgentSuspendedContent;
 use chrono::Utc;
 use serde_json::{Value, json};
 
 use super::changes::{Op, RunUpdate};
 use crate::model::{
-    Decision, ItemStatus, MessageRole, ObservationType, ResumeDecision, Suspension, SuspensionKind,
+    Decision, ItemStatus, MessageRole, ResumeDecision, Suspension, SuspensionKind,
     SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
 };
 
@@ -158,20 +159,19 @@ impl Engine {
         if previous != ItemStatus::Waiting {
             b.observe(ctx.status_change(&ctx.items[idx], previous));
         }
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             Some(item_id),
-            ObservationType::AgentSuspended,
             format!("Waiting for a person: {}", call.name),
-            json!({
-                "suspensionId": suspension.suspension_id,
-                "itemId": item_id,
-                "kind": kind,
-                "toolCall": call,
-                "allowedDecisions": suspension.allowed_decisions,
-                "question": suspension.question,
-                "inputSchema": suspension.input_schema,
-                "expiresAt": suspension.expires_at,
-            }),
+            &AgentSuspendedContent {
+                suspension_id: suspension.suspension_id,
+                item_id: ctx.items[idx].id.clone(),
+                kind,
+                tool_call: call.clone(),
+                allowed_decisions: suspension.allowed_decisions.clone(),
+                question: suspension.question.clone(),
+                input_schema: suspension.input_schema.clone(),
+                expires_at: suspension.expires_at,
+            },
         ));
         ctx.stage(b);
         ctx.suspensions.push(suspension);

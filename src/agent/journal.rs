@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::changes::Batch;
 use crate::llm::{LlmError, LlmProvider, Phase, TokenSink, Tokens};
+use crate::model::payloads::ItemStatusChangeContent;
 use crate::model::{
     AgentConfig, AgentStateRow, ErrorInfo, ItemStatus, Message, NewObservation, ObservationType,
     Run, Suspension, ThreadId, TodoItem, Usage,
@@ -211,6 +212,16 @@ impl Ctx<'_> {
         )
     }
 
+    /// An observation of `payload`'s type from this run (serialized once, here).
+    pub(super) fn emit<P: crate::model::payloads::Payload>(
+        &self,
+        parent: Option<&str>,
+        title: impl Into<String>,
+        payload: &P,
+    ) -> NewObservation {
+        NewObservation::of(self.run.run_id, parent.map(str::to_owned), title, payload)
+    }
+
     /// Stage changes; they are committed with the next [`Ctx::flush`].
     pub(super) fn stage(&mut self, batch: Batch) {
         self.pending.absorb(batch);
@@ -293,11 +304,14 @@ impl Ctx<'_> {
     }
 
     pub(super) fn status_change(&self, item: &TodoItem, previous: ItemStatus) -> NewObservation {
-        self.obs(
+        self.emit(
             Some(item.id.as_str()),
-            ObservationType::ItemStatusChange,
             format!("{}: {} → {}", item.id, previous, item.status),
-            json!({"itemId": item.id, "status": item.status, "previousStatus": previous}),
+            &ItemStatusChangeContent {
+                item_id: item.id.clone(),
+                status: item.status,
+                previous_status: previous,
+            },
         )
     }
 

@@ -54,14 +54,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::Utc;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::llm::LlmProvider;
-use crate::model::{
-    Message, MessageRole, ObservationType, Run, RunPhase, Suspension, Thread, new_id,
-};
+use crate::model::{Message, MessageRole, Run, RunPhase, Suspension, Thread, new_id};
 use crate::telemetry::spans;
 use crate::tools::ToolRegistry;
 use changes::{AgentSnapshot, Batch, Op, RunUpdate};
@@ -367,19 +364,22 @@ impl Engine {
     /// `RUN_STARTED` and the user's message.
     async fn start(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
         let mut b = ctx.batch();
-        let mut content = json!({
-            "query": ctx.run.query,
-            "provider": ctx.env.llm.name(),
-            "model": ctx.model_in_use(),
-            "attempt": ctx.run.attempt,
+        let warning = ctx.env.llm.is_offline().then(|| {
+            "offline model: answers are made by a deterministic stand-in, not a real LLM. \
+             Set PES_LLM_BASE_URL / PES_LLM_API_KEY to use a real model."
+                .to_owned()
         });
-        if ctx.env.llm.is_offline() {
-            content["warning"] = json!(
-                "offline model: answers are made by a deterministic stand-in, not a real LLM. \
-                 Set PES_LLM_BASE_URL / PES_LLM_API_KEY to use a real model."
-            );
-        }
-        b.observe(ctx.obs(None, ObservationType::RunStarted, "Run started", content));
+        b.observe(ctx.emit(
+            None,
+            "Run started",
+            &crate::model::payloads::RunStartedContent {
+                query: ctx.run.query.clone(),
+                provider: ctx.env.llm.name().to_owned(),
+                model: ctx.model_in_use(),
+                attempt: ctx.run.attempt,
+                warning,
+            },
+        ));
         b.op(Op::AppendMessage(Message {
             id: new_id(),
             thread_id: ctx.env.thread_id.clone(),

@@ -299,45 +299,7 @@ fn find_cycle(items: &[ValidItem]) -> Option<Vec<String>> {
     None
 }
 
-/// One todo item as `PLAN` and `PLAN_UPDATE` observations list it: enough to draw the list and
-/// its graph, none of the item's work (results, tool calls, thoughts, conversation), so the size
-/// of an observation does not grow with what the thread has done. The whole item is in the
-/// thread's state.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TodoSummary {
-    pub id: ItemId,
-    pub description: String,
-    pub status: ItemStatus,
-    pub dependencies: Vec<ItemId>,
-    pub step_type: StepType,
-    pub required_tools: Vec<String>,
-    pub kind: ItemKind,
-    /// The team the item belongs to (null at the top level).
-    pub parent_item_id: Option<ItemId>,
-    pub role: Option<String>,
-}
-
-impl From<&TodoItem> for TodoSummary {
-    fn from(it: &TodoItem) -> Self {
-        Self {
-            id: it.id.clone(),
-            description: it.description.clone(),
-            status: it.status,
-            dependencies: it.dependencies.clone(),
-            step_type: it.step_type,
-            required_tools: it.required_tools.clone(),
-            kind: it.kind,
-            parent_item_id: it.parent_item_id.clone(),
-            role: it.role.clone(),
-        }
-    }
-}
-
-/// The todo list as observations carry it (see [`TodoSummary`]).
-pub fn summary(items: &[TodoItem]) -> Vec<TodoSummary> {
-    items.iter().map(TodoSummary::from).collect()
-}
+pub use crate::model::payloads::{TodoSummary, summary};
 
 /// What merging a new list into the todo list changed.
 #[derive(Debug, Clone, Default)]

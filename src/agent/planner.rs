@@ -7,6 +7,7 @@
 //! summary of what earlier runs did and the items no run started, never the thread's whole
 //! history; and `maxItems` bounds what this run plans, not what the thread holds.
 
+use crate::model::payloads::{IntentContent, PlanContent, TitleContent};
 use serde_json::{Value, json};
 use tracing::debug;
 
@@ -210,27 +211,32 @@ impl Engine {
                 b.op(Op::UpsertItem(Box::new(it.clone())));
             }
         }
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             None,
-            ObservationType::Intent,
             truncate(&reply.intent, 120),
-            json!({"intent": reply.intent}),
+            &IntentContent {
+                intent: reply.intent.clone(),
+            },
         ));
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             None,
-            ObservationType::Title,
             truncate(&reply.title, 120),
-            json!({"title": reply.title}),
+            &TitleContent {
+                title: reply.title.clone(),
+            },
         ));
         if let Some(mut c) = update {
             c["plan"] = json!(reply.plan);
             b.observe(ctx.obs(None, ObservationType::PlanUpdate, "Plan refined", c));
         } else {
-            b.observe(ctx.obs(
+            b.observe(ctx.emit(
                 None,
-                ObservationType::Plan,
                 "Plan",
-                json!({"plan": reply.plan, "todoList": plan::summary(&ctx.items)}),
+                &PlanContent {
+                    plan: reply.plan.clone(),
+                    todo_list: plan::summary(&ctx.items),
+                    team_id: None,
+                },
             ));
         }
         b.op(Op::UpdateRun(RunUpdate {

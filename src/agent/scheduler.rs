@@ -9,6 +9,7 @@
 //! one place, in one order, and commits exactly as in a one-item run: before every model call and
 //! every tool with side effects, and right after every tool result.
 
+use crate::model::payloads::{ErrorContent, ErrorPhase, RunSuspendedContent};
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,14 +18,12 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tracing::{Instrument, Span};
 
 use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatResponse, LlmError};
-use crate::model::{
-    ErrorInfo, ItemStatus, ObservationType, RunStatus, SuspensionStatus, ToolResultStatus,
-};
+use crate::model::{ErrorInfo, ItemStatus, RunStatus, SuspensionStatus, ToolResultStatus};
 use crate::telemetry::spans;
 
 use super::calls::{Outcome, Watching, kind_of};
@@ -242,11 +241,13 @@ impl Engine {
             let mut b = ctx.batch();
             ctx.state.current_step_id = None;
             b.op(Op::SetAgentState(ctx.state.clone()));
-            b.observe(ctx.obs(
+            b.observe(ctx.emit(
                 None,
-                ObservationType::RunSuspended,
                 format!("Waiting for {} decision(s)", waiting.len()),
-                json!({"suspensionIds": waiting, "usage": ctx.usage}),
+                &RunSuspendedContent {
+                    suspension_ids: waiting.clone(),
+                    usage: ctx.usage,
+                },
             ));
             b.op(Op::UpdateRun(RunUpdate {
                 status: Some(RunStatus::Suspended),
@@ -479,11 +480,15 @@ impl Engine {
         self.item_left(ctx);
         let mut b = ctx.batch();
         b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             Some(item_id),
-            ObservationType::Error,
             err.code.clone(),
-            json!({"phase": "execute", "code": err.code, "message": err.message, "itemId": item_id}),
+            &ErrorContent {
+                phase: ErrorPhase::Execute,
+                code: err.code.clone(),
+                message: err.message.clone(),
+                item_id: Some(ctx.items[idx].id.clone()),
+            },
         ));
         b.observe(ctx.status_change(&ctx.items[idx], previous));
         b.op(Op::UpdateRun(RunUpdate {

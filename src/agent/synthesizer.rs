@@ -3,6 +3,7 @@
 //! run's query: the brief holds the results of this run's items, and of earlier runs' items only a
 //! bounded summary, as context.
 
+use crate::model::payloads::{RunCompletedContent, SynthesisContent};
 use chrono::Utc;
 use serde_json::{Value, json};
 
@@ -25,17 +26,16 @@ impl Engine {
             ctx.items
                 .iter()
                 .filter(|i| i.status == s && super::context::this_runs(ctx, i))
-                .count()
+                .count() as u32
         };
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             None,
-            ObservationType::Synthesis,
             "Synthesizing the answer",
-            json!({
-                "completed": count(ItemStatus::Completed),
-                "failed": count(ItemStatus::Failed),
-                "cancelled": count(ItemStatus::Cancelled),
-            }),
+            &SynthesisContent {
+                completed: count(ItemStatus::Completed),
+                failed: count(ItemStatus::Failed),
+                cancelled: count(ItemStatus::Cancelled),
+            },
         ));
         b.op(Op::UpdateRun(RunUpdate {
             phase: Some(RunPhase::Synthesizing),
@@ -104,11 +104,13 @@ impl Engine {
             .started_at
             .map(|s| (Utc::now() - s).num_milliseconds().max(0))
             .unwrap_or_else(|| ctx.env.started.elapsed().as_millis() as i64);
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             None,
-            ObservationType::RunCompleted,
             "Run completed",
-            json!({"usage": ctx.usage, "durationMs": duration_ms}),
+            &RunCompletedContent {
+                usage: ctx.usage,
+                duration_ms,
+            },
         ));
         b.op(Op::UpdateRun(RunUpdate {
             status: Some(RunStatus::Completed),

@@ -9,14 +9,14 @@
 //! then the repair request when the plan was invalid), so a crash mid-planning resumes with the
 //! same repair budget, and the scheduler's I/O stays a plain structured request.
 
+use crate::model::payloads::PlanContent;
 use chrono::Utc;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, ChatResponse, JsonSchemaFormat, Phase};
 use crate::model::{
-    ConversationMessage, ErrorInfo, ItemId, ItemStatus, MessageRole, ObservationType, TodoItem,
-    ToolValidationMode,
+    ConversationMessage, ErrorInfo, ItemId, ItemStatus, MessageRole, TodoItem, ToolValidationMode,
 };
 
 use super::Engine;
@@ -293,11 +293,14 @@ impl Engine {
         for c in &children {
             b.op(Op::UpsertItem(Box::new(c.clone())));
         }
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             Some(team_id),
-            ObservationType::Plan,
             format!("Plan of team {team_id}"),
-            json!({"teamId": team_id, "plan": reply.plan, "todoList": plan::summary(&children)}),
+            &PlanContent {
+                plan: reply.plan.clone(),
+                todo_list: plan::summary(&children),
+                team_id: Some(ctx.items[idx].id.clone()),
+            },
         ));
         b.op(Op::UpdateRun(RunUpdate {
             usage: Some(ctx.usage),

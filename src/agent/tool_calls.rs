@@ -2,14 +2,15 @@
 //! with side effects only once its call is committed); and journal its result, the tool message
 //! the model reads next, and the `TOOL_EXECUTION` observation in one commit.
 
+use crate::model::payloads::ToolExecutionContent;
 use chrono::Utc;
 use serde_json::{Value, json};
 
 use super::changes::Op;
 use crate::model::{
-    ConversationMessage, ItemStatus, Message, MessageRole, NewObservation, ObservationType,
-    StepType, SuspensionKind, SuspensionStatus, TodoItem, ToolCallRecord, ToolResultRecord,
-    ToolResultStatus, new_id,
+    ConversationMessage, ItemStatus, Message, MessageRole, NewObservation, StepType,
+    SuspensionKind, SuspensionStatus, TodoItem, ToolCallRecord, ToolResultRecord, ToolResultStatus,
+    new_id,
 };
 
 use super::Engine;
@@ -157,17 +158,16 @@ impl Engine {
         if was_waiting {
             b.observe(ctx.status_change(&ctx.items[idx], ItemStatus::Waiting));
         }
-        b.observe(ctx.obs(
+        b.observe(ctx.emit(
             Some(item_id),
-            ObservationType::ToolExecution,
             call.name.clone(),
-            json!({
-                "toolCallId": result.tool_call_id,
-                "name": result.name,
-                "status": result.status,
-                "output": result.output,
-                "error": result.error,
-            }),
+            &ToolExecutionContent {
+                tool_call_id: result.tool_call_id.clone(),
+                name: result.name.clone(),
+                status: result.status,
+                output: result.output.clone(),
+                error: result.error.clone(),
+            },
         ));
         for o in extra {
             b.observe(o);

@@ -52,6 +52,7 @@ pub mod agent_config;
 pub mod ids;
 pub mod items;
 pub mod observations;
+pub mod payloads;
 pub mod runs;
 pub mod suspensions;
 

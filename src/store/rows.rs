@@ -6,12 +6,13 @@
 //! Also here: the fixed-width SQLite timestamp format, JSON encoding helpers and the observations
 //! the store itself writes (`RUN_CANCELLED`, `AGENT_RESUMED`).
 
+use crate::model::payloads::{AgentResumedContent, CancelReason, RunCancelledContent};
 use std::str::FromStr;
 
 use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::Row as _;
 use sqlx::{Postgres, Sqlite};
 use uuid::Uuid;
@@ -19,8 +20,8 @@ use uuid::Uuid;
 use super::sql::Row;
 use super::{StoreError, StoreResult};
 use crate::model::{
-    AgentStateRow, ItemId, Message, NewObservation, Observation, ObservationType, ResumeDecision,
-    Run, RunStatus, Suspension, SuspensionStatus, Thread, ThreadId, TodoItem,
+    AgentStateRow, ItemId, Message, NewObservation, Observation, ResumeDecision, Run, RunStatus,
+    Suspension, SuspensionStatus, Thread, ThreadId, TodoItem,
 };
 
 /// SQLite timestamp format: fixed width, UTC, microseconds, so text order is time order.
@@ -321,17 +322,16 @@ pub(crate) fn clears_lease(status: RunStatus) -> bool {
 /// The `RUN_CANCELLED` observation the store writes when it cancels a queued or suspended run
 /// itself (a running run is cancelled by its worker, which writes its own).
 pub(crate) fn run_cancelled(run_id: Uuid, interrupted_by: Option<Uuid>) -> NewObservation {
-    let content = match interrupted_by {
-        Some(by) => json!({ "reason": "interrupted", "byRunId": by }),
-        None => json!({ "reason": "cancelled" }),
+    let reason = match interrupted_by {
+        Some(_) => CancelReason::Interrupted,
+        None => CancelReason::Cancelled,
     };
-    NewObservation::new(
-        run_id,
-        None,
-        ObservationType::RunCancelled,
-        "Run cancelled",
-        content,
-    )
+    let content = RunCancelledContent {
+        reason,
+        by_run_id: interrupted_by,
+        usage: None,
+    };
+    NewObservation::of(run_id, None, "Run cancelled", &content)
 }
 
 /// The `AGENT_RESUMED` observation committed with a suspension's resolution: item-level (its
@@ -349,17 +349,17 @@ pub(crate) fn agent_resumed(
     } else {
         format!("Resumed: {chosen}")
     };
-    NewObservation::new(
+    let content = AgentResumedContent {
+        suspension_id: s.suspension_id,
+        decision: chosen,
+        reason: reason.map(str::to_owned),
+        expired,
+    };
+    NewObservation::of(
         s.run_id,
         Some(s.item_id.as_str().to_owned()),
-        ObservationType::AgentResumed,
         title,
-        json!({
-            "suspensionId": s.suspension_id,
-            "decision": chosen,
-            "reason": reason,
-            "expired": expired,
-        }),
+        &content,
     )
 }
 

@@ -18,8 +18,9 @@ use tracing::{info, warn};
 
 use crate::agent::{Engine, EngineSettings};
 use crate::commands::RunCommands;
+use crate::commands::replicas;
 use crate::config::Config;
-use crate::events::{EventBus, replicas};
+use crate::events::EventBus;
 use crate::http::serve::ServeSettings;
 use crate::http::{self, AppState};
 use crate::llm::LlmProvider;
@@ -262,8 +263,11 @@ impl App {
             crate::a2a::client::config::parse(config.a2a_agents.as_deref().unwrap_or(""))
                 .map_err(|e| anyhow::anyhow!(e))?;
         // Read either way, so a bad PES_A2A_ALLOW stops the start before an agent is added.
-        let a2a_net = crate::a2a::client::net::NetSettings::from_config(&config)
-            .map_err(anyhow::Error::msg)?;
+        let a2a_net = crate::a2a::client::net::NetSettings::new(
+            config.a2a_allow.as_deref(),
+            config.a2a_max_bytes,
+        )
+        .map_err(anyhow::Error::msg)?;
         let remote_agents = if a2a_agents.is_empty() {
             None
         } else {

@@ -10,34 +10,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use clap::{Parser, ValueEnum};
 
-/// Durable Plan-Execute-Synthesize agents behind an HTTP API.
-#[derive(Debug, Clone, Parser)]
-#[command(name = "pes-server", version, about, long_about = None)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Option<Command>,
+/// The settings alone, read from the environment (the command line is [`crate::cli::Cli`]).
+#[derive(Parser)]
+#[command(name = "pes-server")]
+struct EnvOnly {
     #[command(flatten)]
-    pub config: Config,
-}
-
-/// What to do; serving is the default.
-#[derive(Debug, Clone, Subcommand)]
-pub enum Command {
-    /// Serve the HTTP API and run agents (the default).
-    Serve,
-    /// Apply database migrations and exit.
-    Migrate,
-    /// Print the OpenAPI document and exit.
-    Openapi,
-    /// Exit 0 when the server on `PES_BIND` answers `/healthz` (for container health checks).
-    Healthcheck,
-    /// Post a query to a running service and follow its run in the terminal: the live tree, a
-    /// question at each suspension, the final answer. Exit status: 0 completed, 1 the service
-    /// could not be reached or refused, 2 bad arguments, 3 the run failed, 4 it was cancelled,
-    /// 5 it waits for a person and the input has ended, 130 left after a second Ctrl-C.
-    Ask(crate::ask::AskArgs),
+    config: Config,
 }
 
 /// Which model provider serves runs.
@@ -74,14 +54,9 @@ pub struct ProviderEndpoint {
 /// `openai`'s base URL when nothing else is said.
 pub const OPENAI_DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// `anthropic`'s base URL when nothing else is said.
-pub const ANTHROPIC_DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+pub use crate::llm::anthropic::DEFAULT_BASE_URL as ANTHROPIC_DEFAULT_BASE_URL;
 
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use crate::telemetry::LogFormat;
 
 /// Service configuration.
 #[derive(Debug, Clone, clap::Args)]
@@ -509,30 +484,6 @@ pub struct Config {
     pub log: Option<String>,
 }
 
-impl Cli {
-    /// Parse flags and environment, treating empty variables as unset (as compose files write
-    /// them). `--help` names each setting's variable but never prints its value: see
-    /// [`Cli::command_for_help`].
-    pub fn parse_normalized() -> Self {
-        let matches = Self::command_for_help().get_matches();
-        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-        cli.config = cli.config.normalized();
-        cli
-    }
-
-    /// The command line, with every setting's environment value hidden from `--help` (clap
-    /// prints `[env: X=value]` otherwise). Values are hidden for all settings, not only the
-    /// known secrets, so a secret setting added later (or one that embeds a secret, as the
-    /// database URL, MCP and A2A configurations do) cannot leak through `--help`.
-    pub fn command_for_help() -> clap::Command {
-        fn hide(cmd: clap::Command) -> clap::Command {
-            cmd.mut_args(|a| a.hide_env_values(true))
-                .mut_subcommands(hide)
-        }
-        hide(<Self as CommandFactory>::command())
-    }
-}
-
 impl Config {
     /// Whether `PES_BIND` is reachable from other hosts: any address but loopback
     /// (`127.0.0.0/8`, `::1`, and `::ffff:127.x.y.z`).
@@ -563,7 +514,7 @@ impl Config {
 
     /// Parse from the process's environment only (no flags); for tests and embedding.
     pub fn from_env() -> Self {
-        Cli::parse_from(["pes-server"]).config.normalized()
+        EnvOnly::parse_from(["pes-server"]).config.normalized()
     }
 
     /// Empty optional settings mean "unset".
@@ -726,27 +677,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn help_never_prints_an_environment_value() {
-        fn check(cmd: &clap::Command) {
-            for arg in cmd.get_arguments() {
-                if arg.get_env().is_some() {
-                    assert!(
-                        arg.is_hide_env_values_set(),
-                        "`--{}` would print its environment value in --help",
-                        arg.get_id()
-                    );
-                }
-            }
-            for sub in cmd.get_subcommands() {
-                check(sub);
-            }
-        }
-        check(&Cli::command_for_help());
-    }
-
-    #[test]
     fn an_open_api_on_a_non_loopback_address_needs_a_decision() {
-        let mut c = Cli::parse_from(["pes-server"]).config;
+        let mut c = EnvOnly::parse_from(["pes-server"]).config;
         c.api_keys = None;
         c.allow_unauthenticated = false;
         for loopback in [
@@ -783,7 +715,7 @@ mod tests {
 
     /// The settings with no variable of the environment (so a developer's keys change nothing).
     fn bare() -> Config {
-        let mut c = Cli::parse_from(["pes-server"]).config;
+        let mut c = EnvOnly::parse_from(["pes-server"]).config;
         c.llm_provider = None;
         c.llm_base_url = None;
         c.llm_api_key = None;
@@ -847,7 +779,7 @@ mod tests {
 
     #[test]
     fn api_keys_parse_with_and_without_tenant() {
-        let mut c = Cli::parse_from(["pes-server"]).config;
+        let mut c = EnvOnly::parse_from(["pes-server"]).config;
         c.api_keys = Some("k1, k2:acme,".into());
         assert_eq!(
             c.parsed_api_keys(),

@@ -4,6 +4,7 @@
 //! - [`a2a`]: the A2A server (agent card, JSON-RPC `POST /a2a`) and the protocol types;
 //! - [`app`]: start-up and shutdown ([`App::build`], [`App::run_until_stopped`]);
 //! - [`ask`]: `pes-server ask`, the terminal client that follows a run and asks the person;
+//! - [`cli`]: the command line (what to do, and the settings);
 //! - [`config`]: every setting (flag + `PES_*` environment variable);
 //! - [`http`]: routers per resource, problem+json errors, SSE;
 //! - [`json`]: strict reading of request bodies and JSON Schema validation, shared by every layer;
@@ -18,6 +19,7 @@
 //! - [`llm`]: model providers (`openai`, `anthropic`, `offline`);
 //! - [`tools`]: the tool registry and built-in tools;
 //! - [`memory`]: returns freed heap memory to the system (glibc);
+//! - [`text`]: cutting long text for messages;
 //! - [`redact`]: URLs with their secrets replaced, for logs and errors;
 //! - [`problem`]: why a request is refused ([`problem::ApiError`]), for every door;
 //! - [`model`]: domain types shared by every layer, a module per concept;
@@ -29,6 +31,7 @@ pub mod a2a;
 pub mod agent;
 pub mod app;
 pub mod ask;
+pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod events;
@@ -44,6 +47,7 @@ pub mod redact;
 pub mod registry;
 pub mod store;
 pub mod telemetry;
+pub mod text;
 pub mod tools;
 pub mod worker;
 

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use pes_server::config::{Cli, Command};
+use pes_server::cli::{Cli, Command};
 use pes_server::{App, telemetry};
 
 #[tokio::main]
@@ -12,7 +12,7 @@ async fn main() -> ExitCode {
         // A client of a running service: none of the service's logging.
         return ExitCode::from(pes_server::ask::run(args).await);
     }
-    let traces = telemetry::init(&cli.config);
+    let traces = telemetry::init(cli.config.log.as_deref(), cli.config.log_format);
     let result = run(cli).await;
     // The spans still queued are sent before the process exits.
     traces.shutdown().await;

@@ -21,7 +21,7 @@ use crate::commands::RunCommands;
 use crate::events::EventBus;
 use crate::model::{ResumeDecision, Run, SuspensionStatus};
 use crate::store::{Batch, Fence, Resolution, SqlStore, StoreError};
-use crate::telemetry::metrics::{Metrics, item_ends};
+use crate::telemetry::metrics::Metrics;
 use crate::telemetry::spans;
 
 /// Conversation messages loaded as the planner's context (the engine keeps its own limit).
@@ -99,7 +99,7 @@ impl Journal for WorkerJournal {
     }
 
     async fn commit(&self, batch: Batch) -> Result<(), EngineError> {
-        let ended = item_ends(&batch);
+        let ended = batch.item_ends();
         self.tokens.before_commit().await;
         match self.store.apply(self.fence, self.lease, batch).await {
             Ok(applied) => {

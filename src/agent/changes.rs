@@ -78,6 +78,30 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// The items this batch moves to a final status, with how long each ran (start to end): read from
+    /// its `ITEM_STATUS_CHANGE` observations, so each end is counted once, when it is committed. An
+    /// item cancelled before it started has no duration and is left out.
+    pub fn item_ends(&self) -> Vec<(&'static str, std::time::Duration)> {
+        self.observations
+            .iter()
+            .filter(|o| o.kind == crate::model::ObservationType::ItemStatusChange)
+            .filter_map(|o| {
+                let status: crate::model::ItemStatus =
+                    serde_json::from_value(o.content.get("status")?.clone()).ok()?;
+                if !status.is_done() {
+                    return None;
+                }
+                let id = o.content.get("itemId")?.as_str()?;
+                let item = self.ops.iter().find_map(|op| match op {
+                    Op::UpsertItem(i) if i.id.as_str() == id => Some(i),
+                    _ => None,
+                })?;
+                let took = (item.completed_at? - item.started_at?).to_std().ok()?;
+                Some((status.as_str(), took))
+            })
+            .collect()
+    }
+
     pub fn new(tenant: impl Into<String>, thread_id: ThreadId) -> Self {
         Self {
             tenant: tenant.into(),

@@ -15,12 +15,14 @@
 //! 4. reach the run at once when this process drives it: stop it (cancel, interrupt) or hand it a
 //!    decision (through the [`RunRegistry`]).
 //!
-//! Other replicas learn the same through [`crate::events::replicas`], which delivers the store's
-//! signals to the same bus, wake-up and registry.
+//! Other replicas learn the same through [`replicas`]: wake-ups from other processes sharing the
+//! store (Postgres LISTEN, and a poll of the watched threads' `last_seq` for a lost
+//! notification), delivered to the same bus, wake-up and registry.
 
 mod cases;
 mod decisions;
 mod policy;
+pub mod replicas;
 mod runs;
 
 use std::sync::Arc;

@@ -302,7 +302,7 @@ pub fn evaluate(expr: &Value, data: &Value, limits: ExprLimits) -> Result<Value,
                 tracing::warn!(panic = %what, "a flowchart expression made the engine panic");
                 Err(ExprError::failed(format!(
                     "the expression engine failed: {}",
-                    crate::llm::truncate(&what, 200)
+                    crate::text::truncate(&what, 200)
                 )))
             }
         }
@@ -319,7 +319,7 @@ fn memory_error(limits: ExprLimits) -> ExprError {
 
 fn describe(e: &datalogic_rs::Error) -> String {
     let text = format!("{e:?}");
-    crate::llm::truncate(&text, 300)
+    crate::text::truncate(&text, 300)
 }
 
 /// What one evaluation may still do, for the [`TICK`] checks on its thread.

@@ -129,7 +129,7 @@ fn pointer(path: &str) -> String {
 /// bound would otherwise be quoted whole.
 fn without_instance(e: &jsonschema::ValidationError<'_>) -> String {
     let text = e.to_string();
-    crate::llm::truncate(&text, 300)
+    crate::text::truncate(&text, 300)
 }
 
 #[cfg(test)]

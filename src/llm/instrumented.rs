@@ -55,7 +55,18 @@ impl LlmProvider for Instrumented {
             span.clone(),
             self.inner.complete(request),
             |result, took| {
-                spans::chat_done(&span, result);
+                spans::chat_done(
+                    &span,
+                    match result {
+                        Ok(r) => Ok(spans::ChatAnswered {
+                            input_tokens: r.usage.prompt_tokens,
+                            output_tokens: r.usage.completion_tokens,
+                            model: r.model.as_deref(),
+                            finish_reason: r.finish_reason.as_deref(),
+                        }),
+                        Err(e) => Err(e.code()),
+                    },
+                );
                 match result {
                     Ok(r) => metrics.model_call(provider, &model, "ok", took, Some(&r.usage)),
                     Err(e) => metrics.model_call(provider, &model, e.code(), took, None),

@@ -23,8 +23,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use crate::agent::changes::{Batch, Op};
-use crate::model::{ItemStatus, ObservationType, Usage};
+use crate::model::Usage;
 
 /// Configured model names kept as label values at most; any other model is counted as `other`.
 pub const MAX_MODELS: usize = 32;
@@ -433,31 +432,6 @@ impl Metrics {
             "other".to_owned()
         }
     }
-}
-
-/// The items `batch` moves to a final status, with how long each ran (start to end): read from
-/// its `ITEM_STATUS_CHANGE` observations, so each end is counted once, when it is committed. An
-/// item cancelled before it started has no duration and is left out.
-pub fn item_ends(batch: &Batch) -> Vec<(&'static str, Duration)> {
-    batch
-        .observations
-        .iter()
-        .filter(|o| o.kind == ObservationType::ItemStatusChange)
-        .filter_map(|o| {
-            let status: ItemStatus =
-                serde_json::from_value(o.content.get("status")?.clone()).ok()?;
-            if !status.is_done() {
-                return None;
-            }
-            let id = o.content.get("itemId")?.as_str()?;
-            let item = batch.ops.iter().find_map(|op| match op {
-                Op::UpsertItem(i) if i.id.as_str() == id => Some(i),
-                _ => None,
-            })?;
-            let took = (item.completed_at? - item.started_at?).to_std().ok()?;
-            Some((status.as_str(), took))
-        })
-        .collect()
 }
 
 #[cfg(test)]

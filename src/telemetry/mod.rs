@@ -19,9 +19,14 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
-use crate::config::{Config, LogFormat};
-
 pub use context::TraceContext;
+
+/// Log line format (`PES_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 pub use otel::OtelGuard;
 
 /// The log filter when none is given.
@@ -37,14 +42,13 @@ type BoxedLayer = Box<dyn Layer<Registry> + Send + Sync>;
 /// Install the global subscriber (once; later calls are ignored): logs to stderr, and spans to
 /// an OTLP collector when the `OTEL_*` variables ask for it (needs the tokio runtime). Keep the
 /// guard and [`OtelGuard::shutdown`] it at exit so the last spans are sent.
-pub fn init(config: &Config) -> OtelGuard {
-    let filter = config
-        .log
-        .clone()
+pub fn init(log: Option<&str>, format: LogFormat) -> OtelGuard {
+    let filter = log
+        .map(str::to_owned)
         .or_else(|| std::env::var("RUST_LOG").ok())
         .unwrap_or_else(|| DEFAULT_FILTER.into());
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let logs: BoxedLayer = match config.log_format {
+    let logs: BoxedLayer = match format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(true)

@@ -15,7 +15,6 @@ use tracing::{Instrument, Span, info_span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{context, otel};
-use crate::llm::{ChatResponse, LlmError};
 use crate::model::Run;
 
 /// The span of one attempt at a run, continuing the trace stored with the run.
@@ -71,27 +70,36 @@ pub fn chat(provider: &'static str, model: &str) -> Span {
     )
 }
 
-/// Record how a model call ended on its span.
-pub fn chat_done(span: &Span, result: &Result<ChatResponse, LlmError>) {
+/// How a model call that answered went, as its span records it.
+pub struct ChatAnswered<'a> {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// The model that answered, as the provider named it.
+    pub model: Option<&'a str>,
+    pub finish_reason: Option<&'a str>,
+}
+
+/// Record how a model call ended on its span: what it answered with, or the error's code.
+pub fn chat_done(span: &Span, result: Result<ChatAnswered<'_>, &str>) {
     match result {
         Ok(r) => {
             // As i64: the exporter keeps unsigned integers only as text.
-            span.record("gen_ai.usage.input_tokens", int(r.usage.prompt_tokens));
-            span.record("gen_ai.usage.output_tokens", int(r.usage.completion_tokens));
-            if let Some(m) = &r.model {
-                span.record("gen_ai.response.model", m.as_str());
+            span.record("gen_ai.usage.input_tokens", int(r.input_tokens));
+            span.record("gen_ai.usage.output_tokens", int(r.output_tokens));
+            if let Some(m) = r.model {
+                span.record("gen_ai.response.model", m);
             }
             if otel::active()
-                && let Some(reason) = &r.finish_reason
+                && let Some(reason) = r.finish_reason
             {
                 span.set_attribute(
                     "gen_ai.response.finish_reasons",
-                    Value::Array(Array::String(vec![StringValue::from(reason.clone())])),
+                    Value::Array(Array::String(vec![StringValue::from(reason.to_owned())])),
                 );
             }
         }
-        Err(e) => {
-            span.record("error.type", e.code());
+        Err(code) => {
+            span.record("error.type", code);
             span.record("otel.status_code", "ERROR");
         }
     }

@@ -28,7 +28,6 @@ use reqwest::{Method, Response, StatusCode, Url, redirect};
 use serde_json::Value;
 
 use super::config::AgentConfig;
-use crate::config::Config;
 use crate::tools::http::guard::{AllowList, Guard, GuardError, GuardedResolver};
 
 /// The setting that allows remote endpoints beyond public addresses; refusals name it.
@@ -66,14 +65,14 @@ impl Default for NetSettings {
 }
 
 impl NetSettings {
-    /// Read `PES_A2A_ALLOW` and `PES_A2A_MAX_BYTES`.
+    /// From the settings `PES_A2A_ALLOW` (`allow`) and `PES_A2A_MAX_BYTES`.
     ///
     /// # Errors
     /// An allow-list entry that is not a host name, an address or a CIDR, named.
-    pub fn from_config(config: &Config) -> Result<Self, String> {
+    pub fn new(allow: Option<&str>, max_bytes: u64) -> Result<Self, String> {
         Ok(Self {
-            allow: AllowList::parse_setting(ALLOW_VAR, config.a2a_allow.as_deref().unwrap_or(""))?,
-            max_bytes: usize::try_from(config.a2a_max_bytes).unwrap_or(usize::MAX),
+            allow: AllowList::parse_setting(ALLOW_VAR, allow.unwrap_or(""))?,
+            max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
         })
     }
 }

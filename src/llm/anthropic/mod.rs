@@ -45,10 +45,13 @@ pub struct AnthropicConfig {
     pub transport: TransportConfig,
 }
 
+/// Anthropic's public API, used unless `ANTHROPIC_BASE_URL` names another.
+pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+
 impl Default for AnthropicConfig {
     fn default() -> Self {
         Self {
-            base_url: crate::config::ANTHROPIC_DEFAULT_BASE_URL.into(),
+            base_url: DEFAULT_BASE_URL.into(),
             api_key: None,
             default_model: "claude-sonnet-4-5".into(),
             max_tokens: 8192,

@@ -2,7 +2,7 @@
 //! process receives the [`Signal`]s other replicas' commits send, and hands each to whoever here
 //! must know: the bus (observations, a deleted thread), the worker (a run became claimable), a
 //! run driven here (a cancel, a decision), the token channels (interest in a thread's deltas,
-//! and the deltas, see [`super::token_relay`]). A poll of the watched threads' `last_seq` covers a
+//! and the deltas, see [`crate::events::token_relay`]). A poll of the watched threads' `last_seq` covers a
 //! notification lost while that connection was down; a lost cancel or decision is covered by
 //! the run's heartbeat and its fallback look at its suspensions.
 //!
@@ -48,7 +48,7 @@ pub async fn spawn(
     tracker.spawn(poll_watched(commands.clone(), every, stop.clone()));
     let tokens = commands.bus().tokens().clone();
     let relay = tokens.relay().clone();
-    super::token_relay::spawn(
+    crate::events::token_relay::spawn(
         tracker,
         &relay,
         Box::new(move || tokens.subscribed()),
@@ -103,7 +103,7 @@ fn deliver(commands: &RunCommands, signal: Signal) {
             threads
                 .into_iter()
                 .map(|(tenant, thread)| (tenant, ThreadId::from_stored(thread))),
-            super::token_relay::INTEREST_TTL,
+            crate::events::token_relay::INTEREST_TTL,
         ),
         Signal::Tokens {
             tenant,

@@ -11,9 +11,11 @@ import { ApiError, call, seg } from "./api.js";
 import { announce, h, pretty, when, words } from "./dom.js";
 
 export class Suspensions {
-  constructor(section, threadId) {
+  /** `onChange(pending)` hears the pending suspensions after every read of the list. */
+  constructor(section, threadId, onChange = () => {}) {
     this.section = section;
     this.threadId = threadId;
+    this.onChange = onChange;
     this.list = section.querySelector(".suspension-list");
     this.notice = section.querySelector(".notice");
     this.cards = new Map(); // suspensionId → <article>
@@ -60,6 +62,7 @@ export class Suspensions {
       }
     }
     this.section.hidden = this.cards.size === 0 && !this.notice.textContent;
+    this.onChange(items);
   }
 
   card(s) {

@@ -1,8 +1,9 @@
 // A thread's page: post a query, see the plan and the live tree, answer what waits for a person,
-// read the final answer. Everything after the first read of the thread comes from its stream
+// read the final answer (the answer box, `answer.js`, says meanwhile what the run is doing). Everything after the first read of the thread comes from its stream
 // (replayed from the start, then live), so reloading the page or reconnecting shows the same;
 // the model's text as it is written comes on the same stream and shows until it is committed.
 
+import { AnswerBox } from "./answer.js";
 import { ApiError, call, seg } from "./api.js";
 import { announce, fill, h, words } from "./dom.js";
 import { follow } from "./events.js";
@@ -37,7 +38,8 @@ export async function showThread(main, threadId) {
   todo.render();
   const tree = new ObservationTree(page.tree, todo);
   const live = new LiveText((runId, itemId) => tree.holder(runId, itemId));
-  const suspensions = new Suspensions(page.suspensions, threadId);
+  const answer = new AnswerBox(page.answer);
+  const suspensions = new Suspensions(page.suspensions, threadId, (pending) => answer.waiting(pending));
   suspensions.refresh();
   const runs = new RunControl(threadId, page);
 
@@ -49,10 +51,10 @@ export async function showThread(main, threadId) {
       if (obs.type === "PLAN" || obs.type === "PLAN_UPDATE") tree.refreshItems();
       if (obs.type === "TITLE") page.title.textContent = obs.content?.title ?? obs.title;
       runs.observe(obs);
-      if (obs.type === "RUN_STARTED") fill(page.answer, h("p", {}, `Working on: ${obs.content?.query ?? ""}`));
-      if (obs.type === "FINAL_RESPONSE") showAnswer(page.answer, obs.content);
-      if (obs.type === "RUN_FAILED") showFailure(page.answer, obs.content);
-      if (obs.type === "RUN_CANCELLED") fill(page.answer, h("p", {}, "The run was cancelled."));
+      if (obs.type === "RUN_STARTED") answer.working(obs.content?.query);
+      if (obs.type === "FINAL_RESPONSE") answer.answered(obs.content);
+      if (obs.type === "RUN_FAILED") answer.failed(obs.content);
+      if (obs.type === "RUN_CANCELLED") answer.cancelled();
       if (SUSPENSION_EVENTS.has(obs.type)) suspensions.refresh();
     },
     onToken(t) {
@@ -210,32 +212,4 @@ class RunControl {
     this.page.runStatus.textContent = `Run ${runId.slice(0, 13)}…: ${words(status)}`;
     announce(`Run ${words(status)}.`);
   }
-}
-
-function showAnswer(el, content) {
-  const sources = (content?.sources ?? []).filter((s) => s && s.url);
-  const suggestions = content?.suggestions ?? [];
-  fill(
-    el,
-    h("p", { class: "response" }, content?.response ?? ""),
-    sources.length
-      ? [h("h3", {}, "Sources"), h("ul", {}, sources.map((s) => h("li", {}, link(s))))]
-      : null,
-    suggestions.length
-      ? [h("h3", {}, "Suggestions"), h("ul", {}, suggestions.map((s) => h("li", {}, s)))]
-      : null,
-  );
-}
-
-/** A source as a link when its URL is http(s) (never `javascript:`), else as text. */
-function link(source) {
-  const title = source.title || source.url;
-  return /^https?:\/\//i.test(source.url)
-    ? h("a", { href: source.url, rel: "noreferrer noopener" }, title)
-    : `${title} (${source.url})`;
-}
-
-function showFailure(el, content) {
-  const err = content?.error ?? {};
-  fill(el, h("p", { class: "error" }, `The run failed: ${err.code ?? ""} ${err.message ?? ""}`.trim()));
 }

@@ -1,10 +1,13 @@
-// The threads page: the tenant's threads, newest first, a page at a time; a form to create one
-// (with an optional configuration) and one to open a thread by id.
+// The threads page: the tenant's threads, newest first, a page at a time, each shown by what a
+// person recognises it by (its title, else its last query, else its id; the id always below); a
+// form to create one (with an optional configuration) and one to open a thread by id.
 
 import { ApiError, call } from "./api.js";
 import { announce, fill, h, when, words } from "./dom.js";
 
 const PAGE = 20;
+/** The most of a last query a row shows (the list's `lastQuery` holds up to 200 characters). */
+const QUERY_SHOWN = 80;
 
 export function threadHref(id) {
   return `console?thread=${encodeURIComponent(id)}`;
@@ -48,7 +51,7 @@ export async function showThreads(main) {
           h(
             "tr",
             { "data-thread": t.threadId },
-            h("td", {}, h("a", { href: threadHref(t.threadId) }, t.threadId)),
+            h("td", {}, ...threadCell(t)),
             h("td", {}, words(t.status)),
             h("td", {}, h("time", { datetime: t.createdAt }, when(t.createdAt))),
             h("td", {}, h("time", { datetime: t.updatedAt }, when(t.updatedAt))),
@@ -67,6 +70,30 @@ export async function showThreads(main) {
   };
   more.addEventListener("click", load);
   await load();
+}
+
+/**
+ * A thread's name in the list: a link labelled with its title, else its last query (shortened,
+ * whole on hover), else its id; the id below when the label is not the id.
+ */
+function threadCell(t) {
+  const [label, kind] = t.title
+    ? [t.title, "title"]
+    : t.lastQuery
+      ? [shorten(t.lastQuery, QUERY_SHOWN), "query"]
+      : [t.threadId, "id"];
+  const hover = kind === "query" ? t.lastQuery : null;
+  return [
+    h("a", { href: threadHref(t.threadId), "data-label": kind, title: hover }, label),
+    kind === "id" ? null : h("code", { class: "thread-id" }, t.threadId),
+  ];
+}
+
+/** `text` on one line, at most `max` characters (an ellipsis when cut). */
+function shorten(text, max) {
+  const line = text.replace(/\s+/g, " ").trim();
+  const chars = [...line];
+  return chars.length <= max ? line : `${chars.slice(0, max - 1).join("").trimEnd()}…`;
 }
 
 function createForm() {

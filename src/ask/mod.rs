@@ -20,8 +20,29 @@ use tokio::sync::mpsc;
 use render::Style;
 use session::Session;
 
+/// How `pes-server ask` is run, shown under its `--help`: whole commands a person can copy.
+const EXAMPLES: &str = "\
+Examples:
+  # Ask on thread `demo` (made when missing), of the service on PES_BIND (else localhost:8080):
+  pes-server ask \"What is 12*(3+4)?\" --thread demo
+
+  # Every calculator call waits for your decision:
+  pes-server ask \"What is 6*7, and what time is it in Tokyo?\" --thread demo \\
+    --config '{\"requireApproval\": [\"calculator\"]}'
+
+  # Another service, with an API key (or set PES_API_KEY):
+  pes-server ask \"What is 2+2?\" --thread demo --url http://127.0.0.1:9000 --api-key \"$KEY\"
+
+  # From a checkout, the same with cargo:
+  cargo run --release -- ask \"What is 2+2?\" --thread demo
+
+At a question: a approves, e edits the arguments (the current ones are shown; an empty line or
+`back` returns to the choices), r rejects with a reason, s responds instead. Ctrl-C asks whether
+to cancel the run; a second Ctrl-C leaves it running and prints its console URL.";
+
 /// Arguments of `pes-server ask`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = EXAMPLES)]
 pub struct AskArgs {
     /// The query to post.
     pub query: String,

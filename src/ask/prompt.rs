@@ -2,6 +2,10 @@
 //! suspension allows), then what it needs (edited arguments as JSON, a reason, a response). A
 //! pure state machine over lines, so the session can feed it from stdin between stream events
 //! and the tests can drive it directly.
+//!
+//! Editing starts from the current arguments: they are shown as indented JSON, to copy and
+//! change, and the new ones may come over several lines (a pasted object is read until it is
+//! whole). An empty line or `back` goes back to the choices without deciding anything.
 
 use serde_json::{Value, json};
 
@@ -69,12 +73,23 @@ impl Question {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Step {
     Choose,
-    Args,
+    /// The lines of edited arguments read so far (empty before the first).
+    Args(String),
     Reason,
     Response,
+}
+
+/// The prompt for edited arguments.
+const ARGS_PROMPT: &str = "arguments (JSON; an empty line or `back` returns to the choices) > ";
+/// The prompt for the next line of arguments that are not whole yet.
+const MORE_ARGS_PROMPT: &str = "  … > ";
+
+/// A line that leaves the arguments and goes back to the choices.
+fn goes_back(line: &str) -> bool {
+    line.is_empty() || line.eq_ignore_ascii_case("back")
 }
 
 /// What to do with the person's line.
@@ -127,8 +142,8 @@ impl Dialogue {
                 match decision {
                     "approve" => Next::Send(json!({"decision": "approve"})),
                     "edit" => {
-                        self.step = Step::Args;
-                        Next::Ask("arguments (JSON on one line) > ".into())
+                        self.step = Step::Args(String::new());
+                        Next::Ask(self.edit_intro())
                     }
                     "reject" => {
                         self.step = Step::Reason;
@@ -140,10 +155,28 @@ impl Dialogue {
                     }
                 }
             }
-            Step::Args => match serde_json::from_str::<Value>(line) {
-                Ok(args) => Next::Send(json!({"decision": "edit", "modifiedArgs": args})),
-                Err(e) => Next::Ask(format!("not JSON ({e}); arguments > ")),
-            },
+            Step::Args(ref read) if read.is_empty() && goes_back(line) => {
+                self.step = Step::Choose;
+                Next::Ask(self.question.menu())
+            }
+            Step::Args(ref mut read) => {
+                if line.is_empty() {
+                    // An empty line ends arguments that are not whole: drop them.
+                    read.clear();
+                    return Next::Ask(format!("incomplete JSON, dropped; {ARGS_PROMPT}"));
+                }
+                read.push_str(line);
+                read.push('\n');
+                match serde_json::from_str::<Value>(read) {
+                    Ok(args) => Next::Send(json!({"decision": "edit", "modifiedArgs": args})),
+                    // Not whole yet (a pasted object over several lines): read on.
+                    Err(e) if e.is_eof() => Next::Ask(MORE_ARGS_PROMPT.into()),
+                    Err(e) => {
+                        read.clear();
+                        Next::Ask(format!("not JSON ({e}); {ARGS_PROMPT}"))
+                    }
+                }
+            }
             Step::Reason if line.is_empty() => Next::Send(json!({"decision": "reject"})),
             Step::Reason => Next::Send(json!({"decision": "reject", "reason": line})),
             Step::Response => {
@@ -154,11 +187,26 @@ impl Dialogue {
         }
     }
 
-    /// The prompt of the step the dialogue is at (to show it again after an interruption).
-    pub fn prompt(&self) -> String {
-        match self.step {
+    /// What editing starts with: the current arguments, indented, to copy and change.
+    fn edit_intro(&self) -> String {
+        let current = self
+            .question
+            .tool_call
+            .as_ref()
+            .map_or_else(|| json!({}), |(_, args)| args.clone());
+        let pretty = serde_json::to_string_pretty(&current).unwrap_or_else(|_| current.to_string());
+        format!("current arguments, to copy and change:\n{pretty}\n{ARGS_PROMPT}")
+    }
+
+    /// The prompt of the step the dialogue is at (to show it again after an interruption). Edited
+    /// arguments start again from the first line.
+    pub fn prompt(&mut self) -> String {
+        match &mut self.step {
             Step::Choose => self.question.menu(),
-            Step::Args => "arguments (JSON on one line) > ".into(),
+            Step::Args(read) => {
+                read.clear();
+                ARGS_PROMPT.into()
+            }
             Step::Reason => "reason (optional, the model is told) > ".into(),
             Step::Response => "response (JSON, or text) > ".into(),
         }
@@ -166,7 +214,7 @@ impl Dialogue {
 
     /// The server refused what was sent (422): ask for the same thing again.
     pub fn retry(&mut self) -> String {
-        if !matches!(self.step, Step::Args | Step::Response) {
+        if !matches!(self.step, Step::Args(_) | Step::Response) {
             self.step = Step::Choose;
         }
         self.prompt()
@@ -222,6 +270,42 @@ mod tests {
         assert_eq!(
             d.answer("call me Ada"),
             Next::Send(json!({"decision": "respond", "response": "call me Ada"}))
+        );
+    }
+
+    #[test]
+    fn editing_shows_the_current_arguments_reads_them_over_lines_and_can_go_back() {
+        let (mut d, menu) = Dialogue::start(approval());
+        let Next::Ask(intro) = d.answer("e") else {
+            panic!("edit asks for the arguments")
+        };
+        assert!(
+            intro.contains("{\n  \"expression\": \"6*7\"\n}\n"),
+            "the current arguments, indented: {intro}"
+        );
+        // Back to the choices, nothing decided: an empty line, or `back`.
+        assert_eq!(d.answer(""), Next::Ask(menu.clone()));
+        d.answer("e");
+        assert_eq!(d.answer("BACK"), Next::Ask(menu.clone()));
+        // A pasted object over several lines is read until it is whole.
+        d.answer("e");
+        assert_eq!(d.answer("{"), Next::Ask(MORE_ARGS_PROMPT.into()));
+        assert_eq!(
+            d.answer("  \"expression\": \"6*9\""),
+            Next::Ask(MORE_ARGS_PROMPT.into())
+        );
+        assert_eq!(
+            d.answer("}"),
+            Next::Send(json!({"decision": "edit", "modifiedArgs": {"expression": "6*9"}}))
+        );
+        // An empty line drops arguments that are not whole, and asks again.
+        let (mut d, _) = Dialogue::start(approval());
+        d.answer("e");
+        d.answer("{");
+        assert!(matches!(d.answer(""), Next::Ask(p) if p.starts_with("incomplete JSON")));
+        assert_eq!(
+            d.answer(r#"{"expression": "1"}"#),
+            Next::Send(json!({"decision": "edit", "modifiedArgs": {"expression": "1"}}))
         );
     }
 

@@ -25,6 +25,8 @@ pub(super) struct Session {
     api: Api,
     thread: String,
     run: String,
+    /// The thread's page in the web console, where a run this client leaves can be followed.
+    console: String,
     style: Style,
     progress: Progress,
     tree: Tree,
@@ -82,10 +84,12 @@ impl Session {
             .await
             .map_err(|f| refused("posting the query", f))?;
         let run = run["runId"].as_str().unwrap_or_default().to_owned();
+        let console = console_url(&args.base_url(), &thread);
         let session = Session {
             api,
             thread,
             run,
+            console,
             style,
             progress: Progress::detect(style),
             tree: Tree::default(),
@@ -122,8 +126,8 @@ impl Session {
                 self.progress.clear();
                 eprintln!(
                     "pes-server ask: the run waits for a person and the input has ended; \
-                     answer in the console (/console?thread={}) or with the API",
-                    self.thread
+                     answer in the console ({}) or with the API",
+                    self.console
                 );
                 return exit::NEEDS_PERSON;
             }
@@ -330,7 +334,7 @@ impl Session {
                     self.cancel().await;
                     // The run's end comes on the stream; a question it interrupted is moot.
                     self.release_held();
-                } else if let Some(d) = resume {
+                } else if let Some(mut d) = resume {
                     show_prompt(&d.prompt());
                     self.asking = Asking::Suspension(d);
                 } else {
@@ -388,8 +392,9 @@ impl Session {
             Asking::Cancel(_) => {
                 self.progress.clear();
                 eprintln!(
-                    "\npes-server ask: interrupted; the run goes on (thread {})",
-                    self.thread
+                    "\npes-server ask: interrupted; the run goes on (thread {}, run {}): \
+                     follow it in the console at {}",
+                    self.thread, self.run, self.console
                 );
                 Some(exit::INTERRUPTED)
             }
@@ -407,5 +412,33 @@ impl Session {
                 None
             }
         }
+    }
+}
+
+/// The console's page of a thread (`<base>/console?thread=<id>`, the console's own address for
+/// it), for a run this client leaves going on.
+fn console_url(base: &str, thread: &str) -> String {
+    format!(
+        "{}/console?thread={}",
+        base.trim_end_matches('/'),
+        segment(thread)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::console_url;
+
+    #[test]
+    fn the_console_url_is_the_threads_page_under_the_base() {
+        assert_eq!(
+            console_url("http://127.0.0.1:8080/", "t-1"),
+            "http://127.0.0.1:8080/console?thread=t-1"
+        );
+        // Behind a proxy that mounts the service under a prefix, the console is under it too.
+        assert_eq!(
+            console_url("https://example.test/pes", "a b"),
+            "https://example.test/pes/console?thread=a%20b"
+        );
     }
 }

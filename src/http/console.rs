@@ -91,6 +91,7 @@ static ASSETS: &[Asset] = &[
     asset!("dom.js", JS),
     asset!("threads.js", JS),
     asset!("thread.js", JS),
+    asset!("answer.js", JS),
     asset!("tree.js", JS),
     asset!("live.js", JS),
     asset!("todo.js", JS),

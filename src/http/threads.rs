@@ -13,7 +13,7 @@ use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
     encode_cursor, page_limit, parse_thread_id,
 };
-use crate::model::{AgentConfig, ItemStatus, Message, Thread, ThreadId, TodoItem};
+use crate::model::{AgentConfig, ItemStatus, Message, Thread, ThreadId, ThreadSummary, TodoItem};
 use crate::store::ThreadPatch;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -154,14 +154,16 @@ pub async fn create_thread(
     Ok((StatusCode::CREATED, AppJson(thread)))
 }
 
-/// List threads, newest first.
+/// List threads, newest first, each with its title and last query.
+///
+/// The title and the query of the thread's newest run are what a person recognises a thread by.
 #[utoipa::path(get, path = "/v1/threads", tag = "threads", params(PageParams),
-    responses((status = 200, description = "A page of threads", body = Page<Thread>)))]
+    responses((status = 200, description = "A page of threads", body = Page<ThreadSummary>)))]
 pub async fn list_threads(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     AppQuery(params): AppQuery<PageParams>,
-) -> Result<AppJson<Page<Thread>>, ApiError> {
+) -> Result<AppJson<Page<ThreadSummary>>, ApiError> {
     let limit = page_limit(params.limit)?;
     let cursor = params
         .cursor
@@ -173,7 +175,7 @@ pub async fn list_threads(
         .list_threads(&tenant, limit + 1, cursor.as_ref())
         .await?;
     Ok(AppJson(Page::from_overfetch(items, limit, |t| {
-        encode_cursor(t.created_at, t.thread_id.as_str())
+        encode_cursor(t.thread.created_at, t.thread.thread_id.as_str())
     })))
 }
 

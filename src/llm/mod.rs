@@ -15,6 +15,7 @@ use crate::model::Usage;
 
 pub mod anthropic;
 pub mod instrumented;
+pub mod labels;
 pub mod offline;
 pub mod openai;
 pub mod strict;

@@ -99,6 +99,25 @@ pub struct Thread {
     pub updated_at: DateTime<Utc>,
 }
 
+/// The most of a run's query a thread list carries, in characters: enough to recognise the thread
+/// by, while a page of 200 threads stays small whatever their queries hold.
+pub const LAST_QUERY_CHARS: usize = 200;
+
+/// A thread as `GET /v1/threads` lists it: the thread, with what a person recognises it by, so a
+/// list can show more than ids without a read per thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadSummary {
+    #[serde(flatten)]
+    pub thread: Thread,
+    /// The thread's title (the agent state's `title`, set by the `TITLE` observation of its
+    /// latest planned run); null until a run has planned.
+    pub title: Option<String>,
+    /// The query of the thread's newest run, its first 200 characters; null when no run was
+    /// posted.
+    pub last_query: Option<String>,
+}
+
 string_enum! {
     /// Where the engine is in a run: `new` → `planning` → `executing` → `synthesizing` → `done`.
     /// Stored with the run so a run re-claimed after a crash skips the phases it finished.

@@ -10,7 +10,9 @@ use super::sql_store::SqlStore;
 use super::{
     AgentSnapshot, ObservationQuery, PageCursor, Signal, StoreError, StoreResult, ThreadPatch,
 };
-use crate::model::{AgentConfig, Message, Observation, Thread, ThreadId};
+use crate::model::{
+    AgentConfig, LAST_QUERY_CHARS, Message, Observation, Thread, ThreadId, ThreadSummary,
+};
 
 /// A thread with its status derived from its runs: `busy` while one is queued or running,
 /// `suspended` while one waits for a person, `error` when the newest failed, else `idle`.
@@ -136,21 +138,29 @@ impl SqlStore {
         thread_in(&mut self.read().await?, tenant, thread_id).await
     }
 
-    /// Newest first (`created_at` desc, then id desc); at most `limit` rows after `cursor`
-    /// (`limit` 0: no limit, in every list method).
+    /// Newest first (`created_at` desc, then id desc), each with its title and last query; at
+    /// most `limit` rows after `cursor` (`limit` 0: no limit, in every list method).
     pub async fn list_threads(
         &self,
         tenant: &str,
         limit: u32,
         cursor: Option<&PageCursor>,
-    ) -> StoreResult<Vec<Thread>> {
+    ) -> StoreResult<Vec<ThreadSummary>> {
         let after = if cursor.is_some() {
             "AND (t.created_at, t.thread_id) < ($3, $4)"
         } else {
             ""
         };
+        // One query for the page: the title from the agent state (one row per thread, by its
+        // key) and the newest run's query by `runs_thread_idx`, cut to what a list shows.
         let mut stmt = q(format!(
-            "SELECT {THREAD_COLUMNS} FROM threads t WHERE t.tenant = $1 {after} \
+            "SELECT {THREAD_COLUMNS}, a.title, \
+               (SELECT substr(r.query, 1, {LAST_QUERY_CHARS}) FROM runs r \
+                WHERE r.tenant = t.tenant AND r.thread_id = t.thread_id \
+                ORDER BY r.created_at DESC, r.run_id DESC LIMIT 1) AS last_query \
+             FROM threads t LEFT JOIN agent_state a \
+               ON a.tenant = t.tenant AND a.thread_id = t.thread_id \
+             WHERE t.tenant = $1 {after} \
              ORDER BY t.created_at DESC, t.thread_id DESC LIMIT $2"
         ))
         .bind(tenant)
@@ -158,7 +168,13 @@ impl SqlStore {
         if let Some(c) = cursor {
             stmt = stmt.bind(c.created_at).bind(&c.id);
         }
-        map_rows(&self.read().await?.all(stmt).await?, rows::thread_from_row)
+        map_rows(&self.read().await?.all(stmt).await?, |r| {
+            Ok(ThreadSummary {
+                thread: rows::thread_from_row(r)?,
+                title: r.opt_text("title")?,
+                last_query: r.opt_text("last_query")?,
+            })
+        })
     }
 
     /// Change the fields `patch` sets; `None` when the thread does not exist.

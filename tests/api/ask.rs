@@ -242,6 +242,72 @@ async fn ask_answers_a_suspension_from_piped_input() {
 }
 
 #[tokio::test]
+async fn ask_help_shows_whole_commands_to_copy() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pes-server"))
+        .args(["ask", "--help"])
+        .env_clear()
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8(out.stdout).unwrap();
+    for example in [
+        r#"pes-server ask "What is 12*(3+4)?" --thread demo"#,
+        r#"  --config '{"requireApproval": ["calculator"]}'"#,
+        r#"pes-server ask "What is 2+2?" --thread demo --url http://127.0.0.1:9000 --api-key"#,
+        r#"cargo run --release -- ask "What is 2+2?" --thread demo"#,
+    ] {
+        assert!(help.contains(example), "{example:?} in:\n{help}");
+    }
+    assert!(help.contains("an empty line or\n`back` returns"), "{help}");
+}
+
+#[tokio::test]
+async fn ask_edit_starts_from_the_current_arguments_and_can_go_back_without_deciding() {
+    let app = spawn(Backend::Sqlite, None).await;
+    let ask = Ask::start(
+        &app.base,
+        "What is 6*7?",
+        &[
+            "--thread",
+            "edits",
+            "--config",
+            r#"{"requireApproval": ["calculator"]}"#,
+        ],
+        // Edit, then back with an empty line; edit, then `back`; edit again with arguments
+        // pasted over several lines.
+        Some("e\n\ne\nback\ne\n{\n  \"expression\": \"6*9\"\n}\n"),
+    );
+    let (status, out, err) = ask.finish().await;
+    assert_eq!(status.code(), Some(0), "{out}\n{err}");
+    // The edit prompt shows the current arguments, indented, to copy and change.
+    assert!(
+        err.contains(
+            "current arguments, to copy and change:\n{\n  \"expression\": \"6*7\"\n}\narguments"
+        ),
+        "{err}"
+    );
+    // The choices at the question, then twice again after going back.
+    assert_eq!(err.matches("[a]pprove, [e]dit").count(), 3, "{err}");
+    // One decision only, the last one.
+    let decisions: Vec<&str> = out.lines().filter(|l| l.starts_with("→ ")).collect();
+    assert_eq!(decisions, ["→ edit"], "{out}");
+    assert!(
+        out.contains("TOOL_EXECUTION calculator → {\"expression\":\"6*9\",\"result\":54}"),
+        "{out}"
+    );
+    let (_, all) = app.get("/v1/threads/edits/suspensions?status=all").await;
+    let all = all["items"].as_array().unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0]["decision"], "edit", "{all:?}");
+    assert_eq!(
+        all[0]["modifiedArgs"],
+        serde_json::json!({"expression": "6*9"})
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn ask_approve_and_reject_each_let_the_run_go_on() {
     let app = spawn(Backend::Sqlite, None).await;
     let config = r#"{"requireApproval": ["calculator"]}"#;
@@ -309,6 +375,10 @@ async fn ask_exits_5_when_a_suspension_waits_and_the_input_has_ended() {
     assert_eq!(status.code(), Some(5), "{out}\n{err}");
     assert!(err.contains("waits for a person"), "{err}");
     let (thread, _) = ids(&out);
+    assert!(
+        err.contains(&format!("{}/console?thread={thread}", app.base)),
+        "{err}"
+    );
     let (_, pending) = app.get(&format!("/v1/threads/{thread}/suspensions")).await;
     assert_eq!(pending["items"].as_array().unwrap().len(), 1, "still open");
     app.stop().await;
@@ -418,6 +488,12 @@ async fn a_second_ctrl_c_leaves_at_once_and_the_run_waits_on() {
     assert_eq!(status.code(), Some(130), "{out}\n{err}");
     assert!(err.contains("the run goes on"), "{err}");
     let (thread, run) = ids(&out);
+    // Where to follow the run it left: the thread's page in the console, which serves it.
+    let console = format!("{}/console?thread={thread}", app.base);
+    assert!(err.contains(&format!("at {console}\n")), "{err}");
+    let page = app.client.get(&console).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("pes-server console"));
     let (_, r) = app.get(&format!("/v1/threads/{thread}/runs/{run}")).await;
     assert_eq!(r["status"], "suspended");
     app.stop().await;

@@ -179,6 +179,20 @@ async fn a_person_posts_a_query_watches_the_tree_approves_a_suspension_and_reads
              && document.querySelector('ol.todo li[data-item=\"step-1\"]')?.dataset.status === 'waiting'",
         )
         .await;
+    // The answer box says the run waits for a person, and for what (not "Working on").
+    let waiting = browser
+        .wait_for(
+            "the answer box waiting for a person",
+            "document.querySelector('.answer')?.dataset.state === 'waiting' \
+             && document.querySelector('.answer').textContent",
+        )
+        .await;
+    let waiting = waiting.as_str().unwrap();
+    assert!(
+        waiting.starts_with("Waiting for a person: May the agent call `calculator`"),
+        "{waiting}"
+    );
+    assert!(!waiting.contains("Working on"), "{waiting}");
     let card = browser.text(".suspension").await;
     assert!(card.contains("Proposed call: calculator"), "{card}");
     assert!(card.contains("\"expression\": \"6*7\""), "{card}");
@@ -303,6 +317,14 @@ async fn a_decision_someone_else_made_first_is_shown_plainly_as_a_409() {
         .wait_for(
             "the suspension card",
             "document.querySelector('.suspension')",
+        )
+        .await;
+    // Opened on a run that already waits: the answer box says so from the start.
+    browser
+        .wait_for(
+            "the answer box waiting for a person",
+            "document.querySelector('.answer')?.dataset.state === 'waiting' \
+             && document.querySelector('.answer').textContent.startsWith('Waiting for a person: ')",
         )
         .await;
     // Another client approves, and the person clicks Approve at that very moment: the click
@@ -577,10 +599,25 @@ async fn the_thread_list_shows_the_newest_first_a_page_at_a_time() {
     let Some(browser) = Browser::start().await else {
         return;
     };
-    let app = spawn_with(Backend::Sqlite, None, |_| {}).await;
+    let llm = FakeLlm::start().await;
+    // Every plan fails but the first: one thread gets a title, another only its query.
+    llm.set_default(
+        "plan",
+        Reply::Status(400, r#"{"error": {"message": "no plan"}}"#.into(), None),
+    );
+    llm.push(
+        "plan",
+        crate::fake_llm::plan(&[("s1", "Say hello", &[], &[])]),
+    );
+    let app = spawn_with(Backend::Sqlite, Some(&llm), |_| {}).await;
     for i in 0..25 {
         app.thread(json!({"threadId": format!("t-{i:02}")})).await;
     }
+    let titled = app.run_wait("t-24", "Say hello").await;
+    assert_eq!(titled["status"], "completed", "{titled}");
+    let query = "Which of our refund requests from last quarter were paid twice, and to whom did the money go?";
+    let untitled = app.run_wait("t-23", query).await;
+    assert_eq!(untitled["status"], "failed", "{untitled}");
     browser.goto(&app.url("/console")).await;
     let rows = "[...document.querySelectorAll('tr[data-thread]')].map(r => r.dataset.thread)";
     let first = browser
@@ -588,6 +625,36 @@ async fn the_thread_list_shows_the_newest_first_a_page_at_a_time() {
         .await;
     assert_eq!(first[0], "t-24", "newest first: {first}");
     assert_eq!(first[19], "t-05");
+    // Each thread by its title, else its last query (shortened, whole on hover), else its id;
+    // the id stays under a title or a query.
+    let label = |id: &str| {
+        format!(
+            "(() => {{ const a = document.querySelector('tr[data-thread=\"{id}\"] td a'); \
+               return [a.dataset.label, a.textContent, a.title, \
+                       a.parentElement.querySelector('.thread-id')?.textContent ?? null]; }})()"
+        )
+    };
+    let shown = browser
+        .script(&format!("return {};", label("t-24")), json!([]))
+        .await;
+    assert_eq!(shown, json!(["title", "Test plan", "", "t-24"]));
+    let shown = browser
+        .script(&format!("return {};", label("t-23")), json!([]))
+        .await;
+    assert_eq!(shown[0], "query", "{shown}");
+    let text = shown[1].as_str().unwrap();
+    assert!(
+        text.ends_with('…')
+            && text.chars().count() <= 80
+            && query.starts_with(text.trim_end_matches('…')),
+        "{shown}"
+    );
+    assert_eq!(shown[2], query, "the whole query on hover");
+    assert_eq!(shown[3], "t-23");
+    let shown = browser
+        .script(&format!("return {};", label("t-22")), json!([]))
+        .await;
+    assert_eq!(shown, json!(["id", "t-22", "", null]));
     browser.click("#more-threads").await;
     let all = browser
         .wait_for(

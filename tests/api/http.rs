@@ -660,3 +660,54 @@ async fn errors_tell_a_newcomer_what_to_do(backend: Backend) {
     app.stop().await;
 }
 both_stores!(newcomer_errors, errors_tell_a_newcomer_what_to_do);
+
+/// What a person recognises a thread by comes with the list, for every thread of the page: its
+/// title once a run has planned, and its newest run's query, cut to 200 characters.
+async fn the_thread_list_carries_each_threads_title_and_last_query(backend: Backend) {
+    let app = spawn(backend, None).await;
+    app.thread(json!({"threadId": "fresh"})).await;
+    app.thread(json!({"threadId": "asked"})).await;
+    let first = app.run_wait("asked", "What is 2+3?").await;
+    assert_eq!(first["status"], "completed", "{first}");
+    let second = app.run_wait("asked", "And what is 4*5?").await;
+    assert_eq!(second["status"], "completed", "{second}");
+    // A long query of multi-byte characters: cut by characters, never inside one.
+    let long = format!("What is 1+1? {}", "é".repeat(300));
+    app.thread(json!({"threadId": "long"})).await;
+    app.run_wait("long", &long).await;
+
+    let (s, page) = app.get("/v1/threads").await;
+    assert_eq!(s, 200, "{page}");
+    let by_id = |id: &str| {
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["threadId"] == id)
+            .unwrap_or_else(|| panic!("{id} listed: {page}"))
+            .clone()
+    };
+    let fresh = by_id("fresh");
+    assert_eq!(fresh["title"], Value::Null, "{fresh}");
+    assert_eq!(fresh["lastQuery"], Value::Null, "{fresh}");
+    assert_eq!(
+        fresh["status"], "idle",
+        "still the thread's own fields: {fresh}"
+    );
+    let asked = by_id("asked");
+    assert_eq!(
+        asked["lastQuery"], "And what is 4*5?",
+        "the newest run's: {asked}"
+    );
+    let (_, state) = app.get("/v1/threads/asked/state").await;
+    assert!(state["title"].is_string(), "{state}");
+    assert_eq!(asked["title"], state["title"], "the state's title: {asked}");
+    let cut = by_id("long")["lastQuery"].as_str().unwrap().to_owned();
+    assert_eq!(cut.chars().count(), 200, "{cut}");
+    assert!(long.starts_with(&cut), "a prefix of the query: {cut}");
+    app.stop().await;
+}
+both_stores!(
+    thread_list_titles,
+    the_thread_list_carries_each_threads_title_and_last_query
+);

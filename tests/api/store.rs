@@ -444,7 +444,7 @@ async fn threads_list_newest_first_with_a_cursor(store: S) {
     }
     thread(&store, B, "other").await;
     let all = store.list_threads(A, 0, None).await.unwrap();
-    let ids: Vec<&str> = all.iter().map(|t| t.thread_id.as_str()).collect();
+    let ids: Vec<&str> = all.iter().map(|t| t.thread.thread_id.as_str()).collect();
     assert_eq!(ids, ["t5", "t4", "t3", "t2", "t1"]);
 
     let mut pages = Vec::new();
@@ -457,12 +457,12 @@ async fn threads_list_newest_first_with_a_cursor(store: S) {
         assert!(page.len() <= 2);
         let last = page.last().unwrap();
         cursor = Some(PageCursor {
-            created_at: last.created_at,
-            id: last.thread_id.to_string(),
+            created_at: last.thread.created_at,
+            id: last.thread.thread_id.to_string(),
         });
         pages.push(
             page.iter()
-                .map(|t| t.thread_id.to_string())
+                .map(|t| t.thread.thread_id.to_string())
                 .collect::<Vec<_>>(),
         );
     }
@@ -1727,7 +1727,7 @@ async fn thread_status_follows_its_runs(store: S) {
     finish(&store, A, "t", f, RunStatus::Failed).await;
     assert_eq!(status_of(&store, A, "t").await, ThreadStatus::Error);
     let listed = store.list_threads(A, 0, None).await.unwrap();
-    assert_eq!(listed[0].status, ThreadStatus::Error);
+    assert_eq!(listed[0].thread.status, ThreadStatus::Error);
     let patched = store
         .update_thread(A, &tid("t"), ThreadPatch::default())
         .await

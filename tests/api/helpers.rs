@@ -5,7 +5,8 @@ use std::time::Duration;
 use clap::Parser;
 use futures::StreamExt;
 use pes_server::App;
-use pes_server::config::{Cli, Config, ProviderKind};
+use pes_server::cli::Cli;
+use pes_server::config::{Config, ProviderKind};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 

@@ -367,6 +367,7 @@ impl Engine {
             "provider": ctx.llm.name(),
             "model": ctx.model_in_use(),
             "attempt": ctx.run.attempt,
+            "assistant": ctx.run.assistant,
         });
         if ctx.llm.is_offline() {
             content["warning"] = json!(

@@ -1,7 +1,7 @@
 //! The use-case layer: what a client may ask of the service, whichever door it comes through
 //! (the REST API, A2A, later MCP, AG-UI, crons and webhooks). [`UseCases`] checks a request
 //! (`runs`: the query, the config, the tool policy floor, the tenant's quota; `decisions`: a
-//! person's decision against its suspension) and carries it out through [`RunCommands`]. Doors
+//! person's decision against its suspension; `assistants`: versioned configs and their use) and carries it out through [`RunCommands`]. Doors
 //! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
 //! imports a door.
 //!
@@ -18,6 +18,7 @@
 //! Other replicas learn the same through [`crate::events::replicas`], which delivers the store's
 //! signals to the same bus, wake-up and registry.
 
+mod assistants;
 mod cases;
 mod decisions;
 mod policy;
@@ -34,6 +35,7 @@ use crate::registry::RunRegistry;
 use crate::store::{
     CancelledRun, CreatedRun, NewRun, Resolution, ResolvedSuspension, SqlStore, StoreResult,
 };
+pub use assistants::AssistantInput;
 pub use cases::UseCases;
 pub use decisions::{DecisionRequest, already_decided};
 pub use policy::check_policy_floor;

@@ -63,6 +63,7 @@ routes never do.",
         (name = "suspensions", description = "Pauses for a person"),
         (name = "tools", description = "The tools threads can enable"),
         (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
+        (name = "assistants", description = "Assistants: named, versioned configurations threads and runs start from"),
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
         (name = "health", description = "Liveness, readiness, metrics"),
         (name = "console", description = "The web console for people (an HTML page that uses this API)")
@@ -128,18 +129,19 @@ const QUOTA_EXCEEDED: Shared = (
     "QuotaExceeded",
     "429",
     "The tenant holds as much as its quota allows: queued and running runs \
-     (`PES_TENANT_MAX_ACTIVE_RUNS`), open event streams (`PES_TENANT_MAX_STREAMS`) or flowcharts \
-     (`PES_TENANT_MAX_FLOWCHARTS`); `detail` names which (`quota_exceeded`). `Retry-After` says \
-     when to try again.",
+     (`PES_TENANT_MAX_ACTIVE_RUNS`), open event streams (`PES_TENANT_MAX_STREAMS`), flowcharts \
+     (`PES_TENANT_MAX_FLOWCHARTS`) or assistants (`PES_TENANT_MAX_ASSISTANTS`); `detail` names \
+     which (`quota_exceeded`). `Retry-After` says when to try again.",
 );
 
 /// The routes that start something a tenant quota counts (method, path).
-const QUOTA_ROUTES: [(&str, &str); 5] = [
+const QUOTA_ROUTES: [(&str, &str); 6] = [
     ("post", "/v1/threads/{threadId}/runs"),
     ("post", "/v1/threads/{threadId}/runs/wait"),
     ("get", "/v1/threads/{threadId}/events"),
     ("post", "/v1/suspensions/{suspensionId}/resume"),
     ("put", "/v1/flowcharts/{name}"),
+    ("post", "/v1/assistants"),
 ];
 
 /// Every shared response, for the components section.

@@ -36,6 +36,9 @@ struct RunStartedContent {
     model: Option<String>,
     /// The run's lease attempt.
     attempt: i64,
+    /// The assistant version the run uses; null when it uses none.
+    #[schema(required = true)]
+    assistant: Option<crate::model::AssistantRef>,
     /// Only with the offline model: that its answers are not a real model's.
     #[schema(nullable = false)]
     warning: Option<String>,

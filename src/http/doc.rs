@@ -466,9 +466,11 @@ mod tests {
                 }
             }
         }
-        // limit+cursor ×3, observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart
-        // version 1, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and resume.
-        assert_eq!(queries, 23);
+        // limit+cursor ×5 (threads, runs, messages, assistants, assistant versions),
+        // observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart and assistant
+        // version 1 each, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and
+        // resume.
+        assert_eq!(queries, 28);
         let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
         assert_eq!(limit["name"], "limit");
         assert_eq!(limit["in"], "query");
@@ -566,8 +568,9 @@ mod tests {
             }
         }
         assert_eq!(
-            bodies, 6,
-            "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT"
+            bodies, 9,
+            "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT, assistants POST/PUT, \
+             assistant current"
         );
         let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
         assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");

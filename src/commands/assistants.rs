@@ -101,8 +101,9 @@ fn check_unlocked(v: &AssistantVersion, cfg: &AgentConfig, whose: &str) -> Resul
     Err(ApiError::Unprocessable {
         code: "field_locked",
         detail: format!(
-            "{fields} locked by assistant `{}` (version {}): a {whose} using it may not set \
+            "{fields} {} locked by assistant `{}` (version {}): a {whose} using it may not set \
              {}",
+            if set.len() == 1 { "is" } else { "are" },
             v.assistant_id,
             v.version,
             if set.len() == 1 { "it" } else { "them" }

@@ -197,6 +197,23 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub tenant_max_flowcharts: u64,
 
+    /// Assistants one tenant may keep (deleted ones do not count); creating one past it is
+    /// refused with 429 `quota_exceeded`.
+    #[arg(long, env = "PES_TENANT_MAX_ASSISTANTS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub tenant_max_assistants: u64,
+
+    /// Versions kept per assistant: an update past it deletes the oldest versions, except the
+    /// current one and those a queued, running or suspended run uses.
+    #[arg(long, env = "PES_ASSISTANT_MAX_VERSIONS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub assistant_max_versions: u64,
+
+    /// The largest assistant `config`, in bytes of JSON; a larger one is refused with 422.
+    #[arg(long, env = "PES_ASSISTANT_MAX_CONFIG_BYTES", default_value_t = 65_536,
+          value_parser = clap::value_parser!(u64).range(256..=16_777_216))]
+    pub assistant_max_config_bytes: u64,
+
     /// The most bytes of one tool result that is stored and shown to the model, whatever the
     /// tool (built-in, HTTP, MCP, flowchart, remote agent); the rest is cut with a marker that
     /// says how much was cut.

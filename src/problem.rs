@@ -180,6 +180,27 @@ impl From<StoreError> for ApiError {
             StoreError::ThreadNotFound => Self::thread_not_found(),
             StoreError::RunNotFound => Self::run_not_found(),
             StoreError::SuspensionNotFound => Self::suspension_not_found(),
+            StoreError::AssistantExists => Self::Conflict {
+                code: "assistant_exists",
+                detail: "an assistant with this id already exists: `PUT \
+                         /v1/assistants/{assistantId}` adds a version to it"
+                    .into(),
+            },
+            StoreError::AssistantNotFound(id) => Self::NotFound {
+                code: "assistant_not_found",
+                detail: format!("assistant `{id}` not found"),
+            },
+            StoreError::AssistantVersionNotFound {
+                assistant_id,
+                version,
+            } => Self::NotFound {
+                code: "assistant_version_not_found",
+                detail: format!(
+                    "assistant `{assistant_id}` has no version {version} (never made, or pruned \
+                     past PES_ASSISTANT_MAX_VERSIONS): `GET /v1/assistants/{assistant_id}/versions` \
+                     lists those kept"
+                ),
+            },
             StoreError::ThreadBusy { active_run } => Self::Conflict {
                 code: "thread_busy",
                 detail: format!(

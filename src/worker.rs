@@ -542,10 +542,27 @@ impl Worker {
             }
         }
     }
-    async fn load(&self, run: Run) -> Result<Option<RunInput>, StoreError> {
-        let Some(thread) = self.store.get_thread(&run.tenant, &run.thread_id).await? else {
+    async fn load(&self, mut run: Run) -> Result<Option<RunInput>, StoreError> {
+        let Some(mut thread) = self.store.get_thread(&run.tenant, &run.thread_id).await? else {
             return Ok(None);
         };
+        if let Some(a) = &run.assistant {
+            // The version the run was enqueued with (deleted assistants included: a run already
+            // enqueued finishes with it), under the thread's config and the run's, its locked
+            // fields and policy floors kept; the engine overlays the two as for any run.
+            let v = self
+                .store
+                .assistant_version(&run.tenant, &a.assistant_id, Some(a.version), true)
+                .await?
+                .ok_or_else(|| {
+                    StoreError::Decode(format!(
+                        "the run's assistant `{}` has no version {}",
+                        a.assistant_id, a.version
+                    ))
+                })?;
+            thread.config = v.base_for(&thread.config);
+            run.config = v.run_overrides(&run.config);
+        }
         let Some(snapshot) = self
             .store
             .agent_snapshot(&run.tenant, &run.thread_id)

@@ -377,6 +377,7 @@ impl Engine {
                 provider: ctx.env.llm.name().to_owned(),
                 model: ctx.model_in_use(),
                 attempt: ctx.run.attempt,
+                assistant: ctx.run.assistant.clone(),
                 warning,
             },
         ));

@@ -178,6 +178,8 @@ impl MemJournal {
             status: ThreadStatus::Busy,
             metadata: json!({}),
             config,
+            assistant_id: None,
+            assistant_version: None,
             created_at: now,
             updated_at: now,
         };
@@ -188,6 +190,7 @@ impl MemJournal {
             status: RunStatus::Queued,
             query: query.into(),
             config: AgentConfig::default(),
+            assistant: None,
             multitask_strategy: MultitaskStrategy::Enqueue,
             idempotency_key: None,
             created_at: now,

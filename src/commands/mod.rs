@@ -1,7 +1,7 @@
 //! The use-case layer: what a client may ask of the service, whichever door it comes through
 //! (the REST API, A2A, later MCP, AG-UI, crons and webhooks). [`UseCases`] checks a request
 //! (`runs`: the query, the config, the tool policy floor, the tenant's quota; `decisions`: a
-//! person's decision against its suspension) and carries it out through [`RunCommands`]. Doors
+//! person's decision against its suspension; `assistants`: versioned configs and their use) and carries it out through [`RunCommands`]. Doors
 //! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
 //! imports a door.
 //!
@@ -19,6 +19,7 @@
 //! store (Postgres LISTEN, and a poll of the watched threads' `last_seq` for a lost
 //! notification), delivered to the same bus, wake-up and registry.
 
+mod assistants;
 mod cases;
 mod decisions;
 mod policy;
@@ -36,6 +37,7 @@ use crate::registry::RunRegistry;
 use crate::store::{
     CancelledRun, CreatedRun, NewRun, Resolution, ResolvedSuspension, SqlStore, StoreResult,
 };
+pub use assistants::AssistantInput;
 pub use cases::UseCases;
 pub use decisions::{DecisionRequest, already_decided};
 pub use policy::check_policy_floor;

@@ -70,25 +70,38 @@ impl UseCases {
 /// # Errors
 /// 422 `policy_floor` naming the first tool the run would drop or add.
 pub fn check_policy_floor(thread: &AgentConfig, run: &AgentConfig) -> Result<(), ApiError> {
-    if let (Some(floor), Some(asked)) = (&thread.require_approval, &run.require_approval)
+    check_floor(thread, run, "thread")
+}
+
+/// [`check_policy_floor`] of `over` under `base`, the config of what `whose` names (`thread`,
+/// `assistant`): the same floor holds for a thread under its assistant.
+///
+/// # Errors
+/// 422 `policy_floor` naming the first tool `over` would drop or add.
+pub(super) fn check_floor(
+    base: &AgentConfig,
+    over: &AgentConfig,
+    whose: &str,
+) -> Result<(), ApiError> {
+    if let (Some(floor), Some(asked)) = (&base.require_approval, &over.require_approval)
         && let Some(dropped) = floor.iter().find(|n| !asked.contains(n))
     {
         return Err(ApiError::Unprocessable {
             code: "policy_floor",
             detail: format!(
-                "config.requireApproval may add tools to the thread's, never drop one: \
-                 `{dropped}` needs approval on this thread"
+                "config.requireApproval may add tools to the {whose}'s, never drop one: \
+                 `{dropped}` needs approval on this {whose}"
             ),
         });
     }
-    if let (Some(allowed), Some(asked)) = (&thread.tools, &run.tools)
+    if let (Some(allowed), Some(asked)) = (&base.tools, &over.tools)
         && let Some(extra) = asked.iter().find(|n| !allowed.contains(n))
     {
         return Err(ApiError::Unprocessable {
             code: "policy_floor",
             detail: format!(
-                "config.tools may narrow the thread's tools, never widen them: `{extra}` is not \
-                 enabled on this thread"
+                "config.tools may narrow the {whose}'s tools, never widen them: `{extra}` is not \
+                 enabled on this {whose}"
             ),
         });
     }

@@ -7,9 +7,8 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::UseCases;
-use super::policy::check_policy_floor;
 use crate::events::BusMsg;
-use crate::model::{AgentConfig, MultitaskStrategy, Run, RunStatus, ThreadId};
+use crate::model::{AgentConfig, AssistantId, MultitaskStrategy, Run, RunStatus, ThreadId};
 use crate::problem::ApiError;
 use crate::store::NewRun;
 use crate::telemetry::TraceContext;
@@ -29,6 +28,11 @@ pub struct RunRequest {
     pub create_thread: bool,
     /// The trace the run's spans continue.
     pub trace: Option<TraceContext>,
+    /// The assistant the run uses instead of the thread's (its current version unless
+    /// `assistant_version` pins one).
+    pub assistant_id: Option<AssistantId>,
+    /// A version of `assistant_id` (or, without it, of the thread's assistant) to use.
+    pub assistant_version: Option<i64>,
 }
 
 impl UseCases {
@@ -64,12 +68,22 @@ impl UseCases {
         }
         let config = request.config;
         self.check_config(&tenant, &config).await?;
-        if config.require_approval.is_some() || config.tools.is_some() {
-            // Read only when the run touches the policy: the common run costs no extra query.
-            if let Some(thread) = self.store.get_thread(&tenant, &thread_id).await? {
-                check_policy_floor(&thread.config, &config)?;
-            }
+        if request.assistant_version.is_some_and(|v| v < 1) {
+            return Err(ApiError::Validation(
+                "assistantVersion must be 1 or more".into(),
+            ));
         }
+        // Locked fields and the tool policy floor; reads only for a run that overrides its
+        // thread's config or names an assistant: the common run costs no extra query.
+        let assistant = self
+            .assistant_for_run(
+                &tenant,
+                &thread_id,
+                request.assistant_id,
+                request.assistant_version,
+                &config,
+            )
+            .await?;
         let max_active = self.config.tenant_max_active_runs;
         if self.active_runs(&tenant, max_active).await? >= max_active {
             return Err(ApiError::QuotaExceeded {
@@ -94,6 +108,7 @@ impl UseCases {
                 idempotency_key: request.idempotency_key,
                 create_thread,
                 trace_context: request.trace.map(|t| t.to_stored()),
+                assistant,
             })
             .await
             .map_err(|e| match e {
@@ -105,6 +120,10 @@ impl UseCases {
                          the run with `\"ifNotExists\": \"create\"` to create it on the fly"
                     ),
                 },
+                e @ (crate::store::StoreError::AssistantNotFound(_)
+                | crate::store::StoreError::AssistantVersionNotFound { .. }) => {
+                    super::assistants::unusable(e, "the thread's")
+                }
                 other => other.into(),
             })?;
         Ok((created.run, created.created))

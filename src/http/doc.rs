@@ -74,6 +74,7 @@ routes never do.",
         (name = "suspensions", description = "Pauses for a person"),
         (name = "tools", description = "The tools threads can enable"),
         (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
+        (name = "assistants", description = "Assistants: named, versioned configurations threads and runs start from"),
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
         (name = "health", description = "Liveness, readiness, metrics"),
         (name = "console", description = "The web console for people (an HTML page that uses this API)")

@@ -6,6 +6,7 @@
 //! API keys (its data calls carry them).
 
 pub mod a2a;
+pub mod assistants;
 pub mod console;
 pub mod doc;
 pub mod error;
@@ -245,6 +246,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(suspensions::router())
         .merge(tools::router())
         .merge(flowcharts::router())
+        .merge(assistants::router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).
@@ -263,7 +265,14 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The first segments of the `/v1` routes: a path that starts with one of them but not with
 /// `/v1` is most likely a `/v1` route without its prefix.
-const V1_RESOURCES: [&str; 5] = ["threads", "suspensions", "tools", "flowcharts", "runs"];
+const V1_RESOURCES: [&str; 6] = [
+    "threads",
+    "suspensions",
+    "tools",
+    "flowcharts",
+    "runs",
+    "assistants",
+];
 
 async fn not_found(req: Request) -> ApiError {
     let path = req.uri().path();

@@ -17,7 +17,7 @@ use super::{
     encode_cursor, page_limit, parse_thread_id,
 };
 use crate::commands::RunRequest;
-use crate::model::{AgentConfig, MultitaskStrategy, Run, ThreadId};
+use crate::model::{AgentConfig, AssistantId, MultitaskStrategy, Run, ThreadId};
 use crate::telemetry::TraceContext;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -60,6 +60,15 @@ pub struct CreateRun {
     #[serde(default)]
     #[schema(min_length = 1, max_length = 256)]
     pub idempotency_key: Option<String>,
+    /// The assistant whose config this run starts from, instead of the thread's (its current
+    /// version unless `assistantVersion` pins one). A run may not set a config field it locks.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, pattern = "^[A-Za-z0-9_.:-]{1,128}$")]
+    pub assistant_id: Option<AssistantId>,
+    /// A version of `assistantId` (or, without it, of the thread's assistant) to use.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub assistant_version: Option<i64>,
 }
 
 /// Enqueue the run `body` asks for on `thread_id` (see [`crate::commands::UseCases::enqueue`]); its spans will
@@ -78,6 +87,8 @@ async fn enqueue(
         idempotency_key: body.idempotency_key,
         create_thread: body.if_not_exists == Some(IfNotExists::Create),
         trace,
+        assistant_id: body.assistant_id,
+        assistant_version: body.assistant_version,
     };
     state.cases.enqueue(tenant, thread_id, request).await
 }

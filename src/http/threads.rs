@@ -13,7 +13,10 @@ use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
     encode_cursor, page_limit, parse_thread_id,
 };
-use crate::model::{AgentConfig, ItemStatus, Message, Thread, ThreadId, ThreadSummary, TodoItem};
+use crate::model::{
+    AgentConfig, AssistantId, AssistantPin, ItemStatus, Message, Thread, ThreadId, ThreadSummary,
+    TodoItem,
+};
 use crate::store::ThreadPatch;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -39,6 +42,15 @@ pub struct CreateThread {
     pub metadata: Option<Value>,
     #[serde(default)]
     pub config: Option<AgentConfig>,
+    /// The assistant whose config the thread's runs start from (the thread's config overlays
+    /// it); the thread's config may not set a field it locks.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, pattern = "^[A-Za-z0-9_.:-]{1,128}$")]
+    pub assistant_id: Option<AssistantId>,
+    /// Pin a version of `assistantId`; absent, runs use its current version when enqueued.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub assistant_version: Option<i64>,
 }
 
 /// Body of `PATCH /v1/threads/{threadId}`: fields present replace the stored ones.
@@ -52,6 +64,37 @@ pub struct UpdateThread {
     /// Replaces the stored config.
     #[serde(default)]
     pub config: Option<AgentConfig>,
+    /// Sets the thread's assistant (unpinned unless `assistantVersion` is given too); null
+    /// detaches it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>, pattern = "^[A-Za-z0-9_.:-]{1,128}$")]
+    pub assistant_id: Option<Option<AssistantId>>,
+    /// Pins a version of the thread's assistant; null follows its current version.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub assistant_version: Option<Option<i64>>,
+}
+
+/// A field that may be absent (`None`), null (`Some(None)`) or set.
+fn present<'de, T, D>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    T: Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// `assistantVersion` must name a version (1 and up) of an assistant the same body names.
+fn check_version(version: Option<i64>, has_assistant: bool) -> Result<(), ApiError> {
+    match version {
+        Some(v) if v < 1 => Err(ApiError::Validation(
+            "assistantVersion must be 1 or more".into(),
+        )),
+        Some(_) if !has_assistant => Err(ApiError::Validation(
+            "assistantVersion pins a version of an assistant: set assistantId too".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A page of items.
@@ -141,15 +184,26 @@ pub async fn create_thread(
     AppJson(body): AppJson<CreateThread>,
 ) -> Result<(StatusCode, AppJson<Thread>), ApiError> {
     check_metadata(&body.metadata)?;
+    check_version(body.assistant_version, body.assistant_id.is_some())?;
     let config = body.config.unwrap_or_default();
     state.cases.check_config(&tenant, &config).await?;
+    let assistant = body.assistant_id.map(|assistant_id| AssistantPin {
+        assistant_id,
+        version: body.assistant_version,
+    });
+    if let Some(pin) = &assistant {
+        state
+            .cases
+            .check_thread_assistant(&tenant, pin, &config)
+            .await?;
+    }
     let id = body.thread_id.unwrap_or_else(ThreadId::generate);
     let metadata = body
         .metadata
         .unwrap_or_else(|| Value::Object(Default::default()));
     let thread = state
         .store
-        .create_thread(&tenant, &id, metadata, config)
+        .create_thread_using(&tenant, &id, metadata, config, assistant.as_ref())
         .await?;
     Ok((StatusCode::CREATED, AppJson(thread)))
 }
@@ -215,12 +269,24 @@ pub async fn patch_thread(
 ) -> Result<AppJson<Thread>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
     check_metadata(&body.metadata)?;
+    check_version(body.assistant_version.flatten(), true)?;
     if let Some(cfg) = &body.config {
         state.cases.check_config(&tenant, cfg).await?;
     }
+    let assistant = state
+        .cases
+        .patch_thread_assistant(
+            &tenant,
+            &id,
+            body.assistant_id,
+            body.assistant_version,
+            body.config.as_ref(),
+        )
+        .await?;
     let patch = ThreadPatch {
         metadata: body.metadata,
         config: body.config,
+        assistant,
     };
     let thread = state
         .store

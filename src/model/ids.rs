@@ -11,7 +11,7 @@ use super::*;
 #[error("{0}")]
 pub struct InvalidId(pub String);
 
-fn check_id(kind: &str, s: &str, max: usize, extra: &[char]) -> Result<(), InvalidId> {
+pub(super) fn check_id(kind: &str, s: &str, max: usize, extra: &[char]) -> Result<(), InvalidId> {
     if s.is_empty() || s.len() > max {
         return Err(InvalidId(format!(
             "{kind} must be 1 to {max} characters long"

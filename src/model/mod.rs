@@ -5,8 +5,8 @@
 //! One file per concept, every type re-exported here (`crate::model::Run`): [`ids`] (thread and
 //! item ids), [`runs`] (threads, runs, usage, messages), [`items`] (todo items, tool calls and
 //! results), [`observations`], [`suspensions`] (and decisions), [`agent_config`] (a thread's
-//! config and its policy floors). This file keeps what they share: `string_enum!`, the default
-//! tenant, new ids and NUL scrubbing.
+//! config and its policy floors), [`assistants`] (versioned configs and how they combine). This
+//! file keeps what they share: `string_enum!`, the default tenant, new ids and NUL scrubbing.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -49,6 +49,7 @@ macro_rules! string_enum {
 }
 
 pub mod agent_config;
+pub mod assistants;
 pub mod ids;
 pub mod items;
 pub mod observations;
@@ -57,6 +58,7 @@ pub mod runs;
 pub mod suspensions;
 
 pub use agent_config::*;
+pub use assistants::*;
 pub use ids::*;
 pub use items::*;
 pub use observations::*;

@@ -78,6 +78,9 @@ pub struct RunStartedContent {
     pub model: Option<String>,
     /// The run's lease attempt.
     pub attempt: i64,
+    /// The assistant version the run uses; null when it uses none.
+    #[schema(required = true)]
+    pub assistant: Option<super::AssistantRef>,
     /// Only with the offline model: that its answers are not a real model's.
     #[schema(nullable = false)]
     #[serde(skip_serializing_if = "Option::is_none")]

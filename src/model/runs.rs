@@ -95,6 +95,16 @@ pub struct Thread {
     #[schema(value_type = Object)]
     pub metadata: Value,
     pub config: AgentConfig,
+    /// The assistant whose config the thread's runs start from (its config overlays it); null
+    /// when none.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub assistant_id: Option<AssistantId>,
+    /// The assistant version the thread is pinned to; null follows the assistant's current
+    /// version, read when each run is enqueued.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub assistant_version: Option<i64>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -145,6 +155,10 @@ pub struct Run {
     pub query: String,
     /// Per-run overrides of the thread's config.
     pub config: AgentConfig,
+    /// The assistant version the run uses, fixed when it was enqueued (the thread's or the
+    /// run's choice); null when it uses none.
+    #[serde(default)]
+    pub assistant: Option<AssistantRef>,
     pub multitask_strategy: MultitaskStrategy,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,

@@ -10,8 +10,8 @@
 //! Layout: each operation is defined once, for both dialects, in the file of its concept, next
 //! to its SQL: `threads` (threads, their messages and observations), `runs` (enqueue, read,
 //! cancel), `tenant_runs` (runs found without their thread), `leases` (claim, heartbeat,
-//! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts` and `signals`
-//! (wake-ups between replicas); `sql_store` holds the type itself, its connections and what
+//! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts`, `assistants`
+//! and `signals` (wake-ups between replicas); `sql_store` holds the type itself, its connections and what
 //! concerns the whole store (migrations, readiness, the backlog). Below them: the dialect layer
 //! `sql` (bind values, rows, connections and a few SQL tokens each dialect renders), `rows`
 //! (rows to domain types, one decoder per type), `tables` and `fragments` (SQL shared by the
@@ -35,11 +35,12 @@ use uuid::Uuid;
 
 use crate::flowchart::FlowchartRecord;
 use crate::model::{
-    AgentConfig, MultitaskStrategy, Observation, ObservationType, ResumeDecision, Run, RunStatus,
-    Suspension, SuspensionStatus, ThreadId,
+    AgentConfig, AssistantPin, AssistantRef, MultitaskStrategy, Observation, ObservationType,
+    ResumeDecision, Run, RunStatus, Suspension, SuspensionStatus, ThreadId,
 };
 
 mod apply;
+mod assistants;
 mod flowcharts;
 mod fragments;
 mod group;
@@ -73,6 +74,14 @@ pub enum StoreError {
     RunNotFound,
     #[error("suspension not found")]
     SuspensionNotFound,
+    #[error("an assistant with this id already exists")]
+    AssistantExists,
+    /// The tenant has no live assistant with this id (never created, or deleted).
+    #[error("assistant `{0}` not found")]
+    AssistantNotFound(String),
+    /// The assistant exists but not this version (never made, or pruned).
+    #[error("assistant `{assistant_id}` has no version {version}")]
+    AssistantVersionNotFound { assistant_id: String, version: i64 },
     /// `multitaskStrategy: reject` and the thread has a queued, running or suspended run.
     #[error("the thread already has an active run ({active_run})")]
     ThreadBusy { active_run: Uuid },
@@ -111,6 +120,8 @@ pub struct PageCursor {
 pub struct ThreadPatch {
     pub metadata: Option<Value>,
     pub config: Option<AgentConfig>,
+    /// `Some(None)` detaches the thread from its assistant; `Some(Some(pin))` sets it.
+    pub assistant: Option<Option<AssistantPin>>,
 }
 
 /// A query to run.
@@ -124,6 +135,9 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     /// Create the thread (empty metadata and config) when it does not exist.
     pub create_thread: bool,
+    /// The assistant version the run uses, chosen by the caller; `None` uses the thread's
+    /// assistant (its pinned version, or the current one, read in the enqueue's transaction).
+    pub assistant: Option<AssistantRef>,
     /// The trace context the run's spans continue (a stored [`crate::telemetry::TraceContext`]).
     pub trace_context: Option<String>,
 }
@@ -229,6 +243,17 @@ pub struct ResolvedSuspension {
     pub run: Run,
     /// The `AGENT_RESUMED` observation.
     pub observations: Vec<Observation>,
+}
+
+/// A new version of an assistant, as [`SqlStore::create_assistant`] and
+/// [`SqlStore::update_assistant`] store it. `None` fields of an update keep the current
+/// version's value.
+#[derive(Debug, Clone, Default)]
+pub struct AssistantDraft {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub config: AgentConfig,
+    pub locked: Option<Vec<String>>,
 }
 
 /// What [`SqlStore::put_flowchart`] stored.

@@ -20,8 +20,8 @@ use uuid::Uuid;
 use super::sql::Row;
 use super::{StoreError, StoreResult};
 use crate::model::{
-    AgentStateRow, ItemId, Message, NewObservation, Observation, ResumeDecision, Run, RunStatus,
-    Suspension, SuspensionStatus, Thread, ThreadId, TodoItem,
+    AgentStateRow, AssistantId, AssistantRef, ItemId, Message, NewObservation, Observation,
+    ResumeDecision, Run, RunStatus, Suspension, SuspensionStatus, Thread, ThreadId, TodoItem,
 };
 
 /// SQLite timestamp format: fixed width, UTC, microseconds, so text order is time order.
@@ -181,6 +181,8 @@ pub(crate) fn thread_from_row(r: &Row) -> StoreResult<Thread> {
         status: r.enumeration("status")?,
         metadata: r.json("metadata")?,
         config: r.typed("config")?,
+        assistant_id: r.opt_text("assistant_id")?.map(AssistantId::from_stored),
+        assistant_version: r.opt_int("assistant_version")?,
         created_at: r.ts("created_at")?,
         updated_at: r.ts("updated_at")?,
     })
@@ -242,6 +244,13 @@ pub(crate) fn run_from_row(r: &Row) -> StoreResult<Run> {
         status: r.enumeration("status")?,
         query: r.text("query")?,
         config: r.typed("config")?,
+        assistant: match (r.opt_text("assistant_id")?, r.opt_int("assistant_version")?) {
+            (Some(id), Some(version)) => Some(AssistantRef {
+                assistant_id: AssistantId::from_stored(id),
+                version,
+            }),
+            _ => None,
+        },
         multitask_strategy: r.enumeration("multitask_strategy")?,
         idempotency_key: r.opt_text("idempotency_key")?,
         created_at: r.ts("created_at")?,

@@ -6,12 +6,15 @@ use std::collections::HashMap;
 use uuid::Uuid;
 
 use super::apply::append_observations;
+use super::assistants::{lock_thread_for_run, version_for_run};
 use super::rows;
-use super::sql::{Conn, q};
+use super::sql::{Arg, Conn, q};
 use super::sql_store::SqlStore;
 use super::threads::{lock_thread, map_rows};
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
-use crate::model::{MultitaskStrategy, Run, RunStatus, Suspension, ThreadId, Usage, new_id};
+use crate::model::{
+    AssistantPin, MultitaskStrategy, Run, RunStatus, Suspension, ThreadId, Usage, new_id,
+};
 
 /// Cancel the queued or suspended runs among `$1` (the store cancels those itself).
 const CANCEL_QUEUED_OR_SUSPENDED: &str = "UPDATE runs SET status = 'cancelled', \
@@ -85,8 +88,8 @@ impl SqlStore {
     pub async fn create_run(&self, new: NewRun) -> StoreResult<CreatedRun> {
         let mut tx = self.write().await?;
         let (tenant, thread_id) = (new.tenant.as_str(), &new.thread_id);
-        let mut last_seq = lock_thread(&mut tx, tenant, thread_id).await?;
-        if last_seq.is_none() && new.create_thread {
+        let mut locked = lock_thread_for_run(&mut tx, tenant, thread_id).await?;
+        if locked.is_none() && new.create_thread {
             // Concurrent creators wait on the primary key; the loser inserts nothing.
             tx.exec(
                 q(
@@ -106,9 +109,9 @@ impl SqlStore {
                 .bind(thread_id.as_str()),
             )
             .await?;
-            last_seq = lock_thread(&mut tx, tenant, thread_id).await?;
+            locked = lock_thread_for_run(&mut tx, tenant, thread_id).await?;
         }
-        let last_seq = last_seq.ok_or(StoreError::ThreadNotFound)?;
+        let (last_seq, thread_assistant) = locked.ok_or(StoreError::ThreadNotFound)?;
 
         if let Some(key) = &new.idempotency_key {
             let existing = tx
@@ -149,6 +152,19 @@ impl SqlStore {
             .map(|r| Ok((r.uuid("run_id")?, r.enumeration::<RunStatus>("status")?)))
             .collect::<StoreResult<Vec<_>>>()?;
 
+        // The caller's choice as it is, else the thread's assistant (pinned, or current now).
+        let assistant = match (&new.assistant, thread_assistant) {
+            (Some(chosen), _) => Some(AssistantPin {
+                assistant_id: chosen.assistant_id.clone(),
+                version: Some(chosen.version),
+            }),
+            (None, pin) => pin,
+        };
+        let assistant = match assistant {
+            Some(pin) => Some(version_for_run(&mut tx, tenant, &pin).await?),
+            None => None,
+        };
+
         let run_id = new_id();
         let mut observations = Vec::new();
         match new.strategy {
@@ -187,9 +203,10 @@ impl SqlStore {
                 q(
                     "INSERT INTO runs (run_id, tenant, thread_id, status, query, config, \
                      multitask_strategy, idempotency_key, created_at, usage, attempt, phase, \
-                     cancel_requested, start_seq, trace_context) \
+                     cancel_requested, start_seq, trace_context, assistant_id, \
+                     assistant_version) \
                    VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, {clock}, $8, 0, 'new', FALSE, \
-                     $9, $10) RETURNING *",
+                     $9, $10, $11, $12) RETURNING *",
                 )
                 .bind(run_id)
                 .bind(tenant)
@@ -200,7 +217,9 @@ impl SqlStore {
                 .bind(&new.idempotency_key)
                 .bind(rows::to_json(&Usage::default())?)
                 .bind(start_seq)
-                .bind(&new.trace_context),
+                .bind(&new.trace_context)
+                .bind(assistant.as_ref().map(|a| a.assistant_id.as_str()))
+                .bind(Arg::Int(assistant.as_ref().map(|a| a.version))),
             )
             .await?;
         tx.notify(&Signal::RunReady).await?;

@@ -9,8 +9,10 @@
 //! - SQL templates: the shared SQL text, with a few tokens each dialect renders its own way —
 //!   `{now}` (the time, from the database's clock on Postgres), `{clock}` (the time even inside a
 //!   transaction), `{later N}` (now plus `$N` seconds), `{in COL N}` (`COL` is one of the list
-//!   `$N`), `{served COL N}` (where `,COL,` is in the text `$N`, 0 when absent) and `{lock}`
-//!   (`FOR UPDATE`, a no-op where writers are serialized).
+//!   `$N`), `{served COL N}` (where `,COL,` is in the text `$N`, 0 when absent), `{lock}`
+//!   (`FOR UPDATE`, a no-op where writers are serialized), `{lock of T}` (`FOR UPDATE OF T`) and
+//!   `{share of T}` (`FOR KEY SHARE OF T`: the row may not be deleted until commit, while others
+//!   may share it; a no-op on SQLite too).
 //!
 //! The two backends are a closed set, so they are an enum rather than a trait: no generic
 //! bounds over sqlx's database traits, one compiled copy of the logic.
@@ -212,7 +214,9 @@ fn token_sql(d: Dialect, token: &[&str], tpl: &str) -> String {
         (Dialect::Postgres, ["served", col, n]) => format!("strpos(${n}, ',' || {col} || ',')"),
         (Dialect::Sqlite, ["served", col, n]) => format!("instr(${n}, ',' || {col} || ',')"),
         (Dialect::Postgres, ["lock"]) => "FOR UPDATE".into(),
-        (Dialect::Sqlite, ["lock"]) => String::new(),
+        (Dialect::Sqlite, ["lock"] | ["lock" | "share", "of", _]) => String::new(),
+        (Dialect::Postgres, ["lock", "of", table]) => format!("FOR UPDATE OF {table}"),
+        (Dialect::Postgres, ["share", "of", table]) => format!("FOR KEY SHARE OF {table}"),
         _ => panic!("unknown token {token:?} in SQL template: {tpl}"),
     }
 }

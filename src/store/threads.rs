@@ -11,14 +11,15 @@ use super::{
     AgentSnapshot, ObservationQuery, PageCursor, Signal, StoreError, StoreResult, ThreadPatch,
 };
 use crate::model::{
-    AgentConfig, LAST_QUERY_CHARS, Message, Observation, Thread, ThreadId, ThreadSummary,
+    AgentConfig, AssistantPin, LAST_QUERY_CHARS, Message, Observation, Thread, ThreadId,
+    ThreadSummary,
 };
 
 /// A thread with its status derived from its runs: `busy` while one is queued or running,
 /// `suspended` while one waits for a person, `error` when the newest failed, else `idle`.
 /// Expects the thread row aliased `t`.
 const THREAD_COLUMNS: &str = "t.tenant, t.thread_id, t.metadata, t.config, t.created_at, \
-    t.updated_at, \
+    t.updated_at, t.assistant_id, t.assistant_version, \
     CASE \
       WHEN EXISTS (SELECT 1 FROM runs r WHERE r.tenant = t.tenant AND r.thread_id = t.thread_id \
                    AND r.status IN ('queued', 'running')) THEN 'busy' \
@@ -87,7 +88,7 @@ impl SqlStore {
             .is_some())
     }
 
-    /// Create a thread with empty agent state.
+    /// Create a thread with empty agent state and no assistant.
     ///
     /// # Errors
     /// [`StoreError::ThreadExists`] when the tenant already has a thread with this id.
@@ -98,19 +99,39 @@ impl SqlStore {
         metadata: Value,
         config: AgentConfig,
     ) -> StoreResult<Thread> {
+        self.create_thread_using(tenant, thread_id, metadata, config, None)
+            .await
+    }
+
+    /// Create a thread with empty agent state whose runs use `assistant` (checked by the
+    /// caller).
+    ///
+    /// # Errors
+    /// [`StoreError::ThreadExists`] when the tenant already has a thread with this id.
+    pub async fn create_thread_using(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        metadata: Value,
+        config: AgentConfig,
+        assistant: Option<&AssistantPin>,
+    ) -> StoreResult<Thread> {
         let mut tx = self.write().await?;
         let row = tx
             .one(
                 q(
                     "INSERT INTO threads (tenant, thread_id, metadata, config, created_at, \
-                     updated_at) VALUES ($1, $2, $3, $4, {now}, {now}) \
+                     updated_at, assistant_id, assistant_version) \
+                   VALUES ($1, $2, $3, $4, {now}, {now}, $5, $6) \
                    RETURNING tenant, thread_id, metadata, config, created_at, updated_at, \
-                     'idle' AS status",
+                     assistant_id, assistant_version, 'idle' AS status",
                 )
                 .bind(tenant)
                 .bind(thread_id.as_str())
                 .bind(metadata)
-                .bind(rows::to_json(&config)?),
+                .bind(rows::to_json(&config)?)
+                .bind(assistant.map(|a| a.assistant_id.as_str()))
+                .bind(Arg::Int(assistant.and_then(|a| a.version))),
             )
             .await
             .map_err(|e| match e {
@@ -185,15 +206,23 @@ impl SqlStore {
         patch: ThreadPatch,
     ) -> StoreResult<Option<Thread>> {
         let mut tx = self.write().await?;
+        // `$5`: whether the assistant changes (to `$6`, `$7`, NULLs detaching it).
+        let assistant = patch.assistant.as_ref();
+        let pin = assistant.and_then(Option::as_ref);
         let changed = tx
             .exec(
                 q("UPDATE threads SET metadata = COALESCE($3, metadata), \
-                     config = COALESCE($4, config), updated_at = {now} \
+                     config = COALESCE($4, config), updated_at = {now}, \
+                     assistant_id = CASE WHEN $5 THEN $6 ELSE assistant_id END, \
+                     assistant_version = CASE WHEN $5 THEN $7 ELSE assistant_version END \
                    WHERE tenant = $1 AND thread_id = $2")
                 .bind(tenant)
                 .bind(thread_id.as_str())
                 .bind(patch.metadata)
-                .bind(rows::opt_json(patch.config.as_ref())?),
+                .bind(rows::opt_json(patch.config.as_ref())?)
+                .bind(assistant.is_some())
+                .bind(pin.map(|p| p.assistant_id.as_str()))
+                .bind(Arg::Int(pin.and_then(|p| p.version))),
             )
             .await?;
         if changed == 0 {

@@ -9,6 +9,8 @@ mod a2a_server;
 mod agent;
 mod anthropic;
 mod ask;
+mod assistant_runs;
+mod assistants;
 mod browser;
 mod connections;
 mod console;

@@ -175,6 +175,7 @@ async fn enqueue(store: &S, thread: &str) -> Run {
             idempotency_key: None,
             create_thread: true,
             trace_context: None,
+            assistant: None,
         })
         .await
         .unwrap()

@@ -58,6 +58,7 @@ fn new_run(tenant: &str, thread: &str, query: &str) -> NewRun {
         idempotency_key: None,
         create_thread: true,
         trace_context: None,
+        assistant: None,
     }
 }
 
@@ -297,6 +298,7 @@ async fn thread_round_trips_through_create_get_update_delete(store: S) {
             ThreadPatch {
                 metadata: Some(json!({ "owner": "bob" })),
                 config: None,
+                assistant: None,
             },
         )
         .await
@@ -318,6 +320,7 @@ async fn thread_round_trips_through_create_get_update_delete(store: S) {
             ThreadPatch {
                 metadata: None,
                 config: Some(new_config.clone()),
+                assistant: None,
             },
         )
         .await

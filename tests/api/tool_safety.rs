@@ -218,6 +218,7 @@ impl Harness {
                 idempotency_key: None,
                 create_thread: true,
                 trace_context: None,
+                assistant: None,
             })
             .await
             .unwrap();

@@ -113,9 +113,11 @@ fn parameters_are_where_the_server_reads_them_and_optional_unless_in_the_path() 
             }
         }
     }
-    // limit+cursor ×3, observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart
-    // version 1, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and resume.
-    assert_eq!(queries, 23);
+    // limit+cursor ×5 (threads, runs, messages, assistants, assistant versions),
+    // observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart and assistant
+    // version 1 each, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and
+    // resume.
+    assert_eq!(queries, 28);
     let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
     assert_eq!(limit["name"], "limit");
     assert_eq!(limit["in"], "query");
@@ -213,8 +215,9 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 6,
-        "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT"
+        bodies, 9,
+        "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT, assistants POST/PUT, \
+         assistant current"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
     assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");

@@ -245,17 +245,6 @@ fn cut(text: &str, max: usize) -> String {
     )
 }
 
-/// A failed call's record, `error` as its reason.
-pub(super) fn error_record(call: &ToolCallRecord, error: String) -> ToolResultRecord {
-    ToolResultRecord {
-        tool_call_id: call.id.clone(),
-        name: call.name.clone(),
-        status: ToolResultStatus::Error,
-        output: json!({"error": error}),
-        error: Some(error),
-    }
-}
-
 /// What the model reads as a tool's result.
 fn tool_message_text(r: &ToolResultRecord) -> String {
     match (r.status, &r.error) {

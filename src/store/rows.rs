@@ -9,7 +9,7 @@
 use crate::model::payloads::{AgentResumedContent, CancelReason, RunCancelledContent};
 use std::str::FromStr;
 
-use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -24,21 +24,7 @@ use crate::model::{
     ResumeDecision, Run, RunStatus, Suspension, SuspensionStatus, Thread, ThreadId, TodoItem,
 };
 
-/// SQLite timestamp format: fixed width, UTC, microseconds, so text order is time order.
-pub(crate) const SQLITE_TS_FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
-
-/// Format a timestamp for a SQLite TEXT column.
-pub(crate) fn ts_text(t: DateTime<Utc>) -> String {
-    t.format(SQLITE_TS_FORMAT).to_string()
-}
-
-/// Parse a timestamp written by [`ts_text`] (RFC 3339 is accepted too).
-pub(crate) fn parse_ts_text(s: &str) -> StoreResult<DateTime<Utc>> {
-    NaiveDateTime::parse_from_str(s, SQLITE_TS_FORMAT)
-        .map(|n| n.and_utc())
-        .or_else(|_| DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc)))
-        .map_err(|e| StoreError::Decode(format!("bad timestamp `{s}`: {e}")))
-}
+pub(crate) use super::sql::{parse_ts_text, ts_text};
 
 /// A timestamp at stored precision, so what a caller passed in equals what it reads back.
 pub(crate) fn micros(t: DateTime<Utc>) -> DateTime<Utc> {

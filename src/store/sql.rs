@@ -20,7 +20,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnection, PgRow};
@@ -29,8 +29,23 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{Postgres, Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::rows;
 use super::{Signal, StoreError, StoreResult};
+
+/// SQLite timestamp format: fixed width, UTC, microseconds, so text order is time order.
+pub(crate) const SQLITE_TS_FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
+
+/// Format a timestamp for a SQLite TEXT column.
+pub(crate) fn ts_text(t: DateTime<Utc>) -> String {
+    t.format(SQLITE_TS_FORMAT).to_string()
+}
+
+/// Parse a timestamp written by [`ts_text`] (RFC 3339 is accepted too).
+pub(crate) fn parse_ts_text(s: &str) -> StoreResult<DateTime<Utc>> {
+    NaiveDateTime::parse_from_str(s, SQLITE_TS_FORMAT)
+        .map(|n| n.and_utc())
+        .or_else(|_| DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc)))
+        .map_err(|e| StoreError::Decode(format!("bad timestamp `{s}`: {e}")))
+}
 
 /// Which SQL the store speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +64,7 @@ pub(crate) enum Arg {
     Uuid(Option<Uuid>),
     /// A JSON document (`JSONB` / JSON text).
     Json(Option<Value>),
-    /// A timestamp (`TIMESTAMPTZ` / fixed-width text, see [`rows::ts_text`]).
+    /// A timestamp (`TIMESTAMPTZ` / fixed-width text, see [`ts_text`]).
     Ts(Option<DateTime<Utc>>),
     /// A list for `{in COL N}` (`UUID[]` / a JSON array of text).
     Uuids(Vec<Uuid>),
@@ -144,7 +159,7 @@ impl Arg {
             Arg::Bool(v) => Value::from(*v),
             Arg::Uuid(v) => v.map_or(Value::Null, |v| Value::from(id_text(v))),
             Arg::Json(v) => v.clone().unwrap_or(Value::Null),
-            Arg::Ts(v) => v.map_or(Value::Null, |v| Value::from(rows::ts_text(v))),
+            Arg::Ts(v) => v.map_or(Value::Null, |v| Value::from(ts_text(v))),
             Arg::Uuids(v) => Value::from(v.iter().map(|v| id_text(*v)).collect::<Vec<_>>()),
             Arg::Texts(v) => Value::from(v.clone()),
         }
@@ -246,7 +261,7 @@ fn bind_lite<'q>(
         Arg::Bool(v) => q.bind(v),
         Arg::Uuid(v) => q.bind(v.map(id_text)),
         Arg::Json(v) => q.bind(v.map(|v| v.to_string())),
-        Arg::Ts(v) => q.bind(v.map(rows::ts_text)),
+        Arg::Ts(v) => q.bind(v.map(ts_text)),
         Arg::Uuids(v) => {
             q.bind(Value::from(v.into_iter().map(id_text).collect::<Vec<_>>()).to_string())
         }

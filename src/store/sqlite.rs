@@ -8,7 +8,7 @@
 //! (`threads.last_seq`), fences and claims need no row locks.
 //!
 //! Storage conventions: ids are hyphenated UUID text, JSON is text, timestamps are text in the
-//! fixed-width UTC format `rows::SQLITE_TS_FORMAT` (text order is time order); the clock is
+//! fixed-width UTC format `sql::SQLITE_TS_FORMAT` (text order is time order); the clock is
 //! SQLite's own (`'now'`, which keeps milliseconds).
 
 use std::path::Path;

@@ -102,7 +102,7 @@ impl CallKind for Delegate {
         let tools = &engine.tools;
         Box::pin(async move {
             if let Err(e) = tools.validate(&call.name, &args) {
-                let result = crate::agent::tool_calls::error_record(&call, e.to_string());
+                let result = error_record(&call, e.to_string());
                 return Outcome::Done(result, crate::model::Usage::default());
             }
             match delegate(&d, &call, &args).await {
@@ -283,4 +283,15 @@ async fn commit_update(
         .commit(batch)
         .await
         .map_err(|e| format!("the remote task's update could not be committed: {e}"))
+}
+
+/// A failed call's record, `error` as its reason.
+fn error_record(call: &ToolCallRecord, error: String) -> ToolResultRecord {
+    ToolResultRecord {
+        tool_call_id: call.id.clone(),
+        name: call.name.clone(),
+        status: ToolResultStatus::Error,
+        output: json!({"error": error}),
+        error: Some(error),
+    }
 }

@@ -460,6 +460,16 @@ impl App {
             &shutdown,
         )
         .await?;
+        tracker.spawn(crate::commands::retention::sweep_expired_threads(
+            state.commands.clone(),
+            crate::commands::retention::SweepSettings {
+                default_ttl: state.config.thread_ttl_seconds,
+                every: Duration::from_secs(state.config.retention_interval_seconds.max(1)),
+                batch: state.config.retention_batch.max(1),
+            },
+            state.metrics.clone(),
+            shutdown.clone(),
+        ));
         tracker.spawn(crate::memory::trim_periodically(
             Duration::from_secs(state.config.memory_trim_seconds),
             shutdown.clone(),
@@ -479,7 +489,7 @@ impl App {
             hard_stop.cancel();
             let _ = worker_task.await;
         }
-        // The sweeper and the replica tasks end with the shutdown token; tool servers now.
+        // The sweepers and the replica tasks end with the shutdown token; tool servers now.
         tools_stop.cancel();
         tracker.close();
         tracker.wait().await;

@@ -391,6 +391,29 @@ pub struct Config {
     #[arg(long, env = "PES_SUSPENSION_SWEEP_MS", default_value_t = 1000)]
     pub suspension_sweep_ms: u64,
 
+    /// Default time-to-live of a thread, in seconds, when neither its config nor its assistant's
+    /// sets `ttlSeconds`: a thread with no run queued, running or suspended whose last activity
+    /// is older than this is deleted with everything it owns. 0 = never (at most ten years).
+    #[arg(long, env = "PES_THREAD_TTL_SECONDS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=crate::model::MAX_THREAD_TTL_SECONDS))]
+    pub thread_ttl_seconds: u64,
+
+    /// How often each replica looks for threads whose time-to-live has passed (seconds).
+    #[arg(long, env = "PES_RETENTION_INTERVAL_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub retention_interval_seconds: u64,
+
+    /// Threads one retention pass deletes at most (a full batch starts the next pass at once).
+    #[arg(long, env = "PES_RETENTION_BATCH", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub retention_batch: u32,
+
+    /// Threads one `POST /v1/threads/prune` call deletes (or, with `dryRun`, matches) at most;
+    /// the answer says `more: true` when others remain.
+    #[arg(long, env = "PES_PRUNE_MAX_THREADS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub prune_max_threads: u32,
+
     /// How often a run busy with some items re-reads the suspensions its other items wait on
     /// (milliseconds). Decisions reach the run at once (pushed, also across replicas); this slow
     /// look only covers a lost push. At most one day.

@@ -3,10 +3,12 @@
 //! (`runs`: the query, the config, the tool policy floor, the tenant's quota; `decisions`: a
 //! person's decision against its suspension; `assistants`: versioned configs and their use) and carries it out through [`RunCommands`]. Doors
 //! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
-//! imports a door.
+//! imports a door. `retention` reads what a thread stores and deletes idle threads: pruned by
+//! a tenant, or expired by the sweeper every replica runs.
 //!
 //! [`RunCommands`] is the one path of the commands that change a run from outside its worker: enqueue, cancel,
-//! resume (a person's decision, or the sweeper's expiry), and deleting a thread. Each is the same
+//! resume (a person's decision, or the sweeper's expiry), and deleting a thread (on request, or
+//! because it stayed idle: `retention`). Each is the same
 //! sequence, kept here once:
 //!
 //! 1. the store write, in one transaction (which also NOTIFYs other replicas, on Postgres);
@@ -24,6 +26,7 @@ mod cases;
 mod decisions;
 mod policy;
 pub mod replicas;
+pub mod retention;
 mod runs;
 
 use std::sync::Arc;
@@ -35,12 +38,13 @@ use crate::events::EventBus;
 use crate::model::{MultitaskStrategy, RunStatus, ThreadId};
 use crate::registry::RunRegistry;
 use crate::store::{
-    CancelledRun, CreatedRun, NewRun, Resolution, ResolvedSuspension, SqlStore, StoreResult,
+    CancelledRun, CreatedRun, Idle, NewRun, Resolution, ResolvedSuspension, SqlStore, StoreResult,
 };
 pub use assistants::AssistantInput;
 pub use cases::UseCases;
 pub use decisions::{DecisionRequest, already_decided};
 pub use policy::check_policy_floor;
+pub use retention::{PruneRequest, Pruned};
 pub use runs::RunRequest;
 
 /// Issues run commands (see the module doc). Cheap to clone: every clone shares the store, the
@@ -169,6 +173,28 @@ impl RunCommands {
     /// As [`SqlStore::delete_thread`].
     pub async fn delete_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<bool> {
         let deleted = self.store.delete_thread(tenant, thread_id).await?;
+        if deleted {
+            self.bus.thread_deleted(tenant, thread_id);
+        }
+        Ok(deleted)
+    }
+
+    /// Delete a thread as [`RunCommands::delete_thread`] does, but only if `which` still
+    /// selects it and no run is active on it (its time-to-live passed, or a prune asks for it):
+    /// false when it is gone, busy again, or being deleted by another replica.
+    ///
+    /// # Errors
+    /// As [`SqlStore::delete_idle_thread`].
+    pub async fn delete_idle_thread(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        which: &Idle,
+    ) -> StoreResult<bool> {
+        let deleted = self
+            .store
+            .delete_idle_thread(tenant, thread_id, which)
+            .await?;
         if deleted {
             self.bus.thread_deleted(tenant, thread_id);
         }

@@ -67,6 +67,14 @@ impl UseCases {
             ));
         }
         let config = request.config;
+        if config.ttl_seconds.is_some() {
+            // How long a thread is kept is the thread's (or its assistant's), not one run's.
+            return Err(ApiError::Validation(
+                "config.ttlSeconds is a thread setting: set it on the thread (PATCH \
+                 /v1/threads/{threadId}) or its assistant, not on a run"
+                    .into(),
+            ));
+        }
         self.check_config(&tenant, &config).await?;
         if request.assistant_version.is_some_and(|v| v < 1) {
             return Err(ApiError::Validation(

@@ -13,6 +13,7 @@ pub mod error;
 pub mod flowcharts;
 pub mod health;
 pub mod quota;
+pub mod retention;
 pub mod runs;
 pub mod serve;
 pub mod sse;
@@ -247,6 +248,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(tools::router())
         .merge(flowcharts::router())
         .merge(assistants::router())
+        .merge(retention::router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).

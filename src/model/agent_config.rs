@@ -86,6 +86,14 @@ pub struct AgentConfig {
     /// Roles the planner may give items, by role id (1–64 characters of `A-Za-z0-9_.-`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roles: Option<std::collections::BTreeMap<String, AgentRole>>,
+    /// Delete the thread once it has had no run activity for this many seconds: no run queued,
+    /// running or suspended, and its `updatedAt` (creation, last observation, last change)
+    /// older than this. A thread setting (or its assistant's); a run may not set it. 0 keeps
+    /// the thread forever, whatever the assistant or `PES_THREAD_TTL_SECONDS` say; absent, the
+    /// assistant's, else the server's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 315_360_000)]
+    pub ttl_seconds: Option<u64>,
 }
 
 string_enum! {
@@ -115,6 +123,10 @@ pub struct AgentRole {
 /// The longest suspension expiry a client or the operator may ask for: one year. Bounded so a
 /// deadline can always be computed and stored.
 pub const MAX_SUSPENSION_TTL_SECONDS: u64 = 31_536_000;
+
+/// The longest thread time-to-live a client or the operator may ask for: ten years. Bounded so
+/// the expiry can always be computed by either store.
+pub const MAX_THREAD_TTL_SECONDS: u64 = 315_360_000;
 
 /// A tool list that may only narrow `base`: `over`'s names that `base` allows (every name when
 /// `base` allows every tool).
@@ -166,6 +178,7 @@ impl AgentConfig {
                 .or(self.compaction_threshold_chars),
             max_team_depth: over.max_team_depth.or(self.max_team_depth),
             roles: over.roles.clone().or_else(|| self.roles.clone()),
+            ttl_seconds: over.ttl_seconds.or(self.ttl_seconds),
         }
     }
 
@@ -205,6 +218,13 @@ impl AgentConfig {
             && n > 5
         {
             return Err("config.maxTeamDepth must be between 0 and 5".into());
+        }
+        if let Some(n) = self.ttl_seconds
+            && n > MAX_THREAD_TTL_SECONDS
+        {
+            return Err(format!(
+                "config.ttlSeconds must be between 0 and {MAX_THREAD_TTL_SECONDS} (ten years)"
+            ));
         }
         for (id, role) in self.roles.iter().flatten() {
             if ItemId::parse(id).is_err() {

@@ -10,8 +10,9 @@
 //! Layout: each operation is defined once, for both dialects, in the file of its concept, next
 //! to its SQL: `threads` (threads, their messages and observations), `runs` (enqueue, read,
 //! cancel), `tenant_runs` (runs found without their thread), `leases` (claim, heartbeat,
-//! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts`, `assistants`
-//! and `signals` (wake-ups between replicas); `sql_store` holds the type itself, its connections and what
+//! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts`, `assistants`,
+//! `retention` (idle threads and what a thread stores) and `signals` (wake-ups between
+//! replicas); `sql_store` holds the type itself, its connections and what
 //! concerns the whole store (migrations, readiness, the backlog). Below them: the dialect layer
 //! `sql` (bind values, rows, connections and a few SQL tokens each dialect renders), `rows`
 //! (rows to domain types, one decoder per type), `tables` and `fragments` (SQL shared by the
@@ -46,6 +47,7 @@ mod fragments;
 mod group;
 mod leases;
 pub mod postgres;
+mod retention;
 mod rows;
 mod runs;
 mod signals;
@@ -57,6 +59,7 @@ mod tables;
 mod tenant_runs;
 mod threads;
 
+pub use retention::{Footprint, Idle, ThreadStorage};
 pub use signals::{Signal, TokenPiece};
 pub use sql_store::SqlStore;
 

@@ -48,6 +48,9 @@ const STREAMED_THREADS: &str = "pes_streamed_threads";
 const TOKEN_REMOTE_THREADS: &str = "pes_token_remote_threads";
 const TOKEN_PAYLOADS: &str = "pes_token_relay_payloads_total";
 const TOKEN_DROPPED: &str = "pes_token_relay_dropped_total";
+const THREADS_EXPIRED: &str = "pes_threads_expired_total";
+const THREADS_PRUNED: &str = "pes_threads_pruned_total";
+const RETENTION_PASSES: &str = "pes_retention_passes_total";
 
 /// Every series: name, kind, help. `/metrics` describes each, and the book lists them (docs/src/operations/metrics.md).
 const CATALOGUE: &[(&str, Kind, &str)] = &[
@@ -142,6 +145,21 @@ const CATALOGUE: &[(&str, Kind, &str)] = &[
         TOKEN_DROPPED,
         Kind::Counter,
         "Token deltas meant for other replicas that were dropped: the outbox was full, or sending failed.",
+    ),
+    (
+        THREADS_EXPIRED,
+        Kind::Counter,
+        "Threads this process deleted because their time-to-live passed (each thread is counted by the one replica that deleted it).",
+    ),
+    (
+        THREADS_PRUNED,
+        Kind::Counter,
+        "Threads this process deleted for POST /v1/threads/prune.",
+    ),
+    (
+        RETENTION_PASSES,
+        Kind::Counter,
+        "Retention passes this process completed (each looks once for threads whose time-to-live passed).",
     ),
 ];
 
@@ -251,6 +269,9 @@ impl Metrics {
             COMMITS,
             TOKEN_PAYLOADS,
             TOKEN_DROPPED,
+            THREADS_EXPIRED,
+            THREADS_PRUNED,
+            RETENTION_PASSES,
         ] {
             metrics.counter(name, vec![]).absolute(0);
         }
@@ -346,6 +367,17 @@ impl Metrics {
         if n > 0 {
             self.counter(TOKEN_DROPPED, vec![]).increment(n);
         }
+    }
+
+    /// A retention pass ended, having deleted `expired` threads whose time-to-live passed.
+    pub fn retention_pass(&self, expired: u64) {
+        self.counter(THREADS_EXPIRED, vec![]).increment(expired);
+        self.counter(RETENTION_PASSES, vec![]).increment(1);
+    }
+
+    /// A prune deleted `n` threads.
+    pub fn threads_pruned(&self, n: u64) {
+        self.counter(THREADS_PRUNED, vec![]).increment(n);
     }
 
     /// A batch was committed.

@@ -40,6 +40,7 @@ mod process;
 mod prom;
 mod reclaim;
 mod reporting;
+mod retention;
 mod startup;
 mod store;
 mod teams;

@@ -215,9 +215,9 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 9,
+        bodies, 10,
         "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT, assistants POST/PUT, \
-         assistant current"
+         assistant current, threads prune"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
     assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");

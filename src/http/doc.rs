@@ -22,7 +22,7 @@ use problems::{
     QUOTA_EXCEEDED, QUOTA_ROUTES, REQUEST_TIMEOUT, SHARED, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE,
     URI_TOO_LONG, add, shared_response,
 };
-use streams::{a2a_stream_content, event_stream_content};
+use streams::{a2a_stream_content, agui_stream_content, event_stream_content};
 
 mod observations;
 mod problems;
@@ -76,6 +76,7 @@ routes never do.",
         (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
         (name = "assistants", description = "Assistants: named, versioned configurations threads and runs start from"),
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
+        (name = "ag-ui", description = "The agent for AG-UI 1.0 front ends (CopilotKit and others): a run as a stream of AG-UI events"),
         (name = "health", description = "Liveness, readiness, metrics"),
         (name = "console", description = "The web console for people (an HTML page that uses this API)")
     )
@@ -161,6 +162,8 @@ pub(super) fn add_shared_parts(api: &mut Document) {
                 {
                     *content = if json_rpc {
                         a2a_stream_content()
+                    } else if path == super::agui::PATH {
+                        agui_stream_content()
                     } else {
                         event_stream_content()
                     };

@@ -6,6 +6,7 @@
 //! API keys (its data calls carry them).
 
 pub mod a2a;
+pub mod agui;
 pub mod assistants;
 pub mod console;
 pub mod doc;
@@ -253,6 +254,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut api) = OpenApiRouter::<AppState>::with_openapi(doc::ApiDoc::openapi())
         .merge(v1_routes())
+        .merge(agui::router())
         .merge(guarded_routes())
         .merge(a2a::card_router())
         .merge(health::router())
@@ -265,7 +267,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The first segments of the `/v1` routes: a path that starts with one of them but not with
 /// `/v1` is most likely a `/v1` route without its prefix.
-const V1_RESOURCES: [&str; 6] = [
+const V1_RESOURCES: [&str; 7] = [
+    "ag-ui",
     "threads",
     "suspensions",
     "tools",
@@ -386,7 +389,10 @@ fn on_response(res: &Response, latency: std::time::Duration, span: &tracing::Spa
 
 /// The whole HTTP surface. Pure: builds routes, does no I/O.
 pub fn router(state: AppState) -> Router {
+    // An AG-UI input carries the client's whole conversation: its own body limit.
+    let agui_body = usize::try_from(state.config.agui_max_body_bytes).unwrap_or(usize::MAX);
     let v1 = v1_routes()
+        .merge(agui::router().layer(DefaultBodyLimit::max(agui_body)))
         .merge(guarded_routes())
         .layer(axum::middleware::from_fn(require_json_bodies))
         .layer(axum::middleware::from_fn_with_state(

@@ -7,6 +7,7 @@ mod a2a_client;
 mod a2a_delegation;
 mod a2a_server;
 mod agent;
+mod agui;
 mod anthropic;
 mod ask;
 mod assistant_runs;

@@ -65,6 +65,13 @@ fn every_enum_schema_spells_the_values_on_the_wire() {
             "IfNotExists",
             wire(&[IfNotExists::Create, IfNotExists::Reject]),
         ),
+        (
+            "ResumeStatus",
+            wire(&[
+                crate::http::agui::ResumeStatus::Resolved,
+                crate::http::agui::ResumeStatus::Cancelled,
+            ]),
+        ),
     ]
     .into_iter()
     .collect();
@@ -116,8 +123,8 @@ fn parameters_are_where_the_server_reads_them_and_optional_unless_in_the_path() 
     // limit+cursor ×5 (threads, runs, messages, assistants, assistant versions),
     // observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart and assistant
     // version 1 each, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and
-    // resume.
-    assert_eq!(queries, 28);
+    // resume, /v1/ag-ui's Last-Event-ID.
+    assert_eq!(queries, 29);
     let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
     assert_eq!(limit["name"], "limit");
     assert_eq!(limit["in"], "query");
@@ -215,9 +222,9 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 9,
+        bodies, 10,
         "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT, assistants POST/PUT, \
-         assistant current"
+         assistant current, ag-ui"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
     assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");
@@ -269,6 +276,27 @@ fn streams_are_described_as_server_sent_events_of_observations() {
         run_200["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/Run",
         "a repeated idempotency key answers the run as JSON"
     );
+}
+
+#[test]
+fn the_agui_route_streams_agui_events() {
+    let doc = document();
+    let op = &doc["paths"]["/v1/ag-ui"]["post"];
+    assert_eq!(
+        op["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/RunAgentInput"
+    );
+    let sse = &op["responses"]["200"]["content"][super::EVENT_STREAM];
+    assert!(sse.get("schema").is_none(), "{sse}");
+    let data = &sse["x-itemSchema"]["properties"]["data"]["contentSchema"];
+    let types = data["properties"]["type"]["enum"].as_array().unwrap();
+    assert!(types.contains(&json!("RUN_STARTED")) && types.contains(&json!("STATE_DELTA")));
+    for status in ["400", "404", "409", "422", "429"] {
+        assert!(
+            response(&doc, op, status).is_some(),
+            "POST /v1/ag-ui lacks {status}"
+        );
+    }
 }
 
 #[test]

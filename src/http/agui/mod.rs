@@ -18,6 +18,7 @@
 mod answer;
 mod events;
 mod fold;
+mod state;
 mod stream;
 
 use axum::extract::State;

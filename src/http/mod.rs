@@ -13,6 +13,7 @@ pub mod doc;
 pub mod error;
 pub mod flowcharts;
 pub mod health;
+pub mod mcp_server;
 pub mod quota;
 pub mod runs;
 pub mod serve;
@@ -261,6 +262,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         .split_for_parts();
     health::document_extra_routes(&mut api);
     console::document_route(&mut api);
+    mcp_server::document_route(&mut api);
     doc::add_shared_parts(&mut api);
     api
 }
@@ -404,11 +406,19 @@ pub fn router(state: AppState) -> Router {
         .merge(a2a::card_router())
         .merge(health::router())
         .split_for_parts();
+    // The MCP server reads its own body (and bounds it: `PES_MCP_MAX_BODY_BYTES`).
+    let mcp = mcp_server::router(&state)
+        .layer(axum::middleware::from_fn(require_json_bodies))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ));
     let api = openapi();
     let max_body = state.config.max_body_bytes;
     let router = router
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
         .merge(console::router())
+        .merge(mcp)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

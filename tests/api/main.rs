@@ -32,6 +32,7 @@ mod http_tool;
 mod item_times;
 mod long_threads;
 mod mcp;
+mod mcp_server;
 mod metrics;
 mod openapi;
 mod otel;

@@ -134,3 +134,21 @@ pub(super) fn agui_stream_content() -> Content {
     }))
     .expect("a media type object")
 }
+
+/// The description of `/mcp`'s event streams: each event's `data` is one JSON-RPC message.
+pub(super) fn mcp_stream_content() -> Content {
+    serde_json::from_value(json!({
+        "x-itemSchema": {
+            "description": "Server-Sent Events of the MCP streamable HTTP transport: each `data:` \
+                one JSON-RPC message (progress notifications while a tool call runs, then its \
+                response), as the Model Context Protocol defines them.",
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "id": {"type": "string"},
+                "data": {"type": "string", "contentMediaType": "application/json"},
+            },
+        },
+    }))
+    .expect("a media type object")
+}

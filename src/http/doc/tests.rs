@@ -148,7 +148,7 @@ fn open_routes_need_no_key_and_every_v1_route_documents_401() {
     let doc = document();
     assert_eq!(doc["security"], json!([{"bearer": []}]));
     for (path, method, op) in operations(&doc) {
-        if path.starts_with("/v1/") || path == super::A2A_PATH {
+        if path.starts_with("/v1/") || path == super::A2A_PATH || path == super::MCP_PATH {
             assert!(
                 op.get("security").is_none(),
                 "{method} {path} overrides the bearer"
@@ -198,6 +198,26 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
                 response(&doc, &op, "422").is_none(),
                 "/a2a never answers 422"
             );
+            continue;
+        }
+        if path == super::MCP_PATH {
+            // The MCP transport: JSON-RPC errors at 400; what it refuses before JSON-RPC (a body
+            // over the limit, a wrong Accept or Host) and our own checks as problems.
+            let bad = response(&doc, &op, "400").unwrap();
+            assert!(bad["content"]["application/json"].is_object(), "{bad}");
+            assert!(
+                bad["content"]["application/problem+json"].is_object(),
+                "{bad}"
+            );
+            for status in ["401", "403", "406", "408", "413", "415"] {
+                let r =
+                    response(&doc, &op, status).unwrap_or_else(|| panic!("/mcp lacks {status}"));
+                assert_eq!(
+                    r["content"]["application/problem+json"]["schema"]["$ref"],
+                    "#/components/schemas/Problem",
+                    "/mcp {status}"
+                );
+            }
             continue;
         }
         if op.get("requestBody").is_some() {

@@ -189,3 +189,116 @@ pub fn decision(s: &Suspension, answer: &Value) -> Result<Option<DecisionRequest
         _ => return Err(bad("`action` must be accept, decline or cancel")),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ItemId, SuspensionStatus, ThreadId, ToolCallRecord};
+
+    fn suspension(kind: SuspensionKind, input_schema: Option<Value>) -> Suspension {
+        Suspension {
+            suspension_id: uuid::Uuid::now_v7(),
+            thread_id: ThreadId::parse("t").unwrap(),
+            tenant: "default".into(),
+            run_id: uuid::Uuid::now_v7(),
+            item_id: ItemId::parse("a").unwrap(),
+            kind,
+            tool_call: ToolCallRecord {
+                id: "c".into(),
+                name: "calculator".into(),
+                arguments: json!({"expression": "1+1"}),
+            },
+            allowed_decisions: Decision::ALL.to_vec(),
+            question: Some("Which city?".into()),
+            input_schema,
+            iteration_state: json!({}),
+            partial_tool_results: vec![],
+            status: SuspensionStatus::Pending,
+            decision: None,
+            created_at: chrono::Utc::now(),
+            resolved_at: None,
+            expires_at: None,
+        }
+    }
+
+    #[test]
+    fn form_answers_become_decisions() {
+        let approval = suspension(SuspensionKind::Approval, None);
+        let (message, schema) = form(&approval);
+        assert!(message.contains("calculator"));
+        assert_eq!(schema["required"], json!(["decision"]));
+        let edit = decision(
+            &approval,
+            &json!({"action": "accept", "content": {"decision": "edit", "modifiedArgs": "{\"expression\": \"2+2\"}"}}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(edit.decision, Decision::Edit);
+        assert_eq!(edit.modified_args, Some(json!({"expression": "2+2"})));
+        let declined = decision(&approval, &json!({"action": "decline"}))
+            .unwrap()
+            .unwrap();
+        assert_eq!(declined.decision, Decision::Reject);
+        assert!(
+            decision(&approval, &json!({"action": "cancel"}))
+                .unwrap()
+                .is_none()
+        );
+        assert!(decision(&approval, &json!({"action": "maybe"})).is_err());
+        assert!(decision(&approval, &json!({"action": "accept", "content": {}})).is_err());
+
+        // A question with a flat schema is asked with it, and answered with the form's content.
+        let flat = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+        let q = suspension(SuspensionKind::Input, Some(flat.clone()));
+        assert_eq!(form(&q).1, flat);
+        let answer = decision(
+            &q,
+            &json!({"action": "accept", "content": {"city": "Oslo"}}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(answer.response, Some(json!({"city": "Oslo"})));
+        // One without a schema (or with a nested one) is asked for an `answer`.
+        let q = suspension(SuspensionKind::Input, None);
+        assert_eq!(form(&q).1["required"], json!(["answer"]));
+        let answer = decision(
+            &q,
+            &json!({"action": "accept", "content": {"answer": "Oslo"}}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(answer.response, Some(json!("Oslo")));
+        let nested = json!({"type": "object", "properties": {"where": {"type": "object"}}});
+        let q = suspension(SuspensionKind::Input, Some(nested));
+        let answer = decision(
+            &q,
+            &json!({"action": "accept", "content": {"answer": "{\"where\": {\"city\": \"Oslo\"}}"}}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(answer.response, Some(json!({"where": {"city": "Oslo"}})));
+    }
+
+    #[test]
+    fn the_forms_are_elicitations_the_sdk_takes() {
+        let pending = [
+            suspension(SuspensionKind::Approval, None),
+            suspension(SuspensionKind::Input, None),
+        ];
+        let result = ask_for(
+            &pending,
+            &json!({"threadId": "t", "runId": uuid::Uuid::nil()}),
+        )
+        .unwrap();
+        let wire = serde_json::to_value(&result).unwrap();
+        assert_eq!(wire["resultType"], "input_required");
+        let requests = wire["inputRequests"].as_object().unwrap();
+        assert_eq!(requests.len(), 2);
+        for r in requests.values() {
+            assert_eq!(r["method"], "elicitation/create");
+            assert_eq!(r["params"]["mode"], "form");
+        }
+        let state: State = serde_json::from_str(wire["requestState"].as_str().unwrap()).unwrap();
+        assert_eq!(state.thread_id, "t");
+    }
+}

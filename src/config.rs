@@ -515,6 +515,28 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1024..=16_777_216))]
     pub mcp_max_output_bytes: u64,
 
+    /// Largest `POST /v1/ag-ui` body in bytes: an AG-UI input carries the whole conversation
+    /// the client holds, so it may be larger than other bodies (`PES_MAX_BODY_BYTES`).
+    #[arg(long, env = "PES_AGUI_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1024..=268_435_456))]
+    pub agui_max_body_bytes: u64,
+
+    /// Largest `POST /mcp` body in bytes (our MCP server); one past it is answered 413.
+    #[arg(long, env = "PES_MCP_MAX_BODY_BYTES", default_value_t = 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1024..=268_435_456))]
+    pub mcp_max_body_bytes: u64,
+
+    /// `Host` values our MCP server answers (comma-separated host names or `host:port`), against
+    /// DNS rebinding; unset: any host (the API keys guard `/mcp` like `/v1`).
+    #[arg(long, env = "PES_MCP_ALLOWED_HOSTS")]
+    pub mcp_allowed_hosts: Option<String>,
+
+    /// How long an MCP tool call (`ask`, `resume`, a flowchart) waits for its run to end or to
+    /// need a person, in seconds; then it answers that the run is still going (with its ids).
+    #[arg(long, env = "PES_MCP_CALL_TIMEOUT_SECONDS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub mcp_call_timeout_seconds: u64,
+
     /// Log format: `text` or `json`.
     #[arg(long, env = "PES_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -22,7 +22,7 @@ use problems::{
     QUOTA_EXCEEDED, QUOTA_ROUTES, REQUEST_TIMEOUT, SHARED, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE,
     URI_TOO_LONG, add, shared_response,
 };
-use streams::{a2a_stream_content, event_stream_content};
+use streams::{a2a_stream_content, agui_stream_content, event_stream_content, mcp_stream_content};
 
 mod observations;
 mod problems;
@@ -36,6 +36,9 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The A2A JSON-RPC endpoint (behind the API keys; its errors are JSON-RPC errors).
 pub const A2A_PATH: &str = "/a2a";
+
+/// Our MCP server's JSON-RPC endpoint (behind the API keys; its errors are JSON-RPC errors).
+pub const MCP_PATH: &str = super::mcp_server::PATH;
 
 /// The media type of the observation streams.
 pub const EVENT_STREAM: &str = "text/event-stream";
@@ -59,9 +62,9 @@ impl Modify for BearerAuth {
         description = "Durable Plan-Execute-Synthesize agents on threads, with an SSE observation stream.\n\n\
 Every error is an RFC 9457 problem (`application/problem+json`, the `Problem` schema) with a stable \
 `code`. When the server has API keys (`PES_API_KEYS`), every `/v1` route needs \
-`Authorization: Bearer <key>`, and so does `POST /a2a` (the A2A agent, whose JSON-RPC errors \
-are JSON-RPC error objects, not problems); the agent card, health, metrics and documentation \
-routes never do.",
+`Authorization: Bearer <key>`, and so do `POST /a2a` (the A2A agent) and `POST /mcp` (the MCP \
+server), whose JSON-RPC errors are JSON-RPC error objects, not problems; the agent card, health, \
+metrics and documentation routes never do. `POST /v1/ag-ui` speaks AG-UI 1.0 to front ends.",
         license(name = "Apache-2.0")
     ),
     modifiers(&BearerAuth),
@@ -76,6 +79,8 @@ routes never do.",
         (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
         (name = "assistants", description = "Assistants: named, versioned configurations threads and runs start from"),
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
+        (name = "mcp", description = "The MCP server: the agent (`ask`, `resume`) and the tenant's flowcharts as Model Context Protocol tools"),
+        (name = "ag-ui", description = "The agent for AG-UI 1.0 front ends (CopilotKit and others): a run as a stream of AG-UI events"),
         (name = "health", description = "Liveness, readiness, metrics"),
         (name = "console", description = "The web console for people (an HTML page that uses this API)")
     )
@@ -109,10 +114,10 @@ pub(super) fn add_shared_parts(api: &mut Document) {
         }
     }
     for (path, item) in api.paths.paths.iter_mut() {
-        let guarded = path.starts_with("/v1/") || path == A2A_PATH;
+        let guarded = path.starts_with("/v1/") || path == A2A_PATH || path == MCP_PATH;
         // JSON-RPC answers a body it cannot parse as a JSON-RPC error (documented by the route):
         // no body-shape problems, but a body not declared JSON is refused before it is read.
-        let json_rpc = path == A2A_PATH;
+        let json_rpc = path == A2A_PATH || path == MCP_PATH;
         let ops = [
             &mut item.get,
             &mut item.put,
@@ -159,8 +164,12 @@ pub(super) fn add_shared_parts(api: &mut Document) {
                 if let RefOr::T(response) = response
                     && let Some(content) = response.content.get_mut(EVENT_STREAM)
                 {
-                    *content = if json_rpc {
+                    *content = if path == MCP_PATH {
+                        mcp_stream_content()
+                    } else if json_rpc {
                         a2a_stream_content()
+                    } else if path == super::agui::PATH {
+                        agui_stream_content()
                     } else {
                         event_stream_content()
                     };

@@ -6,12 +6,14 @@
 //! API keys (its data calls carry them).
 
 pub mod a2a;
+pub mod agui;
 pub mod assistants;
 pub mod console;
 pub mod doc;
 pub mod error;
 pub mod flowcharts;
 pub mod health;
+pub mod mcp_server;
 pub mod quota;
 pub mod retention;
 pub mod runs;
@@ -255,19 +257,22 @@ fn v1_routes() -> OpenApiRouter<AppState> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut api) = OpenApiRouter::<AppState>::with_openapi(doc::ApiDoc::openapi())
         .merge(v1_routes())
+        .merge(agui::router())
         .merge(guarded_routes())
         .merge(a2a::card_router())
         .merge(health::router())
         .split_for_parts();
     health::document_extra_routes(&mut api);
     console::document_route(&mut api);
+    mcp_server::document_route(&mut api);
     doc::add_shared_parts(&mut api);
     api
 }
 
 /// The first segments of the `/v1` routes: a path that starts with one of them but not with
 /// `/v1` is most likely a `/v1` route without its prefix.
-const V1_RESOURCES: [&str; 6] = [
+const V1_RESOURCES: [&str; 7] = [
+    "ag-ui",
     "threads",
     "suspensions",
     "tools",
@@ -388,7 +393,10 @@ fn on_response(res: &Response, latency: std::time::Duration, span: &tracing::Spa
 
 /// The whole HTTP surface. Pure: builds routes, does no I/O.
 pub fn router(state: AppState) -> Router {
+    // An AG-UI input carries the client's whole conversation: its own body limit.
+    let agui_body = usize::try_from(state.config.agui_max_body_bytes).unwrap_or(usize::MAX);
     let v1 = v1_routes()
+        .merge(agui::router().layer(DefaultBodyLimit::max(agui_body)))
         .merge(guarded_routes())
         .layer(axum::middleware::from_fn(require_json_bodies))
         .layer(axum::middleware::from_fn_with_state(
@@ -400,11 +408,19 @@ pub fn router(state: AppState) -> Router {
         .merge(a2a::card_router())
         .merge(health::router())
         .split_for_parts();
+    // The MCP server reads its own body (and bounds it: `PES_MCP_MAX_BODY_BYTES`).
+    let mcp = mcp_server::router(&state)
+        .layer(axum::middleware::from_fn(require_json_bodies))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ));
     let api = openapi();
     let max_body = state.config.max_body_bytes;
     let router = router
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
         .merge(console::router())
+        .merge(mcp)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

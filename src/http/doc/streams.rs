@@ -1,5 +1,6 @@
 //! The event streams' responses: no `schema`, and the OpenAPI 3.2 item schema of each event (an
-//! observation or a token delta; on `/a2a`, a JSON-RPC response) under `x-itemSchema`.
+//! observation or a token delta; on `/a2a`, a JSON-RPC response; on `/v1/ag-ui`, an AG-UI event)
+//! under `x-itemSchema`.
 
 use serde_json::json;
 use utoipa::openapi::Content;
@@ -76,6 +77,76 @@ pub(super) fn a2a_stream_content() -> Content {
                     "contentMediaType": "application/json",
                     "contentSchema": {"$ref": "#/components/schemas/JsonRpcResponse"},
                 },
+            },
+        },
+    }))
+    .expect("a media type object")
+}
+
+/// The AG-UI event types `POST /v1/ag-ui` sends.
+const AGUI_EVENT_TYPES: [&str; 14] = [
+    "RUN_STARTED",
+    "RUN_FINISHED",
+    "RUN_ERROR",
+    "STEP_STARTED",
+    "STEP_FINISHED",
+    "TOOL_CALL_START",
+    "TOOL_CALL_ARGS",
+    "TOOL_CALL_END",
+    "TOOL_CALL_RESULT",
+    "TEXT_MESSAGE_START",
+    "TEXT_MESSAGE_CONTENT",
+    "TEXT_MESSAGE_END",
+    "STATE_SNAPSHOT",
+    "STATE_DELTA",
+];
+
+/// The description of `/v1/ag-ui`'s stream (as [`event_stream_content`]): each event's `data` is
+/// one AG-UI 1.0 event, as the protocol's own schema defines it.
+pub(super) fn agui_stream_content() -> Content {
+    serde_json::from_value(json!({
+        "example": "data: {\"type\":\"RUN_STARTED\",\"threadId\":\"t1\",\"runId\":\"r1\",\
+            \"protocolVersion\":\"1.0\",\"metadata\":{\"pes\":{\"threadId\":\"t1\",\
+            \"runId\":\"0196…\",\"seq\":0}},\"timestamp\":1735689600000}\n\n",
+        "x-itemSchema": {
+            "description": "Server-Sent Events, one AG-UI 1.0 event each (the protocol's schema: \
+                https://ag-ui.com/spec/1.0/schema.json), camelCase, optional fields left out. \
+                `data:` is the event; `id:` (on the last event an observation gave) is that \
+                observation's `seq`, to reconnect after with `Last-Event-ID`. Comment lines \
+                (`: keep-alive`) come every `PES_SSE_KEEPALIVE_SECONDS`. The stream opens with \
+                `RUN_STARTED` and ends after `RUN_FINISHED` or `RUN_ERROR`.",
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "id": {"type": "string", "description": "An observation's `seq`."},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {
+                        "type": "object",
+                        "description": "An AG-UI event.",
+                        "required": ["type"],
+                        "properties": {"type": {"enum": AGUI_EVENT_TYPES}},
+                    },
+                },
+            },
+        },
+    }))
+    .expect("a media type object")
+}
+
+/// The description of `/mcp`'s event streams: each event's `data` is one JSON-RPC message.
+pub(super) fn mcp_stream_content() -> Content {
+    serde_json::from_value(json!({
+        "x-itemSchema": {
+            "description": "Server-Sent Events of the MCP streamable HTTP transport: each `data:` \
+                one JSON-RPC message (progress notifications while a tool call runs, then its \
+                response), as the Model Context Protocol defines them.",
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "id": {"type": "string"},
+                "data": {"type": "string", "contentMediaType": "application/json"},
             },
         },
     }))

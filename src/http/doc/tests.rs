@@ -65,6 +65,13 @@ fn every_enum_schema_spells_the_values_on_the_wire() {
             "IfNotExists",
             wire(&[IfNotExists::Create, IfNotExists::Reject]),
         ),
+        (
+            "ResumeStatus",
+            wire(&[
+                crate::http::agui::ResumeStatus::Resolved,
+                crate::http::agui::ResumeStatus::Cancelled,
+            ]),
+        ),
     ]
     .into_iter()
     .collect();
@@ -116,8 +123,8 @@ fn parameters_are_where_the_server_reads_them_and_optional_unless_in_the_path() 
     // limit+cursor ×5 (threads, runs, messages, assistants, assistant versions),
     // observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart and assistant
     // version 1 each, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and
-    // resume.
-    assert_eq!(queries, 28);
+    // resume, /v1/ag-ui's Last-Event-ID.
+    assert_eq!(queries, 29);
     let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
     assert_eq!(limit["name"], "limit");
     assert_eq!(limit["in"], "query");
@@ -141,7 +148,7 @@ fn open_routes_need_no_key_and_every_v1_route_documents_401() {
     let doc = document();
     assert_eq!(doc["security"], json!([{"bearer": []}]));
     for (path, method, op) in operations(&doc) {
-        if path.starts_with("/v1/") || path == super::A2A_PATH {
+        if path.starts_with("/v1/") || path == super::A2A_PATH || path == super::MCP_PATH {
             assert!(
                 op.get("security").is_none(),
                 "{method} {path} overrides the bearer"
@@ -193,6 +200,26 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
             );
             continue;
         }
+        if path == super::MCP_PATH {
+            // The MCP transport: JSON-RPC errors at 400; what it refuses before JSON-RPC (a body
+            // over the limit, a wrong Accept or Host) and our own checks as problems.
+            let bad = response(&doc, &op, "400").unwrap();
+            assert!(bad["content"]["application/json"].is_object(), "{bad}");
+            assert!(
+                bad["content"]["application/problem+json"].is_object(),
+                "{bad}"
+            );
+            for status in ["401", "403", "406", "408", "413", "415"] {
+                let r =
+                    response(&doc, &op, status).unwrap_or_else(|| panic!("/mcp lacks {status}"));
+                assert_eq!(
+                    r["content"]["application/problem+json"]["schema"]["$ref"],
+                    "#/components/schemas/Problem",
+                    "/mcp {status}"
+                );
+            }
+            continue;
+        }
         if op.get("requestBody").is_some() {
             bodies += 1;
             statuses.extend(["400", "408", "413", "415", "422"]);
@@ -215,9 +242,9 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 10,
+        bodies, 11,
         "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT, assistants POST/PUT, \
-         assistant current, threads prune"
+         assistant current, threads prune, ag-ui"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
     assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");
@@ -269,6 +296,27 @@ fn streams_are_described_as_server_sent_events_of_observations() {
         run_200["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/Run",
         "a repeated idempotency key answers the run as JSON"
     );
+}
+
+#[test]
+fn the_agui_route_streams_agui_events() {
+    let doc = document();
+    let op = &doc["paths"]["/v1/ag-ui"]["post"];
+    assert_eq!(
+        op["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/RunAgentInput"
+    );
+    let sse = &op["responses"]["200"]["content"][super::EVENT_STREAM];
+    assert!(sse.get("schema").is_none(), "{sse}");
+    let data = &sse["x-itemSchema"]["properties"]["data"]["contentSchema"];
+    let types = data["properties"]["type"]["enum"].as_array().unwrap();
+    assert!(types.contains(&json!("RUN_STARTED")) && types.contains(&json!("STATE_DELTA")));
+    for status in ["400", "404", "409", "422", "429"] {
+        assert!(
+            response(&doc, op, status).is_some(),
+            "POST /v1/ag-ui lacks {status}"
+        );
+    }
 }
 
 #[test]

@@ -75,6 +75,8 @@ routes never do.",
         (name = "tools", description = "The tools threads can enable"),
         (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
         (name = "assistants", description = "Assistants: named, versioned configurations threads and runs start from"),
+        (name = "crons", description = "Crons: schedules that post a query, one run per tick across replicas"),
+        (name = "webhooks", description = "Webhook deliveries: the signed announcements of runs' ends (Standard Webhooks)"),
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
         (name = "health", description = "Liveness, readiness, metrics"),
         (name = "console", description = "The web console for people (an HTML page that uses this API)")

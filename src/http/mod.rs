@@ -8,6 +8,7 @@
 pub mod a2a;
 pub mod assistants;
 pub mod console;
+pub mod crons;
 pub mod doc;
 pub mod error;
 pub mod flowcharts;
@@ -20,6 +21,7 @@ pub mod sse;
 pub mod suspensions;
 pub mod threads;
 pub mod tools;
+pub mod webhooks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -247,6 +249,8 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(tools::router())
         .merge(flowcharts::router())
         .merge(assistants::router())
+        .merge(crons::router())
+        .merge(webhooks::router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).
@@ -265,13 +269,15 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The first segments of the `/v1` routes: a path that starts with one of them but not with
 /// `/v1` is most likely a `/v1` route without its prefix.
-const V1_RESOURCES: [&str; 6] = [
+const V1_RESOURCES: [&str; 8] = [
     "threads",
     "suspensions",
     "tools",
     "flowcharts",
     "runs",
     "assistants",
+    "crons",
+    "webhook-deliveries",
 ];
 
 async fn not_found(req: Request) -> ApiError {

@@ -86,6 +86,10 @@ pub struct AgentConfig {
     /// Roles the planner may give items, by role id (1–64 characters of `A-Za-z0-9_.-`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roles: Option<std::collections::BTreeMap<String, AgentRole>>,
+    /// Where to announce the end of runs (and their suspensions) with a signed webhook: a
+    /// run's own wins over its thread's, which wins over its assistant's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookSpec>,
 }
 
 string_enum! {
@@ -166,6 +170,7 @@ impl AgentConfig {
                 .or(self.compaction_threshold_chars),
             max_team_depth: over.max_team_depth.or(self.max_team_depth),
             roles: over.roles.clone().or_else(|| self.roles.clone()),
+            webhook: over.webhook.clone().or_else(|| self.webhook.clone()),
         }
     }
 
@@ -215,6 +220,9 @@ impl AgentConfig {
             if role.name.trim().is_empty() {
                 return Err(format!("config.roles.{id}.name must not be empty"));
             }
+        }
+        if let Some(w) = &self.webhook {
+            w.check("config.webhook")?;
         }
         Ok(())
     }

@@ -123,7 +123,8 @@ impl SqlStore {
             .await?;
             locked = lock_thread_for_run(&mut tx, tenant, thread_id).await?;
         }
-        let (last_seq, thread_assistant) = locked.ok_or(StoreError::ThreadNotFound)?;
+        let locked = locked.ok_or(StoreError::ThreadNotFound)?;
+        let (last_seq, thread_assistant) = (locked.last_seq, locked.assistant);
 
         if let Some(key) = &new.idempotency_key {
             let existing = tx
@@ -172,13 +173,14 @@ impl SqlStore {
             }),
             (None, pin) => pin,
         };
-        let assistant = match assistant {
-            Some(pin) => Some(version_for_run(&mut tx, tenant, &pin).await?),
-            None => None,
+        let (assistant, version_hook) = match assistant {
+            Some(pin) => {
+                let (v, hook) = version_for_run(&mut tx, tenant, &pin).await?;
+                (Some(v), Some(hook))
+            }
+            None => (None, None),
         };
-
-        let webhook =
-            resolve_for_run(&mut tx, tenant, thread_id, assistant.as_ref(), &new.config).await?;
+        let webhook = resolve_for_run(&new.config, locked.webhook, version_hook)?;
 
         let run_id = new_id();
         let mut observations = Vec::new();

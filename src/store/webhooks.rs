@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use super::fragments::lease_secs;
 use super::rows;
-use super::sql::{Arg, Conn, Dialect, Row, q};
+use super::sql::{Arg, Dialect, Row, q};
 use super::sql_store::SqlStore;
 use super::{PageCursor, StoreError, StoreResult};
 use crate::model::{
@@ -103,50 +103,40 @@ pub(crate) fn outbox_insert(d: Dialect, source: &str, cond: &str) -> String {
     )
 }
 
+/// A JSON config column's `webhook` field, as SQL for `d`.
+pub(super) fn config_webhook(d: Dialect, col: &str) -> String {
+    match d {
+        Dialect::Postgres => format!("{col} -> 'webhook'"),
+        Dialect::Sqlite => format!("json_extract({col}, '$.webhook')"),
+    }
+}
+
+/// What an enqueue reads of its assistant version for the run's webhook.
+#[derive(Debug, Clone, Default)]
+pub(super) struct VersionHook {
+    /// The version's `config.webhook`, as stored.
+    pub webhook: Option<Value>,
+    /// The version locks `webhook`.
+    pub locked: bool,
+}
+
 /// The webhook a run being enqueued announces to: the run's own (`config.webhook`), else its
 /// thread's, else its assistant version's — unless that version locks `webhook`, when it is the
-/// version's (the enqueue refused a run that sets it). `None`: no webhook.
-pub(super) async fn resolve_for_run(
-    tx: &mut Conn,
-    tenant: &str,
-    thread_id: &ThreadId,
-    assistant: Option<&AssistantRef>,
+/// version's (the enqueue refused a run that sets it). `None`: no webhook. Read with the rows the
+/// enqueue locks anyway, so it costs no statement of its own.
+pub(super) fn resolve_for_run(
     run: &AgentConfig,
+    thread: Option<Value>,
+    version: Option<VersionHook>,
 ) -> StoreResult<Option<Value>> {
     if let Some(w) = &run.webhook {
         return Ok(Some(rows::to_json(w)?));
     }
-    let field = |col: &str| match tx.dialect() {
-        Dialect::Postgres => format!("{col} -> 'webhook'"),
-        Dialect::Sqlite => format!("json_extract({col}, '$.webhook')"),
-    };
-    let sql = format!(
-        "SELECT {} AS thread_hook, {} AS assistant_hook, v.locked FROM threads t \
-         LEFT JOIN assistant_versions v ON v.tenant = t.tenant AND v.assistant_id = $3 \
-           AND v.version = $4 \
-         WHERE t.tenant = $1 AND t.thread_id = $2",
-        field("t.config"),
-        field("v.config")
-    );
-    let Some(row) = tx
-        .opt(
-            q(sql)
-                .bind(tenant)
-                .bind(thread_id.as_str())
-                .bind(assistant.map(|a| a.assistant_id.as_str()))
-                .bind(Arg::Int(assistant.map(|a| a.version))),
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    let thread_hook = row.opt_json("thread_hook")?.filter(|v| !v.is_null());
-    let assistant_hook = row.opt_json("assistant_hook")?.filter(|v| !v.is_null());
-    let locked: Vec<String> = row.opt_typed("locked")?.unwrap_or_default();
-    Ok(if locked.iter().any(|f| f == "webhook") {
-        assistant_hook
+    let version = version.unwrap_or_default();
+    Ok(if version.locked {
+        version.webhook
     } else {
-        thread_hook.or(assistant_hook)
+        thread.or(version.webhook)
     })
 }
 

@@ -1,7 +1,8 @@
 //! Start-up and shutdown: [`App::build`] refuses an API open to other hosts that nothing says is
 //! meant to be open, connects (waiting for a database that is still coming up) and migrates the
 //! store, builds the engine, binds the listener (port 0 picks a free one) and prepares the
-//! worker; [`App::run_until_stopped`] serves until the shutdown token fires, then drains: the
+//! worker; [`App::run_until_stopped`] serves (with the webhook delivery loop and the cron
+//! scheduler beside the worker) until the shutdown token fires, then drains: the
 //! worker stops claiming, runs in flight get `PES_SHUTDOWN_GRACE_SECONDS` to finish, and whatever
 //! is still running is released so another replica resumes it at once.
 
@@ -198,6 +199,8 @@ pub struct App {
     hard_stop: CancellationToken,
     tools_stop: CancellationToken,
     grace: Duration,
+    /// This process's name on the leases it takes.
+    owner: String,
 }
 
 impl App {
@@ -351,15 +354,20 @@ impl App {
             }
             Some(_) => {}
         }
+        // Read either way, so a bad PES_WEBHOOK_SECRET or PES_WEBHOOK_ALLOW stops the start.
+        let webhooks =
+            crate::webhooks::WebhookSettings::from_config(&config).map_err(anyhow::Error::msg)?;
         let bus = EventBus::new();
         let commands = RunCommands::new(store.clone(), bus.clone());
         let hard_stop = CancellationToken::new();
         let shutdown = CancellationToken::new();
+        // This process, as its leases name it (runs, webhook deliveries, cron ticks).
+        let owner = format!("{}-{}", hostname(), crate::model::new_id());
         let worker = Worker::new(
             commands.clone(),
             engine.clone(),
             WorkerSettings {
-                owner: format!("{}-{}", hostname(), crate::model::new_id()),
+                owner: owner.clone(),
                 lease: config.lease(),
                 concurrency: config.worker_concurrency,
                 poll_interval: Duration::from_millis(config.poll_interval_ms.max(10)),
@@ -379,6 +387,7 @@ impl App {
             config: config.clone(),
             commands: commands.clone(),
             shutdown: shutdown.clone(),
+            webhooks,
             quota_counts: Arc::default(),
         };
         let state = AppState {
@@ -402,6 +411,7 @@ impl App {
             hard_stop,
             tools_stop,
             grace,
+            owner,
         })
     }
 
@@ -433,6 +443,7 @@ impl App {
             hard_stop,
             tools_stop,
             grace,
+            owner,
         } = self;
         let console = format!(
             "{}/console",
@@ -475,6 +486,24 @@ impl App {
             shutdown.clone(),
         ));
         tracker.spawn(metrics_upkeep(state.metrics.clone(), shutdown.clone()));
+        // Webhooks of runs that end here are sent at once, those of other replicas (and
+        // retries) at the next look; they stop with the shutdown token, a delivery in flight
+        // being sent again by whoever claims it next.
+        tracker.spawn(crate::webhooks::deliver_until_stopped(
+            state.store.clone(),
+            state.cases.webhooks.clone(),
+            owner.clone(),
+            shutdown.clone(),
+        ));
+        if state.cases.webhooks.enabled() {
+            info!("webhooks are on (PES_WEBHOOK_SECRET is set)");
+        }
+        tracker.spawn(crate::commands::crons::run_scheduler(
+            state.cases.clone(),
+            owner,
+            Duration::from_millis(state.config.cron_poll_ms.max(10)),
+            shutdown.clone(),
+        ));
         let worker_task = tracker.spawn(worker.run(shutdown.clone()));
         let settings = ServeSettings::from_config(&state.config);
         let router = http::router(state);

@@ -282,6 +282,71 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub http_tool_timeout_seconds: u64,
 
+    /// The key webhooks are signed with (Standard Webhooks): `whsec_` followed by base64 of
+    /// 24 to 64 random bytes (`whsec_$(head -c 32 /dev/urandom | base64)`). Unset: webhooks are
+    /// refused (422) wherever they are set, and nothing is sent.
+    #[arg(long, env = "PES_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<String>,
+
+    /// What webhook URLs may reach beyond public addresses, in the form of
+    /// `PES_HTTP_TOOL_ALLOW` (host names, addresses, CIDRs). Without it a webhook to a loopback,
+    /// private, link-local or metadata address is refused (at once for an address in the URL,
+    /// when it is resolved for a name).
+    #[arg(long, env = "PES_WEBHOOK_ALLOW")]
+    pub webhook_allow: Option<String>,
+
+    /// Seconds one webhook attempt may take (connecting, sending, the answer's head); past it
+    /// the attempt failed and is retried.
+    #[arg(long, env = "PES_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub webhook_timeout_seconds: u64,
+
+    /// Attempts per delivery, the first included; after the last failed one the delivery is
+    /// `failed` (`POST /v1/webhook-deliveries/{id}/retry` sends it again).
+    #[arg(long, env = "PES_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub webhook_max_attempts: u32,
+
+    /// The wait before a delivery's first retry (milliseconds); it doubles after each failed
+    /// attempt (with up to a quarter more at random, so receivers are not hit in step), up to an
+    /// hour.
+    #[arg(long, env = "PES_WEBHOOK_RETRY_BASE_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub webhook_retry_base_ms: u64,
+
+    /// Webhooks one process sends at once, at most.
+    #[arg(long, env = "PES_WEBHOOK_CONCURRENCY", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub webhook_concurrency: u32,
+
+    /// How often a process looks for deliveries it was not woken for (another replica's, a
+    /// retry that came due), in milliseconds; a run this process ends is sent at once.
+    #[arg(long, env = "PES_WEBHOOK_POLL_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub webhook_poll_ms: u64,
+
+    /// How often each process looks for cron ticks that are due (milliseconds); a tick runs at
+    /// most this late.
+    #[arg(long, env = "PES_CRON_POLL_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub cron_poll_ms: u64,
+
+    /// A tick found more than this many seconds after its time was missed (no replica ran):
+    /// the cron's `onMissed` decides (`run_once`: one catch-up run, `skip`: none).
+    #[arg(long, env = "PES_CRON_MISSED_AFTER_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub cron_missed_after_seconds: u64,
+
+    /// Accept a sixth, leading seconds field in cron schedules (`*/10 * * * * *`: every ten
+    /// seconds). Off by default: a schedule is the standard 5-field form.
+    #[arg(long, env = "PES_CRON_SECONDS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub cron_seconds: bool,
+
+    /// Crons one tenant may keep; creating one past it is refused with 429 `quota_exceeded`.
+    #[arg(long, env = "PES_TENANT_MAX_CRONS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub tenant_max_crons: u64,
+
     /// How often an idle worker looks for work it was not woken for (milliseconds).
     #[arg(long, env = "PES_POLL_INTERVAL_MS", default_value_t = 1000)]
     pub poll_interval_ms: u64,
@@ -595,6 +660,8 @@ impl Config {
             &mut self.a2a_agents,
             &mut self.a2a_allow,
             &mut self.http_tool_allow,
+            &mut self.webhook_secret,
+            &mut self.webhook_allow,
             &mut self.log,
         ] {
             if v.as_deref().is_some_and(|s| s.trim().is_empty()) {

@@ -25,7 +25,8 @@
 //! - [`model`]: domain types shared by every layer, a module per concept;
 //! - [`flowchart`]: flowchart definitions, validation, expressions and the interpreter;
 //! - [`net`]: outbound HTTP clients;
-//! - [`telemetry`]: metrics, spans, trace export.
+//! - [`telemetry`]: metrics, spans, trace export;
+//! - [`webhooks`]: signing and sending the webhook outbox (Standard Webhooks).
 
 pub mod a2a;
 pub mod agent;
@@ -49,6 +50,7 @@ pub mod store;
 pub mod telemetry;
 pub mod text;
 pub mod tools;
+pub mod webhooks;
 pub mod worker;
 
 pub use app::App;

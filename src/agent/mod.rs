@@ -379,6 +379,7 @@ impl Engine {
                 attempt: ctx.run.attempt,
                 assistant: ctx.run.assistant.clone(),
                 warning,
+                cron_id: ctx.run.cron_id,
             },
         ));
         b.op(Op::AppendMessage(Message {

@@ -201,6 +201,7 @@ impl MemJournal {
             final_response: None,
             suspension: None,
             attempt: 0,
+            cron_id: None,
             phase: RunPhase::New,
             cancel_requested: false,
             start_seq: 0,

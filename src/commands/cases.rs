@@ -22,6 +22,8 @@ pub struct UseCases {
     pub commands: RunCommands,
     /// Fires when the service shuts down: a wait for a run ends with it.
     pub shutdown: CancellationToken,
+    /// How webhooks are signed and where they may go (`PES_WEBHOOK_*`).
+    pub webhooks: crate::webhooks::WebhookSettings,
     /// Per tenant, its active runs as last counted and when (see `UseCases::enqueue`).
     pub quota_counts:
         Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>>,

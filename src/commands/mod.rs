@@ -1,7 +1,8 @@
 //! The use-case layer: what a client may ask of the service, whichever door it comes through
 //! (the REST API, A2A, later MCP, AG-UI, crons and webhooks). [`UseCases`] checks a request
 //! (`runs`: the query, the config, the tool policy floor, the tenant's quota; `decisions`: a
-//! person's decision against its suspension; `assistants`: versioned configs and their use) and carries it out through [`RunCommands`]. Doors
+//! person's decision against its suspension; `assistants`: versioned configs and their use; `webhooks`: where a run's end may be announced, and
+//! the deliveries; `crons`: schedules, and the scheduler that turns their ticks into runs) and carries it out through [`RunCommands`]. Doors
 //! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
 //! imports a door. `retention` reads what a thread stores and deletes idle threads: pruned by
 //! a tenant, or expired by the sweeper every replica runs.
@@ -23,11 +24,13 @@
 
 mod assistants;
 mod cases;
+pub mod crons;
 mod decisions;
 mod policy;
 pub mod replicas;
 pub mod retention;
 mod runs;
+mod webhooks;
 
 use std::sync::Arc;
 

@@ -14,6 +14,9 @@ impl UseCases {
     pub async fn check_config(&self, tenant: &str, cfg: &AgentConfig) -> Result<(), ApiError> {
         let state = self;
         cfg.validate().map_err(ApiError::Validation)?;
+        if let Some(w) = &cfg.webhook {
+            self.check_webhook(w, "config.webhook")?;
+        }
         if let Some(p) = &cfg.provider
             && !state.engine.provider_names().contains(p)
         {

@@ -8,7 +8,9 @@ use uuid::Uuid;
 
 use super::UseCases;
 use crate::events::BusMsg;
-use crate::model::{AgentConfig, AssistantId, MultitaskStrategy, Run, RunStatus, ThreadId};
+use crate::model::{
+    AgentConfig, AssistantId, MultitaskStrategy, Run, RunStatus, ThreadId, WebhookSpec,
+};
 use crate::problem::ApiError;
 use crate::store::NewRun;
 use crate::telemetry::TraceContext;
@@ -33,6 +35,11 @@ pub struct RunRequest {
     pub assistant_id: Option<AssistantId>,
     /// A version of `assistant_id` (or, without it, of the thread's assistant) to use.
     pub assistant_version: Option<i64>,
+    /// The run's own webhook (a run body's top-level `webhook`); it goes into the run's
+    /// `config.webhook`, which must then be unset.
+    pub webhook: Option<WebhookSpec>,
+    /// The cron whose tick posts this run.
+    pub cron_id: Option<Uuid>,
 }
 
 impl UseCases {
@@ -66,7 +73,7 @@ impl UseCases {
                 "idempotencyKey must be 1 to 256 characters".into(),
             ));
         }
-        let config = request.config;
+        let mut config = request.config;
         if config.ttl_seconds.is_some() {
             // How long a thread is kept is the thread's (or its assistant's), not one run's.
             return Err(ApiError::Validation(
@@ -74,6 +81,15 @@ impl UseCases {
                  /v1/threads/{threadId}) or its assistant, not on a run"
                     .into(),
             ));
+        }
+        if let Some(w) = request.webhook {
+            if config.webhook.is_some() {
+                return Err(ApiError::Validation(
+                    "set the run's webhook once: `webhook` or `config.webhook`, not both".into(),
+                ));
+            }
+            self.check_webhook(&w, "webhook")?;
+            config.webhook = Some(w);
         }
         self.check_config(&tenant, &config).await?;
         if request.assistant_version.is_some_and(|v| v < 1) {
@@ -117,6 +133,7 @@ impl UseCases {
                 create_thread,
                 trace_context: request.trace.map(|t| t.to_stored()),
                 assistant,
+                cron_id: request.cron_id,
             })
             .await
             .map_err(|e| match e {

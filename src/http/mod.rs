@@ -9,6 +9,7 @@ pub mod a2a;
 pub mod agui;
 pub mod assistants;
 pub mod console;
+pub mod crons;
 pub mod doc;
 pub mod error;
 pub mod flowcharts;
@@ -23,6 +24,7 @@ pub mod sse;
 pub mod suspensions;
 pub mod threads;
 pub mod tools;
+pub mod webhooks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -251,6 +253,8 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(flowcharts::router())
         .merge(assistants::router())
         .merge(retention::router())
+        .merge(crons::router())
+        .merge(webhooks::router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).
@@ -271,7 +275,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The first segments of the `/v1` routes: a path that starts with one of them but not with
 /// `/v1` is most likely a `/v1` route without its prefix.
-const V1_RESOURCES: [&str; 7] = [
+const V1_RESOURCES: [&str; 9] = [
     "ag-ui",
     "threads",
     "suspensions",
@@ -279,6 +283,8 @@ const V1_RESOURCES: [&str; 7] = [
     "flowcharts",
     "runs",
     "assistants",
+    "crons",
+    "webhook-deliveries",
 ];
 
 async fn not_found(req: Request) -> ApiError {

@@ -69,6 +69,10 @@ pub struct CreateRun {
     #[serde(default)]
     #[schema(minimum = 1)]
     pub assistant_version: Option<i64>,
+    /// Announce this run's end (and its suspensions) with a signed webhook: it becomes the
+    /// run's `config.webhook`, instead of its thread's or assistant's.
+    #[serde(default)]
+    pub webhook: Option<crate::model::WebhookSpec>,
 }
 
 /// Enqueue the run `body` asks for on `thread_id` (see [`crate::commands::UseCases::enqueue`]); its spans will
@@ -89,6 +93,8 @@ async fn enqueue(
         trace,
         assistant_id: body.assistant_id,
         assistant_version: body.assistant_version,
+        webhook: body.webhook,
+        cron_id: None,
     };
     state.cases.enqueue(tenant, thread_id, request).await
 }

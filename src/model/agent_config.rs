@@ -94,6 +94,10 @@ pub struct AgentConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 315_360_000)]
     pub ttl_seconds: Option<u64>,
+    /// Where to announce the end of runs (and their suspensions) with a signed webhook: a
+    /// run's own wins over its thread's, which wins over its assistant's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookSpec>,
 }
 
 string_enum! {
@@ -179,6 +183,7 @@ impl AgentConfig {
             max_team_depth: over.max_team_depth.or(self.max_team_depth),
             roles: over.roles.clone().or_else(|| self.roles.clone()),
             ttl_seconds: over.ttl_seconds.or(self.ttl_seconds),
+            webhook: over.webhook.clone().or_else(|| self.webhook.clone()),
         }
     }
 
@@ -235,6 +240,9 @@ impl AgentConfig {
             if role.name.trim().is_empty() {
                 return Err(format!("config.roles.{id}.name must not be empty"));
             }
+        }
+        if let Some(w) = &self.webhook {
+            w.check("config.webhook")?;
         }
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! One file per concept, every type re-exported here (`crate::model::Run`): [`ids`] (thread and
 //! item ids), [`runs`] (threads, runs, usage, messages), [`items`] (todo items, tool calls and
 //! results), [`observations`], [`suspensions`] (and decisions), [`agent_config`] (a thread's
-//! config and its policy floors), [`assistants`] (versioned configs and how they combine). This
+//! config and its policy floors), [`assistants`] (versioned configs and how they combine), [`webhooks`] (where a run's end is
+//! announced, and deliveries), [`crons`] (schedules and their ticks). This
 //! file keeps what they share: `string_enum!`, the default tenant, new ids and NUL scrubbing.
 
 use serde::{Deserialize, Serialize};
@@ -50,20 +51,24 @@ macro_rules! string_enum {
 
 pub mod agent_config;
 pub mod assistants;
+pub mod crons;
 pub mod ids;
 pub mod items;
 pub mod observations;
 pub mod payloads;
 pub mod runs;
 pub mod suspensions;
+pub mod webhooks;
 
 pub use agent_config::*;
 pub use assistants::*;
+pub use crons::*;
 pub use ids::*;
 pub use items::*;
 pub use observations::*;
 pub use runs::*;
 pub use suspensions::*;
+pub use webhooks::*;
 
 /// The tenant every request belongs to when no API keys are configured.
 pub const DEFAULT_TENANT: &str = "default";

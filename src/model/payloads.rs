@@ -85,6 +85,10 @@ pub struct RunStartedContent {
     #[schema(nullable = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// Only for a run a cron's tick made: that cron.
+    #[schema(nullable = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cron_id: Option<uuid::Uuid>,
 }
 
 /// `INTENT`: what the planner understood the query to ask.

@@ -180,6 +180,9 @@ pub struct Run {
     pub suspension: Option<Value>,
     /// Lease attempt counter; every write of a worker is fenced by it.
     pub attempt: i64,
+    /// The cron whose tick made this run; null when a client posted it.
+    #[serde(default)]
+    pub cron_id: Option<Uuid>,
     /// Where the agent is in the run (internal: not part of the API).
     #[serde(skip)]
     pub phase: RunPhase,

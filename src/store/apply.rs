@@ -3,13 +3,14 @@
 //! (`fragments::Commit`) and its rows mapped once (`tables.rs`); each dialect then commits it
 //! its fastest way: one statement on Postgres (`postgres::one_statement`, else the transaction
 //! below), one call in a shared transaction on SQLite (`sqlite::one_call`, `group.rs`). Also here:
-//! appending observations inside another write (a cancel, a resolution).
+//! appending observations inside another write (a cancel, a resolution). A commit that ends or
+//! suspends a run writes its webhook outbox row in the same statement or transaction.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::fragments::{Commit, RUN_UPDATE, bind_fence};
+use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
 use super::rows;
 use super::sql::{Conn, Raw, q};
 use super::sql_store::{Db, SqlStore};
@@ -18,6 +19,7 @@ use super::tables::{
     suspension_cols,
 };
 use super::threads::lock_thread;
+use super::webhooks::outbox_insert;
 use super::{Applied, Batch, Fence, Op, Signal, StoreError, StoreResult};
 use crate::model::{NewObservation, Observation, ThreadId};
 
@@ -155,6 +157,10 @@ impl SqlStore {
             usage: rows::opt_json(update.usage.as_ref())?,
             error: rows::opt_json(update.error.as_ref())?,
             clear_lease: update.status.is_some_and(rows::clears_lease),
+            announces: update
+                .status
+                .and_then(crate::model::WebhookEvent::for_status)
+                .is_some(),
             update: &update,
             n: count(&observations)?,
             ops: &ops,
@@ -174,6 +180,9 @@ impl SqlStore {
                 done => break done?,
             }
         };
+        if c.announces {
+            self.webhook_written();
+        }
         Ok(Applied {
             observations: rows::committed(
                 &tenant,
@@ -253,6 +262,12 @@ impl SqlStore {
         let last_seq = row.int("last_seq")?;
         for op in c.ops {
             apply_op(&mut tx, tenant, thread_id, op).await?;
+        }
+        if c.announces {
+            // After the ops: a suspension this batch inserted is the one the event is about.
+            let cond = format!("w.run_id = $1 AND {ANNOUNCED}");
+            tx.exec(q(outbox_insert(tx.dialect(), "runs", &cond)).bind(fence.run_id))
+                .await?;
         }
         if c.clear_lease {
             // The thread is free (or the run waits for a person): a queued run may start.

@@ -173,25 +173,28 @@ async fn prune(
     Ok(())
 }
 
+/// What an enqueue reads of its thread (see [`lock_thread_for_run`]).
+pub(super) struct LockedThread {
+    pub last_seq: i64,
+    pub assistant: Option<AssistantPin>,
+    /// The thread's `config.webhook`, as stored.
+    pub webhook: Option<serde_json::Value>,
+}
+
 /// Lock the thread row (as `threads::lock_thread`, the first lock of an enqueue) and read what a
-/// run needs of it: its `last_seq` and the assistant it uses; `None` when the thread does not
-/// exist.
+/// run needs of it: its `last_seq`, the assistant it uses and its webhook; `None` when the thread
+/// does not exist.
 pub(super) async fn lock_thread_for_run(
     tx: &mut Conn,
     tenant: &str,
     thread_id: &ThreadId,
-) -> StoreResult<Option<(i64, Option<AssistantPin>)>> {
-    let Some(row) = tx
-        .opt(
-            q(
-                "SELECT last_seq, assistant_id, assistant_version FROM threads \
-               WHERE tenant = $1 AND thread_id = $2 {lock}",
-            )
-            .bind(tenant)
-            .bind(thread_id.as_str()),
-        )
-        .await?
-    else {
+) -> StoreResult<Option<LockedThread>> {
+    let sql = format!(
+        "SELECT last_seq, assistant_id, assistant_version, {} AS webhook FROM threads \
+         WHERE tenant = $1 AND thread_id = $2 {{lock}}",
+        super::webhooks::config_webhook(tx.dialect(), "config")
+    );
+    let Some(row) = tx.opt(q(sql).bind(tenant).bind(thread_id.as_str())).await? else {
         return Ok(None);
     };
     let pin = row.opt_text("assistant_id")?.map(|id| AssistantPin {
@@ -205,11 +208,16 @@ pub(super) async fn lock_thread_for_run(
         }
         None => None,
     };
-    Ok(Some((row.int("last_seq")?, pin)))
+    Ok(Some(LockedThread {
+        last_seq: row.int("last_seq")?,
+        assistant: pin,
+        webhook: row.opt_json("webhook")?.filter(|v| !v.is_null()),
+    }))
 }
 
 /// The version a run enqueued now uses: `pin`'s version, or the assistant's current one; held
-/// (`FOR KEY SHARE`) until the enqueue commits, so it cannot be pruned under the new run.
+/// (`FOR KEY SHARE`) until the enqueue commits, so it cannot be pruned under the new run. With it,
+/// the version's webhook, and whether it locks `webhook`.
 ///
 /// # Errors
 /// [`StoreError::AssistantNotFound`] when the assistant is deleted or never was;
@@ -218,13 +226,14 @@ pub(super) async fn version_for_run(
     tx: &mut Conn,
     tenant: &str,
     pin: &AssistantPin,
-) -> StoreResult<AssistantRef> {
+) -> StoreResult<(AssistantRef, super::webhooks::VersionHook)> {
     let found = tx
         .opt(
             q(format!(
-                "SELECT v.version FROM {} \
+                "SELECT v.version, {} AS webhook, v.locked FROM {} \
                  WHERE a.tenant = $1 AND a.assistant_id = $2 AND a.deleted_at IS NULL \
                  {{share of v}}",
+                super::webhooks::config_webhook(tx.dialect(), "v.config"),
                 assistant_join("COALESCE($3, a.current_version)")
             ))
             .bind(tenant)
@@ -233,10 +242,19 @@ pub(super) async fn version_for_run(
         )
         .await?;
     match found {
-        Some(row) => Ok(AssistantRef {
-            assistant_id: pin.assistant_id.clone(),
-            version: row.int("version")?,
-        }),
+        Some(row) => {
+            let locked: Vec<String> = row.opt_typed("locked")?.unwrap_or_default();
+            Ok((
+                AssistantRef {
+                    assistant_id: pin.assistant_id.clone(),
+                    version: row.int("version")?,
+                },
+                super::webhooks::VersionHook {
+                    webhook: row.opt_json("webhook")?.filter(|v| !v.is_null()),
+                    locked: locked.iter().any(|f| f == "webhook"),
+                },
+            ))
+        }
         None => Err(missing(tx, tenant, &pin.assistant_id, pin.version).await),
     }
 }

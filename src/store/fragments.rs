@@ -27,6 +27,9 @@ pub(crate) const RUN_UPDATE: &str = "UPDATE runs SET \
     WHERE run_id = $1 AND attempt = $2 AND status = 'running' \
       AND tenant = $12 AND thread_id = $13";
 
+/// The statuses a webhook announces (`webhooks::outbox_insert`'s callers keep to them).
+pub(crate) const ANNOUNCED: &str = "w.status IN ('completed', 'failed', 'cancelled', 'suspended')";
+
 /// Running runs whose lease expired (`$3` is how many), earliest expiry first.
 pub(crate) const EXPIRED_CANDIDATES: &str = "SELECT run_id FROM runs \
     WHERE status = 'running' AND lease_expires_at < {now} ORDER BY lease_expires_at LIMIT $3";
@@ -108,6 +111,9 @@ pub(crate) struct Commit<'a> {
     pub error: Option<Value>,
     /// The run stops holding a lease (it ended or waits for a person).
     pub clear_lease: bool,
+    /// The update moves the run to a status a webhook announces: the commit writes the outbox
+    /// row (when the run has a webhook that wants it) with the run's change.
+    pub announces: bool,
     /// How many observations, hence seqs.
     pub n: i64,
     pub ops: &'a [Op],

@@ -11,7 +11,8 @@
 //! to its SQL: `threads` (threads, their messages and observations), `runs` (enqueue, read,
 //! cancel), `tenant_runs` (runs found without their thread), `leases` (claim, heartbeat,
 //! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts`, `assistants`,
-//! `retention` (idle threads and what a thread stores) and `signals` (wake-ups between
+//! `retention` (idle threads and what a thread stores), `webhooks` (the outbox), `crons` and
+//! `signals` (wake-ups between
 //! replicas); `sql_store` holds the type itself, its connections and what
 //! concerns the whole store (migrations, readiness, the backlog). Below them: the dialect layer
 //! `sql` (bind values, rows, connections and a few SQL tokens each dialect renders), `rows`
@@ -42,6 +43,7 @@ use crate::model::{
 
 mod apply;
 mod assistants;
+mod crons;
 mod flowcharts;
 mod fragments;
 mod group;
@@ -58,10 +60,13 @@ mod suspensions;
 mod tables;
 mod tenant_runs;
 mod threads;
+mod webhooks;
 
+pub use crons::{CronDraft, TickRecord};
 pub use retention::{Footprint, Idle, ThreadStorage};
 pub use signals::{Signal, TokenPiece};
 pub use sql_store::SqlStore;
+pub use webhooks::{ClaimedDelivery, DeliveryFilter, DeliveryOutcome};
 
 /// Result of a store operation.
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -143,6 +148,8 @@ pub struct NewRun {
     pub assistant: Option<AssistantRef>,
     /// The trace context the run's spans continue (a stored [`crate::telemetry::TraceContext`]).
     pub trace_context: Option<String>,
+    /// The cron whose tick makes this run.
+    pub cron_id: Option<Uuid>,
 }
 
 /// What [`SqlStore::create_run`] did.

@@ -28,14 +28,15 @@ use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use serde_json::Value;
 
+use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
-use super::fragments::{Commit, RUN_UPDATE, bind_fence};
 use super::rows;
 use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
 use super::sql_store::{Db, SqlStore};
 use super::tables::{
     AGENT_STATE, MESSAGES, RowCols, TODO_ITEMS, Table, item_cols, message_cols, state_cols,
 };
+use super::webhooks::outbox_insert;
 use super::{Claim, Fence, Op, Signal, StoreError, StoreResult};
 use crate::model::{NewObservation, ThreadId, TodoItem};
 
@@ -365,9 +366,12 @@ pub(crate) fn one_statement(
     if items.iter().any(|(id, _)| deleted.iter().any(|d| d == id)) {
         return Ok(None);
     }
+    // A run that ends or suspends: `f` returns its whole row, from which `w_hook` writes the
+    // webhook outbox row in this same statement.
+    let returning = if c.announces { "*" } else { "cancel_requested" };
     let mut sql = format!(
         "WITH l AS (SELECT 1 FROM threads WHERE tenant = $12 AND thread_id = $13 FOR UPDATE), \
-         f AS ({RUN_UPDATE} AND EXISTS (SELECT 1 FROM l) RETURNING cancel_requested), \
+         f AS ({RUN_UPDATE} AND EXISTS (SELECT 1 FROM l) RETURNING {returning}), \
          t AS (UPDATE threads SET last_seq = last_seq + $14, \
                  updated_at = CASE WHEN $14 > 0 THEN now() ELSE updated_at END \
                WHERE tenant = $12 AND thread_id = $13 AND EXISTS (SELECT 1 FROM f) \
@@ -481,6 +485,12 @@ pub(crate) fn one_statement(
             "pg_notify('pes', json_build_object('k', 'o', 'tenant', $12::text, \
              'thread', $13::text, 'seq', (SELECT last_seq FROM t), 'from', {from}::text)::text)"
         );
+    }
+    if c.announces {
+        sql.push_str(&format!(
+            ", w_hook AS ({})",
+            outbox_insert(super::sql::Dialect::Postgres, "f", ANNOUNCED)
+        ));
     }
     let ready = signal_payload(&Signal::RunReady, origin);
     let ready = param(&mut extra, ready.into());

@@ -247,6 +247,10 @@ pub(crate) fn run_from_row(r: &Row) -> StoreResult<Run> {
         final_response: r.opt_json("final_response")?,
         suspension: None,
         attempt: r.int("attempt")?,
+        cron_id: r
+            .opt_text("cron_id")?
+            .map(|id| Uuid::parse_str(&id).map_err(|e| decode_err("cron_id", e)))
+            .transpose()?,
         phase: r.enumeration("phase")?,
         cancel_requested: r.boolean("cancel_requested")?,
         start_seq: r.int("start_seq")?,

@@ -11,6 +11,7 @@ use super::rows;
 use super::sql::{Arg, Conn, q};
 use super::sql_store::SqlStore;
 use super::threads::{lock_thread, map_rows};
+use super::webhooks::{outbox_insert, resolve_for_run};
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
 use crate::model::{
     AssistantPin, MultitaskStrategy, Run, RunStatus, Suspension, ThreadId, Usage, new_id,
@@ -64,7 +65,18 @@ async fn cancel_waiting(conn: &mut Conn, ids: Vec<Uuid>) -> StoreResult<Vec<Run>
         .all(q(CANCEL_QUEUED_OR_SUSPENDED).bind(ids.clone()))
         .await?;
     conn.exec(q(CANCEL_PENDING_SUSPENSIONS).bind(ids)).await?;
-    map_rows(&cancelled, rows::run_from_row)
+    let runs = map_rows(&cancelled, rows::run_from_row)?;
+    if !runs.is_empty() {
+        // Their `run.cancelled` webhooks, in the cancel's transaction.
+        let ids: Vec<Uuid> = runs.iter().map(|r| r.run_id).collect();
+        let sql = outbox_insert(
+            conn.dialect(),
+            "runs",
+            "{in w.run_id 1} AND w.status = 'cancelled'",
+        );
+        conn.exec(q(sql).bind(ids)).await?;
+    }
+    Ok(runs)
 }
 
 /// Ask the workers of running runs to stop at their next safe point.
@@ -111,7 +123,8 @@ impl SqlStore {
             .await?;
             locked = lock_thread_for_run(&mut tx, tenant, thread_id).await?;
         }
-        let (last_seq, thread_assistant) = locked.ok_or(StoreError::ThreadNotFound)?;
+        let locked = locked.ok_or(StoreError::ThreadNotFound)?;
+        let (last_seq, thread_assistant) = (locked.last_seq, locked.assistant);
 
         if let Some(key) = &new.idempotency_key {
             let existing = tx
@@ -160,10 +173,14 @@ impl SqlStore {
             }),
             (None, pin) => pin,
         };
-        let assistant = match assistant {
-            Some(pin) => Some(version_for_run(&mut tx, tenant, &pin).await?),
-            None => None,
+        let (assistant, version_hook) = match assistant {
+            Some(pin) => {
+                let (v, hook) = version_for_run(&mut tx, tenant, &pin).await?;
+                (Some(v), Some(hook))
+            }
+            None => (None, None),
         };
+        let webhook = resolve_for_run(&new.config, locked.webhook, version_hook)?;
 
         let run_id = new_id();
         let mut observations = Vec::new();
@@ -204,9 +221,9 @@ impl SqlStore {
                     "INSERT INTO runs (run_id, tenant, thread_id, status, query, config, \
                      multitask_strategy, idempotency_key, created_at, usage, attempt, phase, \
                      cancel_requested, start_seq, trace_context, assistant_id, \
-                     assistant_version) \
+                     assistant_version, webhook, cron_id) \
                    VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, {clock}, $8, 0, 'new', FALSE, \
-                     $9, $10, $11, $12) RETURNING *",
+                     $9, $10, $11, $12, $13, $14) RETURNING *",
                 )
                 .bind(run_id)
                 .bind(tenant)
@@ -219,11 +236,17 @@ impl SqlStore {
                 .bind(start_seq)
                 .bind(&new.trace_context)
                 .bind(assistant.as_ref().map(|a| a.assistant_id.as_str()))
-                .bind(Arg::Int(assistant.as_ref().map(|a| a.version))),
+                .bind(Arg::Int(assistant.as_ref().map(|a| a.version)))
+                .bind(Arg::Json(webhook))
+                .bind(Arg::Text(new.cron_id.map(|id| id.to_string()))),
             )
             .await?;
         tx.notify(&Signal::RunReady).await?;
         tx.commit().await?;
+        if !observations.is_empty() {
+            // Runs an `interrupt` displaced: their webhooks are in the outbox.
+            self.webhook_written();
+        }
         Ok(CreatedRun {
             run: rows::run_from_row(&row)?,
             created: true,
@@ -337,6 +360,9 @@ impl SqlStore {
         };
         let run = run.ok_or(StoreError::RunNotFound)?;
         tx.commit().await?;
+        if run.status == RunStatus::Cancelled {
+            self.webhook_written();
+        }
         Ok(CancelledRun { run, observations })
     }
 }

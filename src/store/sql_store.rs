@@ -38,6 +38,9 @@ pub struct SqlStore {
     pub(crate) group: Arc<GroupCommit>,
     /// The tenants this process's claims served last (see [`super::leases::ServedTenants`]).
     pub(crate) served: Arc<std::sync::Mutex<super::leases::ServedTenants>>,
+    /// Poked when a commit of this process may have written a webhook delivery, so the
+    /// delivery loop sends it at once rather than at its next look (see `webhooks.rs`).
+    pub(crate) outbox: Arc<tokio::sync::Notify>,
 }
 
 impl SqlStore {
@@ -47,6 +50,7 @@ impl SqlStore {
             origin: crate::model::new_id().to_string().into(),
             group: Arc::default(),
             served: Arc::default(),
+            outbox: Arc::default(),
         }
     }
 

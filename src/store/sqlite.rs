@@ -22,8 +22,8 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
+use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
-use super::fragments::{Commit, RUN_UPDATE, bind_fence};
 use super::rows;
 use super::sql::{Arg, Conn, Q, id_text, q};
 use super::sql_store::{Db, SqlStore};
@@ -31,6 +31,7 @@ use super::tables::{
     AGENT_STATE, MESSAGES, RowCols, SUSPENSIONS, TODO_ITEMS, Table, item_cols, message_cols,
     state_cols, suspension_cols,
 };
+use super::webhooks::outbox_insert;
 use super::{Claim, Fence, Op, StoreError, StoreResult};
 use crate::model::{NewObservation, ThreadId};
 
@@ -333,6 +334,15 @@ pub(crate) fn one_call(
         "{RUN_UPDATE} RETURNING cancel_requested, \
            (SELECT last_seq FROM threads WHERE tenant = $12 AND thread_id = $13) AS last_seq"
     ));
+    if c.announces {
+        // After the run's update, gated by it: `changes()` is what that update changed (one
+        // row when the fence held), so a lost lease writes no outbox row either.
+        let cond = format!("w.run_id = $1 AND w.attempt = $2 AND changes() = 1 AND {ANNOUNCED}");
+        sql.push_str(&format!(
+            "; {}",
+            outbox_insert(super::sql::Dialect::Sqlite, "runs", &cond)
+        ));
+    }
     let stmt = bind_fence(q(sql), fence, lease, c);
     Ok(extra.into_iter().fold(stmt, Q::bind))
 }

@@ -176,6 +176,7 @@ async fn enqueue(store: &S, thread: &str) -> Run {
             create_thread: true,
             trace_context: None,
             assistant: None,
+            cron_id: None,
         })
         .await
         .unwrap()

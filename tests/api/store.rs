@@ -59,6 +59,7 @@ fn new_run(tenant: &str, thread: &str, query: &str) -> NewRun {
         create_thread: true,
         trace_context: None,
         assistant: None,
+        cron_id: None,
     }
 }
 

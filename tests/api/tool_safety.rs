@@ -219,6 +219,7 @@ impl Harness {
                 create_thread: true,
                 trace_context: None,
                 assistant: None,
+                cron_id: None,
             })
             .await
             .unwrap();

@@ -37,11 +37,16 @@
 //!   the service's built-in offline model (and checks every answer holds its own result);
 //!   `--server-url` measures a server already running instead of spawning one.
 //!
+//! - `--webhooks` (runs mode): the load again on the same service with a webhook on every run,
+//!   sent to a receiver the bench serves; both figures and the change are printed (W3 with
+//!   webhooks must stay within 5 % of W3 without).
+//!
 //! Every phase has a deadline (`--phase-timeout`); the bench fails with a clear message when one
 //! passes, and always stops the service and removes the store it made.
 
 mod inflight;
 mod long_thread;
+mod receiver;
 mod runs;
 mod server;
 mod sse;
@@ -118,12 +123,21 @@ pub(crate) struct Args {
     /// service's built-in offline model.
     #[arg(long, value_enum, default_value = "fake")]
     pub(crate) llm: LlmKind,
+    /// Runs mode: measure the load twice on the same service, first as usual, then with a
+    /// webhook on every run (`webhook: {url}`, to a receiver the bench serves on loopback; the
+    /// service signs and sends them), and print both figures and the change. The bench waits
+    /// until every run's webhook has arrived, and says how many did, and how late the last was.
+    #[arg(long)]
+    pub(crate) webhooks: bool,
     /// Long-thread mode: measure the server already listening at this base URL (e.g.
     /// `http://127.0.0.1:8080`, with no API keys) instead of spawning one; its own store and
     /// model are used, and `--store`/`--llm` only label the report.
     #[arg(long)]
     pub(crate) server_url: Option<String>,
 }
+
+/// The key the service signs the bench's webhooks with (`--webhooks`).
+const BENCH_WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum LlmKind {
@@ -169,6 +183,10 @@ impl Args {
             "--llm offline is for --mode long-thread only"
         );
         ensure!(self.concurrency > 0, "--concurrency must be at least 1");
+        ensure!(
+            !self.webhooks || self.mode == Mode::Runs,
+            "--webhooks is for --mode runs only"
+        );
         ensure!(self.subscribers > 0, "--subscribers must be at least 1");
         ensure!(self.sse_threads > 0, "--sse-threads must be at least 1");
         ensure!(self.rate > 0, "--rate must be at least 1");
@@ -207,6 +225,11 @@ impl Args {
                 self.database_max_connections.to_string(),
             ),
         ];
+        if self.webhooks {
+            // The bench's receiver is on loopback; the secret only has to be well formed.
+            env.push(("PES_WEBHOOK_SECRET", BENCH_WEBHOOK_SECRET.to_owned()));
+            env.push(("PES_WEBHOOK_ALLOW", "127.0.0.1".to_owned()));
+        }
         if self.mode == Mode::Inflight {
             let hold = self.phase_timeout * 2 + self.model_latency_ms / 1000 + 60;
             env.push(("PES_WORKER_CONCURRENCY", self.runs.max(64).to_string()));
@@ -297,9 +320,39 @@ async fn measure(
         report["inflight"] = r.to_json(args);
     }
     if args.wants_runs() {
-        let r = runs::runs_mode(args, db, server, fake, machine).await?;
+        let r = runs::runs_mode(args, db, server, fake, machine, None).await?;
         r.print(args, db, machine);
         report["runs"] = r.to_json(args);
+        if args.webhooks {
+            let hooks = receiver::Receiver::start().await?;
+            println!(
+                "\nthe same load with a webhook on every run ({})",
+                hooks.url
+            );
+            let on = runs::runs_mode(args, db, server, fake, machine, Some(&hooks.url)).await?;
+            let ended = std::time::Instant::now();
+            let last = hooks.wait_for(args.runs, args.phase_deadline()).await;
+            on.print(args, db, machine);
+            let (requests, ids) = hooks.counts();
+            let lag = last.map(|l| l.saturating_duration_since(ended));
+            println!(
+                "webhooks          {ids} of {} runs delivered ({requests} requests); the last {}                  after the last run ended",
+                args.runs,
+                lag.map_or("never came".to_owned(), |d| format!(
+                    "{:.0} ms",
+                    d.as_secs_f64() * 1000.0
+                ))
+            );
+            println!(
+                "webhooks cost     runs/s {:+.1} %, p50 latency {:+.1} %, service CPU/item {:+.1} %",
+                runs::change(r.runs_per_sec(), on.runs_per_sec()),
+                runs::change(r.p50_ms(), on.p50_ms()),
+                runs::change(r.cpu_ms_per_item(), on.cpu_ms_per_item())
+            );
+            report["runsWithWebhooks"] = on.to_json(args);
+            report["webhooks"] = json!({"delivered": ids, "requests": requests,
+                "lastAfterMs": lag.map(|d| d.as_secs_f64() * 1000.0)});
+        }
     }
     if args.wants_sse() {
         let s = sse::sse_mode(args, server, machine).await?;

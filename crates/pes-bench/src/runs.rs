@@ -32,6 +32,7 @@ pub(crate) async fn runs_mode(
     server: &Server,
     fake: &FakeLlm,
     machine: &Machine,
+    webhook: Option<&str>,
 ) -> Result<RunsReport> {
     let limit = args.phase_deadline();
     let threads = phase(
@@ -49,7 +50,7 @@ pub(crate) async fn runs_mode(
     let results = phase(
         "the runs load",
         limit,
-        load_runs(server, &threads, args.concurrency, limit),
+        load_runs(server, &threads, args.concurrency, limit, webhook),
     )
     .await?;
     let wall = started.elapsed();
@@ -102,9 +103,14 @@ async fn load_runs(
     threads: &[String],
     concurrency: usize,
     timeout: Duration,
+    webhook: Option<&str>,
 ) -> Result<Vec<Result<Duration, String>>> {
+    let body = match webhook {
+        Some(url) => json!({"query": "bench", "webhook": {"url": url}}),
+        None => json!({"query": "bench"}),
+    };
     Ok(futures::stream::iter(threads)
-        .map(|t| run_and_wait(server, t, timeout))
+        .map(|t| run_and_wait(server, t, timeout, &body))
         .buffer_unordered(concurrency)
         .collect()
         .await)
@@ -114,11 +120,12 @@ async fn run_and_wait(
     server: &Server,
     thread: &str,
     timeout: Duration,
+    body: &Value,
 ) -> Result<Duration, String> {
     let path = format!("/v1/threads/{thread}/runs/wait");
     let sent = Instant::now();
     let run = server
-        .post_json(&path, &json!({"query": "bench"}), timeout)
+        .post_json(&path, body, timeout)
         .await
         .map_err(|e| format!("{e:#}"))?;
     let took = sent.elapsed();
@@ -158,12 +165,21 @@ pub(crate) fn ms(d: Option<Duration>) -> f64 {
     d.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
 }
 
+/// The change from `before` to `after`, in percent.
+pub(crate) fn change(before: f64, after: f64) -> f64 {
+    (after - before) / before * 100.0
+}
+
 impl RunsReport {
-    fn runs_per_sec(&self) -> f64 {
+    pub(crate) fn runs_per_sec(&self) -> f64 {
         self.n as f64 / self.wall.as_secs_f64()
     }
 
-    fn cpu_ms_per_item(&self) -> f64 {
+    pub(crate) fn p50_ms(&self) -> f64 {
+        ms(quantile(&self.latencies, 0.50))
+    }
+
+    pub(crate) fn cpu_ms_per_item(&self) -> f64 {
         self.cpu.service_secs * 1000.0 / (3 * self.n) as f64
     }
 

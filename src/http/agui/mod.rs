@@ -326,6 +326,8 @@ fn run_request(
         trace: TraceContext::for_run(headers),
         assistant_id: props.assistant_id,
         assistant_version: None,
+        webhook: None,
+        cron_id: None,
     })
 }
 

@@ -72,7 +72,7 @@ pub(super) const QUOTA_EXCEEDED: Shared = (
 );
 
 /// The routes that start something a tenant quota counts (method, path).
-pub(super) const QUOTA_ROUTES: [(&str, &str); 7] = [
+pub(super) const QUOTA_ROUTES: [(&str, &str); 8] = [
     ("post", "/v1/threads/{threadId}/runs"),
     ("post", "/v1/ag-ui"),
     ("post", "/v1/threads/{threadId}/runs/wait"),
@@ -80,6 +80,7 @@ pub(super) const QUOTA_ROUTES: [(&str, &str); 7] = [
     ("post", "/v1/suspensions/{suspensionId}/resume"),
     ("put", "/v1/flowcharts/{name}"),
     ("post", "/v1/assistants"),
+    ("post", "/v1/crons"),
 ];
 
 /// Every shared response, for the components section.

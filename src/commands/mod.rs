@@ -1,7 +1,8 @@
 //! The use-case layer: what a client may ask of the service, whichever door it comes through
 //! (the REST API, A2A, later MCP, AG-UI, crons and webhooks). [`UseCases`] checks a request
 //! (`runs`: the query, the config, the tool policy floor, the tenant's quota; `decisions`: a
-//! person's decision against its suspension; `assistants`: versioned configs and their use) and carries it out through [`RunCommands`]. Doors
+//! person's decision against its suspension; `assistants`: versioned configs and their use;
+//! [`memory`]: the memory store and its background passes) and carries it out through [`RunCommands`]. Doors
 //! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
 //! imports a door.
 //!
@@ -22,6 +23,7 @@
 mod assistants;
 mod cases;
 mod decisions;
+pub mod memory;
 mod policy;
 pub mod replicas;
 mod runs;

@@ -75,6 +75,7 @@ routes never do.",
         (name = "tools", description = "The tools threads can enable"),
         (name = "flowcharts", description = "Flowcharts: fixed procedures registered per tenant, each a tool"),
         (name = "assistants", description = "Assistants: named, versioned configurations threads and runs start from"),
+        (name = "store", description = "The memory store: items the agent keeps across threads, per tenant, in namespaces, found by full text or by meaning"),
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
         (name = "health", description = "Liveness, readiness, metrics"),
         (name = "console", description = "The web console for people (an HTML page that uses this API)")

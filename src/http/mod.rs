@@ -12,6 +12,7 @@ pub mod doc;
 pub mod error;
 pub mod flowcharts;
 pub mod health;
+pub mod memory;
 pub mod quota;
 pub mod runs;
 pub mod serve;
@@ -247,6 +248,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(tools::router())
         .merge(flowcharts::router())
         .merge(assistants::router())
+        .merge(memory::router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).
@@ -265,13 +267,14 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The first segments of the `/v1` routes: a path that starts with one of them but not with
 /// `/v1` is most likely a `/v1` route without its prefix.
-const V1_RESOURCES: [&str; 6] = [
+const V1_RESOURCES: [&str; 7] = [
     "threads",
     "suspensions",
     "tools",
     "flowcharts",
     "runs",
     "assistants",
+    "store",
 ];
 
 async fn not_found(req: Request) -> ApiError {

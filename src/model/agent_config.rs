@@ -86,6 +86,13 @@ pub struct AgentConfig {
     /// Roles the planner may give items, by role id (1–64 characters of `A-Za-z0-9_.-`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roles: Option<std::collections::BTreeMap<String, AgentRole>>,
+    /// The memory store namespace the agent's `memory_search` and `memory_put` use (labels:
+    /// 1–128 characters, no `.`, no control character); default `["threads", <threadId>]`, so
+    /// each thread remembers on its own. An assistant typically sets `["users", "<id>"]`, so a
+    /// user's threads share what the agent learned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_items = 1)]
+    pub memory_namespace: Option<Vec<String>>,
 }
 
 string_enum! {
@@ -166,6 +173,10 @@ impl AgentConfig {
                 .or(self.compaction_threshold_chars),
             max_team_depth: over.max_team_depth.or(self.max_team_depth),
             roles: over.roles.clone().or_else(|| self.roles.clone()),
+            memory_namespace: over
+                .memory_namespace
+                .clone()
+                .or_else(|| self.memory_namespace.clone()),
         }
     }
 
@@ -205,6 +216,10 @@ impl AgentConfig {
             && n > 5
         {
             return Err("config.maxTeamDepth must be between 0 and 5".into());
+        }
+        if let Some(ns) = &self.memory_namespace {
+            super::memory::Namespace::parse(ns.clone(), usize::MAX, false)
+                .map_err(|e| format!("config.memoryNamespace {e}"))?;
         }
         for (id, role) in self.roles.iter().flatten() {
             if ItemId::parse(id).is_err() {

@@ -5,7 +5,8 @@
 //! One file per concept, every type re-exported here (`crate::model::Run`): [`ids`] (thread and
 //! item ids), [`runs`] (threads, runs, usage, messages), [`items`] (todo items, tool calls and
 //! results), [`observations`], [`suspensions`] (and decisions), [`agent_config`] (a thread's
-//! config and its policy floors), [`assistants`] (versioned configs and how they combine). This
+//! config and its policy floors), [`assistants`] (versioned configs and how they combine),
+//! [`memory`] (the memory store's items and namespaces). This
 //! file keeps what they share: `string_enum!`, the default tenant, new ids and NUL scrubbing.
 
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,7 @@ pub mod agent_config;
 pub mod assistants;
 pub mod ids;
 pub mod items;
+pub mod memory;
 pub mod observations;
 pub mod payloads;
 pub mod runs;
@@ -61,6 +63,7 @@ pub use agent_config::*;
 pub use assistants::*;
 pub use ids::*;
 pub use items::*;
+pub use memory::{MemoryItem, Namespace};
 pub use observations::*;
 pub use runs::*;
 pub use suspensions::*;

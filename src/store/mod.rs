@@ -10,8 +10,8 @@
 //! Layout: each operation is defined once, for both dialects, in the file of its concept, next
 //! to its SQL: `threads` (threads, their messages and observations), `runs` (enqueue, read,
 //! cancel), `tenant_runs` (runs found without their thread), `leases` (claim, heartbeat,
-//! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts`, `assistants`
-//! and `signals` (wake-ups between replicas); `sql_store` holds the type itself, its connections and what
+//! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts`, `assistants`,
+//! `memory` (the memory store's items) and `signals` (wake-ups between replicas); `sql_store` holds the type itself, its connections and what
 //! concerns the whole store (migrations, readiness, the backlog). Below them: the dialect layer
 //! `sql` (bind values, rows, connections and a few SQL tokens each dialect renders), `rows`
 //! (rows to domain types, one decoder per type), `tables` and `fragments` (SQL shared by the
@@ -45,6 +45,7 @@ mod flowcharts;
 mod fragments;
 mod group;
 mod leases;
+mod memory;
 pub mod postgres;
 mod rows;
 mod runs;
@@ -57,6 +58,7 @@ mod tables;
 mod tenant_runs;
 mod threads;
 
+pub use memory::{MemoryPut, MemoryScope, PendingEmbedding, PutMemory};
 pub use signals::{Signal, TokenPiece};
 pub use sql_store::SqlStore;
 

@@ -31,6 +31,8 @@ mod http_tool;
 mod item_times;
 mod long_threads;
 mod mcp;
+mod memory;
+mod memory_agent;
 mod metrics;
 mod openapi;
 mod otel;

@@ -11,7 +11,8 @@
 //! to its SQL: `threads` (threads, their messages and observations), `runs` (enqueue, read,
 //! cancel), `tenant_runs` (runs found without their thread), `leases` (claim, heartbeat,
 //! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts`, `assistants`,
-//! `memory` (the memory store's items) and `signals` (wake-ups between replicas); `sql_store` holds the type itself, its connections and what
+//! `memory` (the memory store's items), `memory_scan` (its namespace listing, sweeper and
+//! embedding pass) and `signals` (wake-ups between replicas); `sql_store` holds the type itself, its connections and what
 //! concerns the whole store (migrations, readiness, the backlog). Below them: the dialect layer
 //! `sql` (bind values, rows, connections and a few SQL tokens each dialect renders), `rows`
 //! (rows to domain types, one decoder per type), `tables` and `fragments` (SQL shared by the
@@ -46,6 +47,7 @@ mod fragments;
 mod group;
 mod leases;
 mod memory;
+mod memory_scan;
 pub mod postgres;
 mod rows;
 mod runs;

@@ -116,8 +116,8 @@ fn parameters_are_where_the_server_reads_them_and_optional_unless_in_the_path() 
     // limit+cursor ×5 (threads, runs, messages, assistants, assistant versions),
     // observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart and assistant
     // version 1 each, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and
-    // resume.
-    assert_eq!(queries, 28);
+    // resume, a store item's namespace and key.
+    assert_eq!(queries, 30);
     let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
     assert_eq!(limit["name"], "limit");
     assert_eq!(limit["in"], "query");
@@ -215,9 +215,9 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 9,
+        bodies, 13,
         "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT, assistants POST/PUT, \
-         assistant current"
+         assistant current, store items PUT/DELETE, store search, store namespaces"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
     assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");

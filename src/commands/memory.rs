@@ -416,8 +416,8 @@ impl Memory {
                 format!("must be between 1 and {MAX_NAMESPACES_LIMIT}"),
             ));
         }
-        if req.max_depth == Some(0) {
-            errors.push(field("/maxDepth", "must be 1 or more"));
+        if req.max_depth.is_some_and(|d| !(1..=100).contains(&d)) {
+            errors.push(field("/maxDepth", "must be between 1 and 100"));
         }
         let offset = self.check_offset(req.offset, &mut errors);
         invalid(errors)?;
@@ -496,10 +496,13 @@ impl MemoryAccess for Memory {
         value: Map<String, Value>,
         idempotency_key: &str,
     ) -> Result<(), String> {
+        // A model may write what no store holds (a NUL); the REST doors refuse it earlier.
+        let mut value = Value::Object(value);
+        crate::model::scrub_nul(&mut value);
         let item = PutItem {
             namespace: namespace.labels().to_vec(),
             key: key.to_owned(),
-            value: Value::Object(value),
+            value,
             ttl_seconds: None,
         };
         Memory::put(self, tenant, item, Some(idempotency_key))

@@ -114,9 +114,9 @@ pub struct ListNamespacesRequest {
     /// Only namespaces that end with these labels.
     #[serde(default)]
     pub suffix: Option<Vec<String>>,
-    /// Cut each namespace to this many labels (then each appears once).
+    /// Cut each namespace to this many labels, 1–100 (then each appears once).
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 100)]
     pub max_depth: Option<u32>,
     /// Namespaces per page: 1–1,000, default 100.
     #[serde(default)]

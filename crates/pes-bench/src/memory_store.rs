@@ -1,8 +1,8 @@
 //! `--mode store`: the memory store's search latency. The bench fills the store with `--items`
 //! items (default 100,000) through `PUT /v1/store/items`, `--concurrency` writes in flight:
 //! 1,000 users (`["users", "u<n>"]`), each item a 12-word fact drawn from a 5,000-word made-up
-//! vocabulary with a Zipf-like skew (a few words are in most facts, most words in few, as in
-//! text). Then it runs `--searches` full-text searches one after another, each a query of three
+//! vocabulary with a Zipf-like skew (as content words are once stop words are left out: the
+//! most common word is in about 5 % of the facts, most words in few). Then it runs `--searches` full-text searches one after another, each a query of three
 //! words drawn the same way, and times each request (sent to whole reply received):
 //!
 //! - `user`: in one user's namespace (what the agent's `memory_search` does);
@@ -26,6 +26,8 @@ use crate::system::Machine;
 const USERS: usize = 1000;
 /// Words of the vocabulary.
 const VOCABULARY: usize = 5000;
+/// The most common words of a language, which full-text search leaves out (not generated).
+const STOP_WORDS: usize = 50;
 /// Words of one fact.
 const FACT_WORDS: usize = 12;
 
@@ -45,9 +47,14 @@ impl Rng {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// A word index with a Zipf-like skew: log-uniform over the vocabulary's ranks.
+    /// A word index with a Zipf-like skew, as content words have once stop words are left
+    /// out: log-uniform over the ranks 50 to 5,049 of a language (the first 50 are the stop
+    /// words), so the most common word is in about 5 % of the facts and most words in few.
     fn word(&mut self) -> usize {
-        ((VOCABULARY as f64).powf(self.unit()) as usize).saturating_sub(1)
+        let top = (STOP_WORDS + VOCABULARY) as f64 / STOP_WORDS as f64;
+        ((STOP_WORDS as f64 * top.powf(self.unit())) as usize)
+            .saturating_sub(STOP_WORDS)
+            .min(VOCABULARY - 1)
     }
 }
 

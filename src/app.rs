@@ -231,6 +231,12 @@ impl App {
                 .map_err(|e| anyhow::anyhow!(e))?;
         let tools = ToolRegistry::with_builtins()
             .with_timeout(Duration::from_secs(config.tool_timeout_seconds.max(1)));
+        let memory = build_memory(&config, &store)?;
+        let access: Arc<dyn crate::tools::memory::MemoryAccess> = Arc::new(memory.clone());
+        tools.register(Arc::new(crate::tools::memory::MemorySearchTool::new(
+            access.clone(),
+        )));
+        tools.register(Arc::new(crate::tools::memory::MemoryPutTool::new(access)));
         if config.debug_tools {
             warn!("PES_DEBUG_TOOLS is on: the test-only `debug_sleep` tool is registered");
             tools.register(Arc::new(crate::tools::debug::DebugSleep::new(
@@ -389,6 +395,7 @@ impl App {
             shutdown: shutdown.clone(),
             webhooks,
             quota_counts: Arc::default(),
+            memory,
         };
         let state = AppState {
             store,
@@ -504,6 +511,17 @@ impl App {
             Duration::from_millis(state.config.cron_poll_ms.max(10)),
             shutdown.clone(),
         ));
+        tracker.spawn(crate::commands::memory::sweep_periodically(
+            state.store.clone(),
+            Duration::from_millis(state.config.store_sweep_ms),
+            state.config.store_sweep_batch,
+            shutdown.clone(),
+        ));
+        tracker.spawn(crate::commands::memory::embed_periodically(
+            state.cases.memory.clone(),
+            Duration::from_millis(state.config.embeddings_pass_ms),
+            shutdown.clone(),
+        ));
         let worker_task = tracker.spawn(worker.run(shutdown.clone()));
         let settings = ServeSettings::from_config(&state.config);
         let router = http::router(state);
@@ -538,6 +556,59 @@ async fn metrics_upkeep(metrics: Metrics, stop: CancellationToken) {
             _ = tokio::time::sleep(METRICS_UPKEEP) => metrics.upkeep(),
         }
     }
+}
+
+/// The memory store's use cases: with an embedder of `PES_EMBEDDINGS_MODEL` when it is set,
+/// reached through the `openai` provider's base URL and key.
+///
+/// # Errors
+/// An embeddings base URL that is not http(s), or an HTTP client that cannot be built.
+fn build_memory(
+    config: &Config,
+    store: &Arc<SqlStore>,
+) -> anyhow::Result<crate::commands::memory::Memory> {
+    use crate::commands::memory::{Memory, MemorySettings};
+    use crate::llm::embeddings::{Embedder, OpenAiEmbedder};
+    let embedder: Option<Arc<dyn Embedder>> = match config.embeddings_model.as_deref() {
+        None => None,
+        Some(model) => {
+            let ep = config.openai_endpoint();
+            if ep.is_none() {
+                warn!(
+                    "PES_EMBEDDINGS_MODEL is set but no OpenAI-compatible provider is: embeddings \
+                     go to the public OpenAI API without a key (set PES_LLM_BASE_URL, \
+                     OPENAI_BASE_URL or OPENAI_API_KEY)"
+                );
+            }
+            let (base, key) = match ep {
+                Some(e) => (e.base_url, e.api_key),
+                None => (crate::config::OPENAI_DEFAULT_BASE_URL.to_owned(), None),
+            };
+            let transport = TransportConfig {
+                timeout: Duration::from_secs(config.embeddings_timeout_seconds),
+                max_retries: 1,
+                max_in_flight: config.llm_max_in_flight as usize,
+                stream: false,
+                ..TransportConfig::default()
+            };
+            let e = OpenAiEmbedder::new(&base, key, model, transport)
+                .context("configuring the embeddings (PES_EMBEDDINGS_MODEL)")?;
+            info!(model, endpoint = %redact_url(e.endpoint()), "memory search ranks by meaning");
+            Some(Arc::new(e))
+        }
+    };
+    Ok(Memory::new(
+        store.clone(),
+        embedder,
+        MemorySettings {
+            max_value_bytes: config.store_max_value_bytes,
+            max_depth: usize::try_from(config.store_max_namespace_depth).unwrap_or(usize::MAX),
+            max_offset: config.store_max_offset,
+            max_items: config.tenant_max_store_items,
+            semantic_candidates: u32::try_from(config.store_semantic_candidates)
+                .unwrap_or(u32::MAX),
+        },
+    ))
 }
 
 /// Register `http_request` when `PES_HTTP_TOOL` is on. `PES_HTTP_TOOL_ALLOW` is parsed either

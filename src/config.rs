@@ -214,6 +214,65 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(256..=16_777_216))]
     pub assistant_max_config_bytes: u64,
 
+    /// The largest value of a memory store item, in bytes of JSON; a larger one is refused with
+    /// 413 `value_too_large`.
+    #[arg(long, env = "PES_STORE_MAX_VALUE_BYTES", default_value_t = 65_536,
+          value_parser = clap::value_parser!(u64).range(64..=16_777_216))]
+    pub store_max_value_bytes: u64,
+
+    /// The most labels of a memory store namespace.
+    #[arg(long, env = "PES_STORE_MAX_NAMESPACE_DEPTH", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub store_max_namespace_depth: u64,
+
+    /// The largest `offset` of a memory store search or namespace listing (a page further on
+    /// is refused with 422): deep pages cost the database the rows they skip.
+    #[arg(long, env = "PES_STORE_MAX_OFFSET", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub store_max_offset: u64,
+
+    /// Items one tenant may keep in the memory store (expired ones count until the sweeper
+    /// deletes them); a new item past it is refused with 429 `quota_exceeded`.
+    #[arg(long, env = "PES_TENANT_MAX_STORE_ITEMS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub tenant_max_store_items: u64,
+
+    /// How often the memory sweeper deletes expired items (milliseconds); each pass deletes at
+    /// most `PES_STORE_SWEEP_BATCH`, and several replicas never delete the same rows.
+    #[arg(long, env = "PES_STORE_SWEEP_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
+    pub store_sweep_ms: u64,
+
+    /// The most expired memory items one sweeper pass deletes (the next pass goes on).
+    #[arg(long, env = "PES_STORE_SWEEP_BATCH", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub store_sweep_batch: u64,
+
+    /// The embeddings model (e.g. `text-embedding-3-small`): when set, memory items are embedded
+    /// when written, through the `openai` provider's base URL and key (`POST …/embeddings`), and a
+    /// search's `query` ranks by meaning (cosine similarity); unset, it ranks by full text.
+    #[arg(long, env = "PES_EMBEDDINGS_MODEL")]
+    pub embeddings_model: Option<String>,
+
+    /// How long one embeddings request may take (seconds); a write that cannot be embedded in
+    /// time is stored anyway and embedded later by the background pass.
+    #[arg(long, env = "PES_EMBEDDINGS_TIMEOUT_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub embeddings_timeout_seconds: u64,
+
+    /// How often the background pass embeds items written while the provider was unreachable
+    /// (and items written under another model), in milliseconds; 64 items per request.
+    #[arg(long, env = "PES_EMBEDDINGS_PASS_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
+    pub embeddings_pass_ms: u64,
+
+    /// How many items a semantic search ranks by cosine in the service when the database cannot
+    /// (SQLite; Postgres without the `vector` extension): the newest this many under the
+    /// namespace prefix that match the filter.
+    #[arg(long, env = "PES_STORE_SEMANTIC_CANDIDATES", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub store_semantic_candidates: u64,
+
     /// The most bytes of one tool result that is stored and shown to the model, whatever the
     /// tool (built-in, HTTP, MCP, flowchart, remote agent); the rest is cut with a marker that
     /// says how much was cut.
@@ -662,6 +721,7 @@ impl Config {
             &mut self.http_tool_allow,
             &mut self.webhook_secret,
             &mut self.webhook_allow,
+            &mut self.embeddings_model,
             &mut self.log,
         ] {
             if v.as_deref().is_some_and(|s| s.trim().is_empty()) {

@@ -27,4 +27,6 @@ pub struct UseCases {
     /// Per tenant, its active runs as last counted and when (see `UseCases::enqueue`).
     pub quota_counts:
         Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>>,
+    /// The memory store's use cases (shared with the agent's memory tools).
+    pub memory: super::memory::Memory,
 }

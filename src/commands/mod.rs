@@ -2,7 +2,8 @@
 //! (the REST API, A2A, later MCP, AG-UI, crons and webhooks). [`UseCases`] checks a request
 //! (`runs`: the query, the config, the tool policy floor, the tenant's quota; `decisions`: a
 //! person's decision against its suspension; `assistants`: versioned configs and their use; `webhooks`: where a run's end may be announced, and
-//! the deliveries; `crons`: schedules, and the scheduler that turns their ticks into runs) and carries it out through [`RunCommands`]. Doors
+//! the deliveries; `crons`: schedules, and the scheduler that turns their ticks into runs;
+//! [`memory`]: the memory store and its background passes) and carries it out through [`RunCommands`]. Doors
 //! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
 //! imports a door. `retention` reads what a thread stores and deletes idle threads: pruned by
 //! a tenant, or expired by the sweeper every replica runs.
@@ -26,6 +27,7 @@ mod assistants;
 mod cases;
 pub mod crons;
 mod decisions;
+pub mod memory;
 mod policy;
 pub mod replicas;
 pub mod retention;

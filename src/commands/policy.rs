@@ -17,6 +17,16 @@ impl UseCases {
         if let Some(w) = &cfg.webhook {
             self.check_webhook(w, "config.webhook")?;
         }
+        if let Some(ns) = &cfg.memory_namespace
+            && ns.len() as u64 > self.config.store_max_namespace_depth
+        {
+            return Err(ApiError::Validation(format!(
+                "config.memoryNamespace has {} labels; at most {} are allowed \
+                 (PES_STORE_MAX_NAMESPACE_DEPTH)",
+                ns.len(),
+                self.config.store_max_namespace_depth
+            )));
+        }
         if let Some(p) = &cfg.provider
             && !state.engine.provider_names().contains(p)
         {

@@ -80,6 +80,7 @@ metrics and documentation routes never do. `POST /v1/ag-ui` speaks AG-UI 1.0 to 
         (name = "assistants", description = "Assistants: named, versioned configurations threads and runs start from"),
         (name = "crons", description = "Crons: schedules that post a query, one run per tick across replicas"),
         (name = "webhooks", description = "Webhook deliveries: the signed announcements of runs' ends (Standard Webhooks)"),
+        (name = "store", description = "The memory store: items the agent keeps across threads, per tenant, in namespaces, found by full text or by meaning"),
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
         (name = "mcp", description = "The MCP server: the agent (`ask`, `resume`) and the tenant's flowcharts as Model Context Protocol tools"),
         (name = "ag-ui", description = "The agent for AG-UI 1.0 front ends (CopilotKit and others): a run as a stream of AG-UI events"),

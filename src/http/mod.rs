@@ -15,6 +15,7 @@ pub mod error;
 pub mod flowcharts;
 pub mod health;
 pub mod mcp_server;
+pub mod memory;
 pub mod quota;
 pub mod retention;
 pub mod runs;
@@ -255,6 +256,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(retention::router())
         .merge(crons::router())
         .merge(webhooks::router())
+        .merge(memory::router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).
@@ -275,7 +277,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The first segments of the `/v1` routes: a path that starts with one of them but not with
 /// `/v1` is most likely a `/v1` route without its prefix.
-const V1_RESOURCES: [&str; 9] = [
+const V1_RESOURCES: [&str; 10] = [
     "ag-ui",
     "threads",
     "suspensions",
@@ -285,6 +287,7 @@ const V1_RESOURCES: [&str; 9] = [
     "assistants",
     "crons",
     "webhook-deliveries",
+    "store",
 ];
 
 async fn not_found(req: Request) -> ApiError {

@@ -4,6 +4,8 @@
 //! agent never sees HTTP: it builds a [`ChatRequest`] and gets a [`ChatResponse`] back. A request
 //! may carry a [`TokenSink`] ([`Tokens`]): a provider that streams hands it the reply's text as
 //! the model writes it, and still returns the whole reply as if it had not streamed.
+//! [`embeddings`] turns text into vectors (an OpenAI-compatible `/embeddings` endpoint) for the
+//! memory store's semantic search.
 
 use std::sync::Arc;
 
@@ -14,6 +16,7 @@ use serde_json::Value;
 use crate::model::Usage;
 
 pub mod anthropic;
+pub mod embeddings;
 pub mod instrumented;
 pub mod labels;
 pub mod offline;

@@ -98,6 +98,13 @@ pub struct AgentConfig {
     /// run's own wins over its thread's, which wins over its assistant's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<WebhookSpec>,
+    /// The memory store namespace the agent's `memory_search` and `memory_put` use (labels:
+    /// 1–128 characters, no `.`, no control character); default `["threads", <threadId>]`, so
+    /// each thread remembers on its own. An assistant typically sets `["users", "<id>"]`, so a
+    /// user's threads share what the agent learned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_items = 1)]
+    pub memory_namespace: Option<Vec<String>>,
 }
 
 string_enum! {
@@ -184,6 +191,10 @@ impl AgentConfig {
             roles: over.roles.clone().or_else(|| self.roles.clone()),
             ttl_seconds: over.ttl_seconds.or(self.ttl_seconds),
             webhook: over.webhook.clone().or_else(|| self.webhook.clone()),
+            memory_namespace: over
+                .memory_namespace
+                .clone()
+                .or_else(|| self.memory_namespace.clone()),
         }
     }
 
@@ -230,6 +241,10 @@ impl AgentConfig {
             return Err(format!(
                 "config.ttlSeconds must be between 0 and {MAX_THREAD_TTL_SECONDS} (ten years)"
             ));
+        }
+        if let Some(ns) = &self.memory_namespace {
+            super::memory::Namespace::parse(ns.clone(), usize::MAX, false)
+                .map_err(|e| format!("config.memoryNamespace {e}"))?;
         }
         for (id, role) in self.roles.iter().flatten() {
             if ItemId::parse(id).is_err() {

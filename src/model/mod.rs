@@ -6,7 +6,7 @@
 //! item ids), [`runs`] (threads, runs, usage, messages), [`items`] (todo items, tool calls and
 //! results), [`observations`], [`suspensions`] (and decisions), [`agent_config`] (a thread's
 //! config and its policy floors), [`assistants`] (versioned configs and how they combine), [`webhooks`] (where a run's end is
-//! announced, and deliveries), [`crons`] (schedules and their ticks). This
+//! announced, and deliveries), [`crons`] (schedules and their ticks), [`memory`] (the memory store's items and namespaces). This
 //! file keeps what they share: `string_enum!`, the default tenant, new ids and NUL scrubbing.
 
 use serde::{Deserialize, Serialize};
@@ -54,6 +54,7 @@ pub mod assistants;
 pub mod crons;
 pub mod ids;
 pub mod items;
+pub mod memory;
 pub mod observations;
 pub mod payloads;
 pub mod runs;
@@ -65,6 +66,7 @@ pub use assistants::*;
 pub use crons::*;
 pub use ids::*;
 pub use items::*;
+pub use memory::{MemoryItem, Namespace};
 pub use observations::*;
 pub use runs::*;
 pub use suspensions::*;

@@ -11,9 +11,9 @@
 //! to its SQL: `threads` (threads, their messages and observations), `runs` (enqueue, read,
 //! cancel), `tenant_runs` (runs found without their thread), `leases` (claim, heartbeat,
 //! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts`, `assistants`,
-//! `retention` (idle threads and what a thread stores), `webhooks` (the outbox), `crons` and
-//! `signals` (wake-ups between
-//! replicas); `sql_store` holds the type itself, its connections and what
+//! `retention` (idle threads and what a thread stores), `webhooks` (the outbox), `crons`,
+//! `memory` (the memory store's items), `memory_scan` (its namespace listing, sweeper and
+//! embedding pass) and `signals` (wake-ups between replicas); `sql_store` holds the type itself, its connections and what
 //! concerns the whole store (migrations, readiness, the backlog). Below them: the dialect layer
 //! `sql` (bind values, rows, connections and a few SQL tokens each dialect renders), `rows`
 //! (rows to domain types, one decoder per type), `tables` and `fragments` (SQL shared by the
@@ -48,6 +48,8 @@ mod flowcharts;
 mod fragments;
 mod group;
 mod leases;
+mod memory;
+mod memory_scan;
 pub mod postgres;
 mod retention;
 mod rows;
@@ -63,6 +65,7 @@ mod threads;
 mod webhooks;
 
 pub use crons::{CronDraft, TickRecord};
+pub use memory::{MemoryPut, MemoryScope, PendingEmbedding, PutMemory};
 pub use retention::{Footprint, Idle, ThreadStorage};
 pub use signals::{Signal, TokenPiece};
 pub use sql_store::SqlStore;

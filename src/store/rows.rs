@@ -127,6 +127,10 @@ impl Row {
     pub(crate) fn opt_float(&self, col: &str) -> StoreResult<Option<f64>> {
         self.native(col)
     }
+    /// A nullable bytes column (`BYTEA` / `BLOB`).
+    pub(crate) fn opt_bytes(&self, col: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.native(col)
+    }
     pub(crate) fn opt_uuid(&self, col: &str) -> StoreResult<Option<Uuid>> {
         self.parsed(col, Uuid::parse_str)
     }

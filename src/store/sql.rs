@@ -70,6 +70,8 @@ pub(crate) enum Arg {
     Uuids(Vec<Uuid>),
     /// A list for `{in COL N}` (`TEXT[]` / a JSON array).
     Texts(Vec<String>),
+    /// Raw bytes (`BYTEA` / `BLOB`).
+    Bytes(Option<Vec<u8>>),
 }
 
 impl From<&str> for Arg {
@@ -162,6 +164,13 @@ impl Arg {
             Arg::Ts(v) => v.map_or(Value::Null, |v| Value::from(ts_text(v))),
             Arg::Uuids(v) => Value::from(v.iter().map(|v| id_text(*v)).collect::<Vec<_>>()),
             Arg::Texts(v) => Value::from(v.clone()),
+            // Postgres reads bytea from its hex text form.
+            Arg::Bytes(v) => v.as_ref().map_or(Value::Null, |b| {
+                Value::from(format!(
+                    "\\x{}",
+                    b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+                ))
+            }),
         }
     }
 }
@@ -247,6 +256,7 @@ fn bind_pg<'q>(q: Query<'q, Postgres, PgArguments>, arg: Arg) -> Query<'q, Postg
         Arg::Ts(v) => q.bind(v),
         Arg::Uuids(v) => q.bind(v),
         Arg::Texts(v) => q.bind(v),
+        Arg::Bytes(v) => q.bind(v),
     }
 }
 
@@ -266,6 +276,7 @@ fn bind_lite<'q>(
             q.bind(Value::from(v.into_iter().map(id_text).collect::<Vec<_>>()).to_string())
         }
         Arg::Texts(v) => q.bind(Value::from(v).to_string()),
+        Arg::Bytes(v) => q.bind(v),
     }
 }
 

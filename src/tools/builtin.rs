@@ -548,6 +548,7 @@ mod tests {
             tenant: "default".into(),
             thread_id: "t".into(),
             idempotency_key: "k".into(),
+            memory_namespace: None,
         }
     }
 

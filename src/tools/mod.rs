@@ -15,6 +15,7 @@ pub mod builtin;
 pub mod debug;
 pub mod http;
 pub mod mcp;
+pub mod memory;
 mod registry;
 
 pub use registry::{ServerInfo, ToolInfo, ToolRegistry, ToolServer};
@@ -27,6 +28,9 @@ pub struct ToolContext {
     /// Stable across retries of the same call (run id + tool call id): a tool with side effects can
     /// use it to make a repeated call harmless.
     pub idempotency_key: String,
+    /// The memory namespace of the thread's config (`memoryNamespace`); `None`: the thread's own
+    /// (`["threads", <threadId>]`). The memory tools work in it.
+    pub memory_namespace: Option<Vec<String>>,
 }
 
 /// Why a tool call produced no output.

@@ -434,6 +434,7 @@ mod tests {
             tenant: "default".into(),
             thread_id: "t1".into(),
             idempotency_key: "run:call_1".into(),
+            memory_namespace: None,
         }
     }
 

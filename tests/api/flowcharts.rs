@@ -376,6 +376,8 @@ async fn a_flowchart_is_a_tool_of_its_tenant(backend: Backend) {
             "b_first",
             "calculator",
             "current_time",
+            "memory_put",
+            "memory_search",
             "triage"
         ]
     );

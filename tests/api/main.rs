@@ -34,6 +34,8 @@ mod item_times;
 mod long_threads;
 mod mcp;
 mod mcp_server;
+mod memory;
+mod memory_agent;
 mod metrics;
 mod openapi;
 mod otel;

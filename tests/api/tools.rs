@@ -17,7 +17,16 @@ async fn catalogue_lists_every_builtin_with_its_schema(backend: Backend) {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["ask_user", "calculator", "current_time"]);
+    assert_eq!(
+        names,
+        [
+            "ask_user",
+            "calculator",
+            "current_time",
+            "memory_put",
+            "memory_search"
+        ]
+    );
     let calc = &body["items"][1];
     assert_eq!(calc["source"], "builtin");
     assert_eq!(calc["available"], true);

@@ -1,5 +1,6 @@
 //! A fake OpenAI-compatible Chat Completions server over real HTTP, shared by pes-server's
 //! black-box tests and by `pes-bench`, so both talk to one model double instead of two copies.
+//! It also serves deterministic embeddings (`POST /v1/embeddings`, see [`embeddings`]).
 //! The same double speaks Anthropic's Messages API ([`FakeLlm::start_anthropic`], see
 //! `anthropic`); both answer a `stream: true` request with a streamed reply, at the pace a test
 //! sets ([`FakeLlm::stream_slowly`]).
@@ -21,7 +22,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
 mod anthropic;
+pub mod embeddings;
 pub mod openai;
 
 /// How a streamed reply is written: its text (or structured JSON) in `chunks` pieces, with
@@ -161,6 +163,10 @@ struct Shared {
     calls: AtomicU64,
     in_flight: AtomicUsize,
     peak_in_flight: AtomicUsize,
+    /// `POST /v1/embeddings` answers 503 while set.
+    embeddings_down: AtomicBool,
+    /// Embeddings requests received.
+    embedding_calls: AtomicU64,
 }
 
 impl Shared {
@@ -309,13 +315,17 @@ impl FakeLlm {
             calls: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             peak_in_flight: AtomicUsize::new(0),
+            embeddings_down: AtomicBool::new(false),
+            embedding_calls: AtomicU64::new(0),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let app = if anthropic {
             Router::new().route("/v1/messages", post(handle_anthropic))
         } else {
-            Router::new().route("/v1/chat/completions", post(handle))
+            Router::new()
+                .route("/v1/chat/completions", post(handle))
+                .route("/v1/embeddings", post(embeddings::handle))
         }
         .with_state(shared.clone());
         // The server lives as long as the test or bench that started it: it ends with the runtime.
@@ -331,6 +341,16 @@ impl FakeLlm {
             format!("http://{addr}/v1")
         };
         Ok(FakeLlm { url, shared })
+    }
+
+    /// Make `POST /v1/embeddings` answer 503 (`true`, a provider outage) or embed again.
+    pub fn embeddings_down(&self, down: bool) {
+        self.shared.embeddings_down.store(down, Ordering::Relaxed);
+    }
+
+    /// Embeddings requests received so far (answered or refused).
+    pub fn embedding_calls(&self) -> u64 {
+        self.shared.embedding_calls.load(Ordering::Relaxed)
     }
 
     /// Write streamed replies' text (and structured JSON) in `chunks` pieces, waiting `delay`

@@ -40,12 +40,16 @@
 //! - `--webhooks` (runs mode): the load again on the same service with a webhook on every run,
 //!   sent to a receiver the bench serves; both figures and the change are printed (W3 with
 //!   webhooks must stay within 5 % of W3 without).
+//! - `--mode store`: the memory store's full-text search latency over `--items` items (default
+//!   100,000), filled through `PUT /v1/store/items`: p50/p99 of searches in one user's namespace,
+//!   across the whole store, and of a listing without a query (see `memory_store`).
 //!
 //! Every phase has a deadline (`--phase-timeout`); the bench fails with a clear message when one
 //! passes, and always stops the service and removes the store it made.
 
 mod inflight;
 mod long_thread;
+mod memory_store;
 mod receiver;
 mod runs;
 mod server;
@@ -111,6 +115,12 @@ pub(crate) struct Args {
     /// Also print one JSON line with the results.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Store mode: items written before searching.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) items: usize,
+    /// Store mode: searches of each kind, one after another.
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) searches: usize,
     /// How long the fake model takes to answer each request, in milliseconds (0: at once). With
     /// a latency, the effect of parallel items on run latency shows: the plan's 3 items are
     /// independent. Inflight mode: 2 s is the target's model.
@@ -165,6 +175,8 @@ enum Mode {
     Inflight,
     /// `--runs` follow-ups on one thread: prompt tokens and latency as the thread grows.
     LongThread,
+    /// Memory store search latency over `--items` items.
+    Store,
 }
 
 impl Args {
@@ -174,6 +186,8 @@ impl Args {
             "--mode inflight needs a slow model: give --model-latency-ms (e.g. 2000)"
         );
         ensure!(self.runs > 0, "--runs must be at least 1");
+        ensure!(self.items > 0, "--items must be at least 1");
+        ensure!(self.searches > 0, "--searches must be at least 1");
         ensure!(
             self.server_url.is_none() || self.mode == Mode::LongThread,
             "--server-url is for --mode long-thread only"
@@ -230,6 +244,12 @@ impl Args {
             env.push(("PES_WEBHOOK_SECRET", BENCH_WEBHOOK_SECRET.to_owned()));
             env.push(("PES_WEBHOOK_ALLOW", "127.0.0.1".to_owned()));
         }
+        if self.mode == Mode::Store {
+            env.push((
+                "PES_TENANT_MAX_STORE_ITEMS",
+                (self.items + 1000).to_string(),
+            ));
+        }
         if self.mode == Mode::Inflight {
             let hold = self.phase_timeout * 2 + self.model_latency_ms / 1000 + 60;
             env.push(("PES_WORKER_CONCURRENCY", self.runs.max(64).to_string()));
@@ -250,6 +270,7 @@ impl Args {
     fn open_files_needed(&self) -> usize {
         match self.mode {
             Mode::Runs | Mode::LongThread => 0,
+            Mode::Store => self.concurrency,
             Mode::Sse | Mode::Both => self.subscribers,
             Mode::Inflight => self.runs,
         }
@@ -313,6 +334,11 @@ async fn measure(
     if args.mode == Mode::LongThread {
         let r = long_thread::long_thread_mode(args, server).await?;
         return print_long_thread(args, &r, db.kind_name());
+    }
+    if args.mode == Mode::Store {
+        let r = memory_store::store_mode(args, server).await?;
+        r.print(args, db, machine);
+        report["store"] = r.to_json(args);
     }
     if args.mode == Mode::Inflight {
         let r = inflight::inflight_mode(args, server, fake, machine).await?;

@@ -33,6 +33,8 @@ pub(super) struct RunFlowHost<'a> {
     pub model: Option<String>,
     pub tenant: String,
     pub thread_id: ThreadId,
+    /// The thread config's `memoryNamespace` (the memory tools' namespace).
+    pub memory_namespace: Option<Vec<String>>,
     pub run_id: uuid::Uuid,
     /// The thread's `requireApproval`.
     pub require_approval: Vec<String>,
@@ -111,6 +113,7 @@ impl CallKind for Flowchart {
             model: ctx.model_in_use(),
             tenant: ctx.env.tenant.clone(),
             thread_id: ctx.env.thread_id.clone(),
+            memory_namespace: ctx.env.cfg.memory_namespace.clone(),
             run_id: ctx.run.run_id,
             require_approval: ctx.env.cfg.require_approval.clone().unwrap_or_default(),
             decisions: decisions_of(&ctx.suspensions, &call),
@@ -161,6 +164,7 @@ impl FlowHost for RunFlowHost<'_> {
             tenant: self.tenant.clone(),
             thread_id: self.thread_id.to_string(),
             idempotency_key: key,
+            memory_namespace: self.memory_namespace.clone(),
         };
         let label = self.tools.metric_label(name, &args);
         let tool = label.as_str();

@@ -32,6 +32,7 @@ impl CallKind for Tool {
             tenant: ctx.env.tenant.clone(),
             thread_id: ctx.env.thread_id.to_string(),
             idempotency_key: format!("{}:{}", ctx.run.run_id, call.id),
+            memory_namespace: ctx.env.cfg.memory_namespace.clone(),
         };
         Box::pin(async move {
             let result = invoke_tool(&engine.tools, &call, args, &tctx).await;

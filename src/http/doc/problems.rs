@@ -67,12 +67,13 @@ pub(super) const QUOTA_EXCEEDED: Shared = (
     "429",
     "The tenant holds as much as its quota allows: queued and running runs \
      (`PES_TENANT_MAX_ACTIVE_RUNS`), open event streams (`PES_TENANT_MAX_STREAMS`), flowcharts \
-     (`PES_TENANT_MAX_FLOWCHARTS`) or assistants (`PES_TENANT_MAX_ASSISTANTS`); `detail` names \
+     (`PES_TENANT_MAX_FLOWCHARTS`), assistants (`PES_TENANT_MAX_ASSISTANTS`) or memory store \
+     items (`PES_TENANT_MAX_STORE_ITEMS`); `detail` names \
      which (`quota_exceeded`). `Retry-After` says when to try again.",
 );
 
 /// The routes that start something a tenant quota counts (method, path).
-pub(super) const QUOTA_ROUTES: [(&str, &str); 8] = [
+pub(super) const QUOTA_ROUTES: [(&str, &str); 9] = [
     ("post", "/v1/threads/{threadId}/runs"),
     ("post", "/v1/ag-ui"),
     ("post", "/v1/threads/{threadId}/runs/wait"),
@@ -81,6 +82,7 @@ pub(super) const QUOTA_ROUTES: [(&str, &str); 8] = [
     ("put", "/v1/flowcharts/{name}"),
     ("post", "/v1/assistants"),
     ("post", "/v1/crons"),
+    ("put", "/v1/store/items"),
 ];
 
 /// Every shared response, for the components section.

@@ -186,6 +186,7 @@ mod tests {
             tenant: "t".into(),
             thread_id: "th".into(),
             idempotency_key: "k".into(),
+            memory_namespace: None,
         };
         let outcome = registry
             .invoke("calculator", r.tool_calls[0].arguments.clone(), &ctx)

@@ -1,0 +1,330 @@
+//! Memory (DESIGN.md §7.4): what an item of the store is, how a namespace is spelled, and the
+//! pure pieces of search shared by the store, the use cases and the tools: the text full-text
+//! search reads from a value, the terms of a query, and embeddings (their bytes and cosine).
+//!
+//! A namespace is a path of labels (`["users", "42"]`). Each label is 1–128 characters, holds no
+//! `.` (the query form of `GET /v1/store/items` joins labels with dots) and no control character
+//! (the store joins labels with U+001F, which must sort below every character a label holds, so
+//! that a prefix is a range and truncated namespaces stay sorted).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+/// The most characters of one namespace label.
+pub const MAX_LABEL_CHARS: usize = 128;
+/// The most characters of an item's key.
+pub const MAX_KEY_CHARS: usize = 512;
+/// The most terms of a full-text query that are searched (the rest are ignored).
+pub const MAX_QUERY_TERMS: usize = 32;
+/// The separator of labels in the stored form of a namespace (below every label character).
+pub const STORED_SEPARATOR: char = '\u{1f}';
+
+/// A checked namespace: 1 or more labels (0 for a prefix that matches everything).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Namespace(Vec<String>);
+
+impl Namespace {
+    /// `labels` as a namespace of at most `max_depth` labels; `allow_empty` for a prefix.
+    ///
+    /// # Errors
+    /// A message naming the first bad label (by its index) or the depth.
+    pub fn parse(labels: Vec<String>, max_depth: usize, allow_empty: bool) -> Result<Self, String> {
+        if labels.is_empty() && !allow_empty {
+            return Err("must have at least one label".into());
+        }
+        if labels.len() > max_depth {
+            return Err(format!(
+                "has {} labels; at most {max_depth} are allowed (PES_STORE_MAX_NAMESPACE_DEPTH)",
+                labels.len()
+            ));
+        }
+        for (i, label) in labels.iter().enumerate() {
+            check_label(label).map_err(|e| format!("label {i} ({label:?}) {e}"))?;
+        }
+        Ok(Self(labels))
+    }
+
+    /// A namespace from the dotted query form (`a.b` is `["a", "b"]`).
+    ///
+    /// # Errors
+    /// As [`Namespace::parse`].
+    pub fn from_dotted(dotted: &str, max_depth: usize) -> Result<Self, String> {
+        let labels = if dotted.is_empty() {
+            vec![]
+        } else {
+            dotted.split('.').map(str::to_owned).collect()
+        };
+        Self::parse(labels, max_depth, false)
+    }
+
+    /// The namespace of a thread's memory when its config names none: `["threads", <id>]`.
+    ///
+    /// # Errors
+    /// When the thread id holds a `.` (no label may): the thread must name its namespace.
+    pub fn for_thread(thread_id: &str) -> Result<Self, String> {
+        Self::parse(
+            vec!["threads".into(), thread_id.to_owned()],
+            usize::MAX,
+            false,
+        )
+        .map_err(|e| {
+            format!(
+                "the thread's default memory namespace [\"threads\", {thread_id:?}] is not \
+                 valid ({e}): set `memoryNamespace` in the thread's config"
+            )
+        })
+    }
+
+    /// A namespace read back from the store (checked when it was written).
+    pub fn from_stored(stored: &str) -> Self {
+        Self(stored.split(STORED_SEPARATOR).map(str::to_owned).collect())
+    }
+
+    /// The stored form: the labels joined by [`STORED_SEPARATOR`].
+    pub fn stored(&self) -> String {
+        self.0.join(&STORED_SEPARATOR.to_string())
+    }
+
+    /// The labels.
+    pub fn labels(&self) -> &[String] {
+        &self.0
+    }
+
+    /// How many labels.
+    pub fn depth(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The labels joined by dots (the query form), for messages.
+    pub fn dotted(&self) -> String {
+        self.0.join(".")
+    }
+}
+
+/// Whether `label` may be a namespace label.
+fn check_label(label: &str) -> Result<(), String> {
+    if label.is_empty() {
+        return Err("is empty".into());
+    }
+    if label.chars().count() > MAX_LABEL_CHARS {
+        return Err(format!("is longer than {MAX_LABEL_CHARS} characters"));
+    }
+    if label.contains('.') {
+        return Err("holds a `.` (the query form joins labels with dots)".into());
+    }
+    if label.chars().any(char::is_control) {
+        return Err("holds a control character".into());
+    }
+    Ok(())
+}
+
+/// Whether `key` may be an item's key: 1–512 characters, no control character.
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn check_key(key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if key.chars().count() > MAX_KEY_CHARS {
+        return Err(format!("is longer than {MAX_KEY_CHARS} characters"));
+    }
+    if key.chars().any(char::is_control) {
+        return Err("holds a control character".into());
+    }
+    Ok(())
+}
+
+/// One item of the store, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({"namespace": ["users", "42"], "key": "favourite-colour", "value": {"fact": "The user's favourite colour is green"}, "createdAt": "2026-11-22T10:00:00Z", "updatedAt": "2026-11-22T10:00:00Z", "score": 0.61}))]
+pub struct MemoryItem {
+    /// The labels of its namespace.
+    #[schema(value_type = Vec<String>)]
+    pub namespace: Namespace,
+    pub key: String,
+    /// A JSON object.
+    #[schema(value_type = Object)]
+    pub value: Map<String, Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// When the item expires (`ttlSeconds` after its last write); absent: never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Relevance to a search's `query`, higher first: the database's full-text rank, or the
+    /// cosine similarity of the embeddings in a semantic search. Absent without a query.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+}
+
+/// The text full-text search (and embedding) reads from a value: its field names and its string,
+/// number and boolean leaves, in document order, one per line.
+pub fn searchable_text(value: &Value) -> String {
+    let mut out = String::new();
+    collect_text(value, &mut out);
+    out
+}
+
+fn collect_text(value: &Value, out: &mut String) {
+    let mut push = |s: &str| {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(s);
+    };
+    match value {
+        Value::String(s) => push(s),
+        Value::Number(n) => push(&n.to_string()),
+        Value::Bool(b) => push(if *b { "true" } else { "false" }),
+        Value::Null => {}
+        Value::Array(items) => items.iter().for_each(|v| collect_text(v, out)),
+        Value::Object(fields) => {
+            for (name, v) in fields {
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                out.push_str(name);
+                collect_text(v, out);
+            }
+        }
+    }
+}
+
+/// The words of a full-text query: runs of letters and digits, lower-cased, each once, at most
+/// [`MAX_QUERY_TERMS`] (each at most 64 characters). Matching is on any of them; the ranking
+/// favours items that hold more of them.
+pub fn query_terms(query: &str) -> Vec<String> {
+    let mut terms: Vec<String> = Vec::new();
+    for word in query.split(|c: char| !c.is_alphanumeric()) {
+        if word.is_empty() {
+            continue;
+        }
+        let word: String = word.to_lowercase().chars().take(64).collect();
+        if !terms.contains(&word) {
+            terms.push(word);
+        }
+        if terms.len() == MAX_QUERY_TERMS {
+            break;
+        }
+    }
+    terms
+}
+
+/// An embedding as stored: its floats, little-endian.
+pub fn embedding_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|f| f.to_le_bytes()).collect()
+}
+
+/// An embedding read back; `None` when the bytes are not whole floats.
+pub fn embedding_from_bytes(b: &[u8]) -> Option<Vec<f32>> {
+    if !b.len().is_multiple_of(4) {
+        return None;
+    }
+    Some(
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+/// Cosine similarity of two embeddings (−1 to 1); 0 when their lengths differ or one is zero.
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() || a.is_empty() {
+        return 0.0;
+    }
+    let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(*x), f64::from(*y));
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na == 0.0 || nb == 0.0 {
+        return 0.0;
+    }
+    dot / (na.sqrt() * nb.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn namespaces_are_checked_and_stored_in_label_order() {
+        let ns = Namespace::parse(vec!["users".into(), "42".into()], 10, false).unwrap();
+        assert_eq!(ns.stored(), "users\u{1f}42");
+        assert_eq!(Namespace::from_stored(&ns.stored()), ns);
+        assert_eq!(Namespace::from_dotted("users.42", 10).unwrap(), ns);
+        for bad in [
+            vec![],
+            vec!["".into()],
+            vec!["a.b".into()],
+            vec!["a\nb".into()],
+        ] {
+            assert!(Namespace::parse(bad.clone(), 10, false).is_err(), "{bad:?}");
+        }
+        assert!(Namespace::parse(vec!["x".repeat(129)], 10, false).is_err());
+        assert!(Namespace::parse(vec!["a".into(); 3], 2, false).is_err());
+        assert!(Namespace::parse(vec![], 2, true).is_ok());
+        assert!(
+            Namespace::for_thread("t.1")
+                .unwrap_err()
+                .contains("memoryNamespace")
+        );
+        // A label that sorts below the separator's successor keeps prefixes contiguous:
+        // "a-c" < "a.b" as text, but ["a"] < ["a", "b"] < ["a-c"] stored.
+        let a = Namespace::parse(vec!["a".into()], 9, false)
+            .unwrap()
+            .stored();
+        let ab = Namespace::parse(vec!["a".into(), "b".into()], 9, false)
+            .unwrap()
+            .stored();
+        let ac = Namespace::parse(vec!["a-c".into()], 9, false)
+            .unwrap()
+            .stored();
+        assert!(a < ab && ab < ac);
+    }
+
+    #[test]
+    fn keys_are_checked() {
+        assert!(check_key("k").is_ok());
+        assert!(check_key("").is_err());
+        assert!(check_key("a\u{0}").is_err());
+        assert!(check_key(&"k".repeat(513)).is_err());
+    }
+
+    #[test]
+    fn the_searchable_text_holds_names_and_leaves() {
+        let v = json!({"food": "pizza", "n": 3, "tags": ["red", {"deep": true}], "none": null});
+        assert_eq!(
+            searchable_text(&v),
+            "food\npizza\nn\n3\nnone\ntags\nred\ndeep\ntrue"
+        );
+    }
+
+    #[test]
+    fn query_terms_are_words_once() {
+        assert_eq!(
+            query_terms("What's the user's favourite colour? colour!"),
+            vec!["what", "s", "the", "user", "favourite", "colour"]
+        );
+        assert_eq!(query_terms("  ,, "), Vec::<String>::new());
+        assert_eq!(query_terms(&"w ".repeat(100)).len(), 1);
+    }
+
+    #[test]
+    fn embeddings_round_trip_and_compare() {
+        let v = vec![0.5f32, -1.0, 2.0];
+        assert_eq!(embedding_from_bytes(&embedding_bytes(&v)), Some(v.clone()));
+        assert_eq!(embedding_from_bytes(&[1, 2, 3]), None);
+        assert!((cosine(&v, &v) - 1.0).abs() < 1e-9);
+        assert!((cosine(&[1.0, 0.0], &[0.0, 1.0])).abs() < 1e-9);
+        assert_eq!(cosine(&[1.0], &[1.0, 2.0]), 0.0);
+        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 2.0]), 0.0);
+    }
+}

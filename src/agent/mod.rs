@@ -31,6 +31,7 @@
 //! - `endings.rs`: committing a run that failed or was cancelled.
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts, their labels, and schemas).
 
+mod budget;
 mod calls;
 pub mod changes;
 mod compaction;
@@ -109,6 +110,8 @@ pub struct EngineSettings {
     /// The most bytes of one tool result that is stored and shown to the model
     /// (`PES_TOOL_RESULT_MAX_BYTES`), applied where every result is journaled.
     pub tool_result_max_bytes: usize,
+    /// What each model costs (`PES_MODEL_PRICES`): a run's `costUsd` and its dollar budget.
+    pub prices: Arc<crate::model::Prices>,
 }
 
 impl Default for EngineSettings {
@@ -131,6 +134,7 @@ impl Default for EngineSettings {
             a2a_unreachable_for: std::time::Duration::from_secs(120),
             require_approval: Vec::new(),
             tool_result_max_bytes: 262_144,
+            prices: Arc::new(crate::model::Prices::default()),
         }
     }
 }
@@ -295,8 +299,22 @@ impl Engine {
                 Err(e) => tracing::warn!(flowchart = %name, error = %e, "flowchart left out"),
             }
         }
+        let (raised, rejected) = budget::decisions(&input.suspensions, input.run.run_id);
+        let model = cfg
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .or_else(|| llm.default_model().map(str::to_owned));
+        let meter = Arc::new(budget::Meter::new(
+            cfg.budget.as_ref(),
+            self.settings.prices.clone(),
+            model,
+            &input.run.usage,
+            raised,
+        ));
         let mut ctx = Ctx {
             env: RunEnv {
+                budget: meter,
                 journal,
                 signals,
                 llm,
@@ -314,8 +332,18 @@ impl Engine {
             history: input.history,
             suspensions: input.suspensions,
             pending,
+            tickets: HashMap::new(),
         };
-        match self.drive_inner(&mut ctx).await {
+        let driven = if rejected {
+            // A person refused to raise the budget: the run ends here.
+            Err(Halt::Fail(
+                budget::exceeded_error(&ctx.env.budget.exceeded()),
+                None,
+            ))
+        } else {
+            self.drive_inner(&mut ctx).await
+        };
+        match driven {
             Ok(end) => Ok(end),
             Err(Halt::Shutdown) => {
                 // Draining: keep what was staged, so the next owner does not redo it.
@@ -337,6 +365,12 @@ impl Engine {
                     .await
                     .map_err(halt_to_error)?;
                 Ok(RunEnd::Failed)
+            }
+            Err(Halt::OverBudget) => {
+                self.suspend_for_budget(&mut ctx)
+                    .await
+                    .map_err(halt_to_error)?;
+                Ok(RunEnd::Suspended)
             }
         }
     }

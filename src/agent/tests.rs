@@ -485,6 +485,7 @@ impl LlmProvider for Scripted {
             completion_tokens: 5,
             total_tokens: 15,
             llm_calls: 1,
+            ..Default::default()
         };
         if executing {
             self.execute_log.lock().unwrap().push((false, label));
@@ -1124,8 +1125,13 @@ async fn two_items_waiting_for_approval_suspend_the_run_once_and_resume_one_by_o
     assert!(h.effect_runs().is_empty(), "nothing ran without approval");
 
     // Approve `a`: it runs and completes; `b` still waits, and the run suspends again.
-    h.journal
-        .resolve("a", ResumeDecision::Approve { reason: None });
+    h.journal.resolve(
+        "a",
+        ResumeDecision::Approve {
+            reason: None,
+            raise_by: None,
+        },
+    );
     assert_eq!(h.drive().await.unwrap(), RunEnd::Suspended);
     let a = h.journal.item("a");
     assert_eq!(a.status, ItemStatus::Completed);

@@ -86,6 +86,10 @@ pub struct AgentConfig {
     /// Roles the planner may give items, by role id (1–64 characters of `A-Za-z0-9_.-`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roles: Option<std::collections::BTreeMap<String, AgentRole>>,
+    /// What the run may spend on its model (`maxTokens`, `maxCostUsd`) and what happens at the
+    /// limit (`onExceed`): checked before every model call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
 }
 
 string_enum! {
@@ -166,6 +170,7 @@ impl AgentConfig {
                 .or(self.compaction_threshold_chars),
             max_team_depth: over.max_team_depth.or(self.max_team_depth),
             roles: over.roles.clone().or_else(|| self.roles.clone()),
+            budget: over.budget.clone().or_else(|| self.budget.clone()),
         }
     }
 
@@ -205,6 +210,9 @@ impl AgentConfig {
             && n > 5
         {
             return Err("config.maxTeamDepth must be between 0 and 5".into());
+        }
+        if let Some(b) = &self.budget {
+            b.validate("config.budget")?;
         }
         for (id, role) in self.roles.iter().flatten() {
             if ItemId::parse(id).is_err() {

@@ -50,6 +50,7 @@ macro_rules! string_enum {
 
 pub mod agent_config;
 pub mod assistants;
+pub mod budgets;
 pub mod ids;
 pub mod items;
 pub mod observations;
@@ -59,6 +60,7 @@ pub mod suspensions;
 
 pub use agent_config::*;
 pub use assistants::*;
+pub use budgets::*;
 pub use ids::*;
 pub use items::*;
 pub use observations::*;
@@ -125,12 +127,16 @@ mod tests {
         let cases = [
             (
                 r#"{"decision":"approve"}"#,
-                ResumeDecision::Approve { reason: None },
+                ResumeDecision::Approve {
+                    reason: None,
+                    raise_by: None,
+                },
             ),
             (
                 r#"{"decision":"approve","reason":"looks fine"}"#,
                 ResumeDecision::Approve {
                     reason: Some("looks fine".into()),
+                    raise_by: None,
                 },
             ),
             (

@@ -12,6 +12,7 @@ mod ask;
 mod assistant_runs;
 mod assistants;
 mod browser;
+mod budgets;
 mod connections;
 mod console;
 mod contract;

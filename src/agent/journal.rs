@@ -76,6 +76,12 @@ pub trait Journal: Send + Sync {
         std::future::pending::<()>().await;
     }
 
+    /// Resolves when a person may have steered the run (pushed like a decision); the run then
+    /// reads its `STEERING` observations. The default never resolves.
+    async fn steering_arrived(&self) {
+        std::future::pending::<()>().await;
+    }
+
     /// The latest version of every flowchart of the run's tenant (mounted as tools). The
     /// default has none.
     ///
@@ -195,6 +201,9 @@ pub(super) struct Ctx<'a> {
     pub(super) pending: Batch,
     /// The budget reservations of the model calls in flight, by item id (`""`: the run's own).
     pub(super) tickets: std::collections::HashMap<String, super::budget::Ticket>,
+    /// What people said to the run while it ran (its `STEERING`), and whether the planner took
+    /// each in.
+    pub(super) steering: Vec<super::steering::Steer>,
 }
 
 impl Ctx<'_> {

@@ -44,6 +44,7 @@ pub mod plan;
 mod planner;
 pub mod prompts;
 mod scheduler;
+mod steering;
 mod synthesizer;
 mod teams;
 #[cfg(test)]
@@ -66,6 +67,7 @@ use changes::{AgentSnapshot, Batch, Op, RunUpdate};
 
 pub use calls::delegation::ledger::DelegationLedger;
 pub use journal::{Journal, TokenOut};
+pub use steering::STEERING_NAME;
 pub use tool_calls::FLUSH_SLOW_TOOL_AFTER;
 
 use journal::{Ctx, Halt, RunEnv, halt_to_error};
@@ -178,6 +180,8 @@ pub struct RunInput {
     pub history: Vec<Message>,
     /// The thread's suspensions, any status: the decisions made while its runs were paused.
     pub suspensions: Vec<Suspension>,
+    /// The run's own recent thread-level messages (its query, the messages that steered it).
+    pub own_messages: Vec<Message>,
 }
 
 /// Tokens that interrupt a run: `cancel` (a client cancelled it: commit `RUN_CANCELLED`, even in
@@ -299,7 +303,8 @@ impl Engine {
                 Err(e) => tracing::warn!(flowchart = %name, error = %e, "flowchart left out"),
             }
         }
-        let (raised, rejected) = budget::decisions(&input.suspensions, input.run.run_id);
+        let run_id = input.run.run_id;
+        let (raised, rejected) = budget::decisions(&input.suspensions, run_id);
         let model = cfg
             .model
             .clone()
@@ -333,7 +338,12 @@ impl Engine {
             suspensions: input.suspensions,
             pending,
             tickets: HashMap::new(),
+            steering: steering::from_messages(&input.own_messages, run_id),
         };
+        if !ctx.steering.is_empty() {
+            // Which of it the planner already took in (a run that goes on after a pause).
+            ctx.reload_steering().await.map_err(halt_to_error)?;
+        }
         let driven = if rejected {
             // A person refused to raise the budget: the run ends here.
             Err(Halt::Fail(

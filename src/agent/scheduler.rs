@@ -157,6 +157,18 @@ impl Engine {
                     return Err(Halt::Cancel);
                 }
                 let draining = signals.drain.is_cancelled() || signals.shutdown.is_cancelled();
+                // Steering pushed while the loop was busy is read before any call starts.
+                if futures::FutureExt::now_or_never(journal.steering_arrived()).is_some() {
+                    ctx.reload_steering().await?;
+                }
+                if !draining
+                    && !over_budget
+                    && ctx.steering.iter().any(|s| !s.planned)
+                    && self.ready_item(ctx).is_some()
+                {
+                    // Steered: the planner takes it in before the next item starts.
+                    self.refine_for_steering(ctx).await?;
+                }
                 if !draining {
                     let started = self.launch(ctx, &mut busy, limit, &mut over_budget)?;
                     let needs_commit = started.iter().any(|(_, s)| s.needs_commit(self));
@@ -232,6 +244,10 @@ impl Engine {
                     }
                     _ = journal.decision_arrived(), if !waiting.is_empty() => {
                         take_decisions(ctx, &waiting).await?;
+                    }
+                    // A person steered the run: every item's next call reads it.
+                    _ = journal.steering_arrived() => {
+                        ctx.reload_steering().await?;
                     }
                     _ = tokio::time::sleep_until(look_at.unwrap_or(far)), if look_at.is_some() => {
                         look_at = None;

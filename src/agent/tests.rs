@@ -259,6 +259,12 @@ impl MemJournal {
                 .cloned()
                 .collect(),
             suspensions: rows.suspensions.clone(),
+            own_messages: rows
+                .messages
+                .iter()
+                .filter(|m| m.run_id == Some(run_id) && m.item_id.is_none())
+                .cloned()
+                .collect(),
         }
     }
 

@@ -53,6 +53,9 @@ string_enum! {
         Enqueue => "enqueue",
         /// Cancel the active run at its next safe point, keep its progress, then run.
         Interrupt => "interrupt",
+        /// Steer the thread's active run with the query instead of starting another (as
+        /// `POST …/runs/{runId}/steer`); with no active run, run it.
+        Steer => "steer",
     }
 }
 

@@ -52,6 +52,7 @@ mod signals;
 mod sql;
 mod sql_store;
 pub mod sqlite;
+mod steering;
 mod suspensions;
 mod tables;
 mod tenant_runs;
@@ -59,6 +60,7 @@ mod threads;
 
 pub use signals::{Signal, TokenPiece};
 pub use sql_store::SqlStore;
+pub use steering::SteeredRun;
 
 /// Result of a store operation.
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -42,6 +42,7 @@ mod prom;
 mod reclaim;
 mod reporting;
 mod startup;
+mod steering;
 mod store;
 mod teams;
 mod tenancy;

@@ -123,6 +123,11 @@ pub(crate) struct Args {
     /// model are used, and `--store`/`--llm` only label the report.
     #[arg(long)]
     pub(crate) server_url: Option<String>,
+    /// Runs mode: give every run a budget it never reaches (`maxTokens`, `maxCostUsd`) and the
+    /// service a price table, so every model call passes the budget check and is priced: what a
+    /// budget costs, against the same run without.
+    #[arg(long)]
+    pub(crate) budget: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -207,6 +212,12 @@ impl Args {
                 self.database_max_connections.to_string(),
             ),
         ];
+        if self.budget {
+            env.push((
+                "PES_MODEL_PRICES",
+                r#"{"*": {"input": 0.15, "output": 0.6}}"#.to_owned(),
+            ));
+        }
         if self.mode == Mode::Inflight {
             let hold = self.phase_timeout * 2 + self.model_latency_ms / 1000 + 60;
             env.push(("PES_WORKER_CONCURRENCY", self.runs.max(64).to_string()));

@@ -49,7 +49,7 @@ pub(crate) async fn runs_mode(
     let results = phase(
         "the runs load",
         limit,
-        load_runs(server, &threads, args.concurrency, limit),
+        load_runs(server, &threads, args.concurrency, limit, args.budget),
     )
     .await?;
     let wall = started.elapsed();
@@ -102,9 +102,16 @@ async fn load_runs(
     threads: &[String],
     concurrency: usize,
     timeout: Duration,
+    budget: bool,
 ) -> Result<Vec<Result<Duration, String>>> {
+    let body = if budget {
+        json!({"query": "bench", "config": {"budget": {"maxTokens": 1_000_000_000_000_u64, "maxCostUsd": 1_000_000.0}}})
+    } else {
+        json!({"query": "bench"})
+    };
+    let body = &body;
     Ok(futures::stream::iter(threads)
-        .map(|t| run_and_wait(server, t, timeout))
+        .map(|t| run_and_wait(server, t, timeout, body))
         .buffer_unordered(concurrency)
         .collect()
         .await)
@@ -114,11 +121,12 @@ async fn run_and_wait(
     server: &Server,
     thread: &str,
     timeout: Duration,
+    body: &serde_json::Value,
 ) -> Result<Duration, String> {
     let path = format!("/v1/threads/{thread}/runs/wait");
     let sent = Instant::now();
     let run = server
-        .post_json(&path, &json!({"query": "bench"}), timeout)
+        .post_json(&path, body, timeout)
         .await
         .map_err(|e| format!("{e:#}"))?;
     let took = sent.elapsed();

@@ -85,6 +85,19 @@ function layout(threadId, thread) {
   const send = h("button", { type: "submit" }, "Send");
   const runStatus = h("p", { class: "run-status" });
   const cancel = h("button", { type: "button", class: "secondary", hidden: true }, "Cancel the run");
+  // What the latest run spent (tokens, and dollars when the service has prices).
+  const spend = h("p", { class: "spend", hidden: true });
+  // A message to the run at work: it reads it at its next step (POST …/steer).
+  const steerText = h("textarea", { id: "steer", rows: 2, placeholder: "Tell the run something while it works" });
+  const steerSend = h("button", { type: "submit", class: "secondary" }, "Steer");
+  const steerError = h("p", { class: "error", role: "alert" });
+  const steer = h(
+    "form",
+    { id: "steer-form", hidden: true },
+    h("p", {}, h("label", { for: "steer" }, "Steer the run"), h("br"), steerText),
+    steerError,
+    steerSend,
+  );
   const suspensions = h(
     "section",
     { class: "suspensions", "aria-labelledby": "susp-title", hidden: true },
@@ -128,7 +141,9 @@ function layout(threadId, thread) {
             send,
           ),
           runStatus,
+          spend,
           cancel,
+          steer,
         ),
         h("section", { "aria-labelledby": "answer-title" }, h("h2", { id: "answer-title" }, "Answer"), answer),
         h("section", { "aria-labelledby": "plan-title" }, h("h2", { id: "plan-title" }, "Plan"), plan),
@@ -142,7 +157,7 @@ function layout(threadId, thread) {
       ),
     ),
   );
-  return { root, title, connection, form: root.querySelector("#ask"), query, config, askError, send, runStatus, cancel, suspensions, answer, plan, tree };
+  return { root, title, connection, form: root.querySelector("#ask"), query, config, askError, send, runStatus, cancel, spend, steer, steerText, steerSend, steerError, suspensions, answer, plan, tree };
 }
 
 /** Posting queries, and the state and cancel button of the run at work. */
@@ -156,6 +171,37 @@ class RunControl {
       this.post();
     });
     page.cancel.addEventListener("click", () => this.cancel());
+    page.steer.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.steer();
+    });
+  }
+
+  async steer() {
+    const runId = this.active;
+    const { steerText, steerSend, steerError } = this.page;
+    steerError.textContent = "";
+    if (!runId || !steerText.value.trim()) return;
+    steerSend.disabled = true;
+    try {
+      await call("POST", `v1/threads/${seg(this.threadId)}/runs/${seg(runId)}/steer`, { message: steerText.value });
+      steerText.value = "";
+      announce("The run will read your message at its next step.");
+    } catch (e) {
+      steerError.textContent = e instanceof ApiError ? e.describe() : String(e);
+    } finally {
+      steerSend.disabled = false;
+    }
+  }
+
+  /** Show what a run spent: tokens, and dollars when the service prices its model. */
+  spent(tokens, usd) {
+    const { spend } = this.page;
+    spend.hidden = false;
+    spend.dataset.tokens = String(tokens);
+    const cost = typeof usd === "number" && usd > 0 ? ` · $${usd.toFixed(4)}` : "";
+    if (cost) spend.dataset.costUsd = String(usd);
+    spend.textContent = `Spent: ${tokens} tokens${cost}`;
   }
 
   async post() {
@@ -198,6 +244,9 @@ class RunControl {
   }
 
   observe(obs) {
+    const usage = obs.content?.usage;
+    if (usage && typeof usage.totalTokens === "number") this.spent(usage.totalTokens, usage.costUsd);
+    if (obs.type === "BUDGET") this.spent(obs.content.spentTokens, obs.content.spentUsd);
     if (obs.type === "RUN_STARTED") this.show(obs.runId, "running");
     else if (obs.type === "RUN_SUSPENDED") this.show(obs.runId, "suspended");
     else if (obs.type === "AGENT_RESUMED" && this.active === obs.runId) this.show(obs.runId, "running");
@@ -208,6 +257,7 @@ class RunControl {
     const ended = ["completed", "failed", "cancelled"].includes(status);
     this.active = ended ? null : runId;
     this.page.cancel.hidden = ended;
+    this.page.steer.hidden = ended;
     this.page.runStatus.dataset.status = status;
     this.page.runStatus.textContent = `Run ${runId.slice(0, 13)}…: ${words(status)}`;
     announce(`Run ${words(status)}.`);

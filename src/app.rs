@@ -294,6 +294,8 @@ impl App {
             )));
             Some(agents)
         };
+        let prices = crate::model::Prices::parse(config.model_prices.as_deref().unwrap_or(""))
+            .map_err(anyhow::Error::msg)?;
         let engine = Engine::new(
             providers,
             tools,
@@ -320,6 +322,7 @@ impl App {
                 a2a_unreachable_for: Duration::from_secs(config.a2a_unreachable_seconds),
                 tool_result_max_bytes: usize::try_from(config.tool_result_max_bytes)
                     .unwrap_or(usize::MAX),
+                prices: Arc::new(prices),
                 require_approval: config
                     .require_approval
                     .iter()

@@ -174,6 +174,12 @@ pub struct Config {
     #[arg(long, env = "PES_REQUIRE_APPROVAL", value_delimiter = ',')]
     pub require_approval: Vec<String>,
 
+    /// What each model costs, as a JSON object: model name → `{"input", "output",
+    /// "cachedInput"?}` in US dollars per million tokens (`*` prices every other model). Unset:
+    /// nothing has a price, `costUsd` stays 0 and `maxCostUsd` caps nothing.
+    #[arg(long, env = "PES_MODEL_PRICES")]
+    pub model_prices: Option<String>,
+
     /// The bearer key `/metrics` needs; unset: `/metrics` is open (its labels hold no tenant
     /// data either way).
     #[arg(long, env = "PES_METRICS_KEY", hide_env_values = true)]

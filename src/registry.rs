@@ -26,6 +26,7 @@ struct LocalRun {
     /// Poked when one of the run's suspensions is decided while it runs, so the decision is
     /// taken in at once (see [`Journal::decision_arrived`]).
     decided: Arc<Notify>,
+    steered: Arc<Notify>,
 }
 
 /// The runs this process drives right now, so a command (a cancel, an interrupt, a decision)
@@ -37,14 +38,15 @@ pub struct RunRegistry {
 }
 
 impl RunRegistry {
-    /// Register a run driven here; the answer is the notification its journal awaits decisions
-    /// on, and the token the heartbeat fires should the lease be lost.
+    /// Register a run driven here; the answer is the notifications its journal awaits decisions
+    /// and steering on, and the token the heartbeat fires should the lease be lost.
     pub(crate) fn insert(
         &self,
         run: &Run,
         cancel: CancellationToken,
-    ) -> (Arc<Notify>, CancellationToken) {
+    ) -> (Arc<Notify>, Arc<Notify>, CancellationToken) {
         let decided = Arc::new(Notify::new());
+        let steered = Arc::new(Notify::new());
         let lost = CancellationToken::new();
         let local = LocalRun {
             tenant: run.tenant.clone(),
@@ -53,9 +55,10 @@ impl RunRegistry {
             lost: lost.clone(),
             cancel,
             decided: decided.clone(),
+            steered: steered.clone(),
         };
         self.lock().insert(run.run_id, local);
-        (decided, lost)
+        (decided, steered, lost)
     }
 
     /// The leases of the runs driven here.
@@ -135,6 +138,17 @@ impl RunRegistry {
     }
 
     /// Runs driven by this process right now.
+    /// A person steered a run: tell the run, if this process drives it. False when it does not.
+    pub fn steered(&self, run_id: Uuid) -> bool {
+        match self.lock().get(&run_id) {
+            Some(r) => {
+                r.steered.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.lock().len()
     }

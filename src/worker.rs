@@ -87,6 +87,8 @@ struct WorkerJournal {
     cancel: CancellationToken,
     /// Poked (through the run registry) when a decision on one of the run's suspensions arrives.
     decided: Arc<Notify>,
+    /// Poked (through the run registry) when a person steers the run.
+    steered: Arc<Notify>,
     metrics: Metrics,
     /// The run's side of its thread's token channel.
     tokens: Arc<crate::events::tokens::RunTokens>,
@@ -138,6 +140,10 @@ impl Journal for WorkerJournal {
 
     async fn decision_arrived(&self) {
         self.decided.notified().await;
+    }
+
+    async fn steering_arrived(&self) {
+        self.steered.notified().await;
     }
 
     async fn flowcharts(&self) -> Result<Vec<crate::flowchart::FlowchartRecord>, EngineError> {
@@ -378,7 +384,7 @@ impl Worker {
                 return Outcome::Stopped(run_id);
             }
         };
-        let (decided, lost) = self
+        let (decided, steered, lost) = self
             .commands
             .runs()
             .insert(&input.run, signals.cancel.clone());
@@ -392,6 +398,7 @@ impl Worker {
             lease: self.settings.lease,
             cancel: signals.cancel.clone(),
             decided,
+            steered,
             metrics: self.metrics.clone(),
             tokens: Arc::new(
                 self.commands.bus().tokens().publisher(
@@ -570,13 +577,12 @@ impl Worker {
         else {
             return Ok(None);
         };
-        let history = self
+        let (own_messages, history) = self
             .store
             .recent_messages(&run.tenant, &run.thread_id, HISTORY_MESSAGES + 1)
             .await?
             .into_iter()
-            .filter(|m| m.run_id != Some(run.run_id))
-            .collect();
+            .partition(|m| m.run_id == Some(run.run_id));
         // The thread's suspensions, not only this run's: an item a cancelled run left waiting
         // continues with that suspension's outcome instead of asking again.
         let suspensions = self
@@ -590,6 +596,7 @@ impl Worker {
             snapshot,
             history,
             suspensions,
+            own_messages,
         }))
     }
 }

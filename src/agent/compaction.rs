@@ -81,7 +81,7 @@ impl Engine {
             return;
         };
         let limit = self.compaction_threshold(ctx);
-        ctx.usage.add(&resp.usage);
+        ctx.spend(item_id, &resp.usage, false);
         let summary = value
             .get("summary")
             .and_then(Value::as_str)
@@ -89,7 +89,6 @@ impl Engine {
         // A summary longer than the limit would defeat the purpose: it is cut to the limit.
         let summary = truncate(summary, limit);
         let it = &mut ctx.items[idx];
-        it.usage.add(&resp.usage);
         let input_chars = it.result.as_deref().unwrap_or("").chars().count();
         let output_chars = summary.chars().count();
         it.compacted_output = Some(summary.clone());

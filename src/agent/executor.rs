@@ -137,6 +137,7 @@ impl Engine {
                 ChatMessage::user(self.item_brief(ctx, &item)),
             ];
             messages.extend(item.conversation.iter().map(to_chat));
+            messages.extend(super::steering::note(&ctx.steering));
             return Ok(Next::Ask(ChatRequest {
                 phase: Phase::Execute,
                 model: ctx.model(),
@@ -153,9 +154,8 @@ impl Engine {
         let Some(idx) = ctx.item_idx(item_id) else {
             return;
         };
-        ctx.usage.add(&resp.usage);
+        ctx.spend(item_id, &resp.usage, false);
         let it = &mut ctx.items[idx];
-        it.usage.add(&resp.usage);
         it.updated_at = Utc::now();
         let text = resp.content.clone().filter(|t| !t.trim().is_empty());
         let iteration = iterations_since_last_prompt(it) + 1;

@@ -106,6 +106,7 @@ impl Engine {
                     .cloned()
                     .filter(|v| !v.is_null()),
             ),
+            SuspensionKind::Budget => (vec![Decision::Approve, Decision::Reject], None, None),
             SuspensionKind::Approval => (
                 vec![
                     Decision::Approve,

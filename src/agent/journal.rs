@@ -76,6 +76,12 @@ pub trait Journal: Send + Sync {
         std::future::pending::<()>().await;
     }
 
+    /// Resolves when a person may have steered the run (pushed like a decision); the run then
+    /// reads its `STEERING` observations. The default never resolves.
+    async fn steering_arrived(&self) {
+        std::future::pending::<()>().await;
+    }
+
     /// The latest version of every flowchart of the run's tenant (mounted as tools). The
     /// default has none.
     ///
@@ -124,6 +130,8 @@ pub(super) enum Halt {
     Store(anyhow::Error),
     /// The run fails: code, message, and the item it failed in.
     Fail(ErrorInfo, Option<String>),
+    /// The next model call would pass the run's budget, which suspends at the limit.
+    OverBudget,
 }
 
 impl From<EngineError> for Halt {
@@ -153,7 +161,7 @@ pub(super) fn halt_to_error(h: Halt) -> EngineError {
     match h {
         Halt::LeaseLost => EngineError::LeaseLost,
         Halt::Store(s) => EngineError::Store(s),
-        Halt::Shutdown | Halt::Cancel | Halt::Fail(..) => EngineError::Stopped,
+        Halt::Shutdown | Halt::Cancel | Halt::Fail(..) | Halt::OverBudget => EngineError::Stopped,
     }
 }
 
@@ -173,6 +181,8 @@ pub(super) struct RunEnv<'a> {
     pub(super) started: Instant,
     /// Where the streamed text of the run's model calls goes (the journal's).
     pub(super) tokens: Option<Arc<dyn TokenOut>>,
+    /// The run's budget: every model call passes it first (shared with flowchart calls).
+    pub(super) budget: Arc<super::budget::Meter>,
 }
 
 /// One run being driven: what it reads ([`RunEnv`]) and what its loop owns and changes — the run
@@ -189,6 +199,11 @@ pub(super) struct Ctx<'a> {
     /// Changes staged since the last commit: written together at the next point where they must
     /// be durable (before a model or tool call, at a suspension, at the end).
     pub(super) pending: Batch,
+    /// The budget reservations of the model calls in flight, by item id (`""`: the run's own).
+    pub(super) tickets: std::collections::HashMap<String, super::budget::Ticket>,
+    /// What people said to the run while it ran (its `STEERING`), and whether the planner took
+    /// each in.
+    pub(super) steering: Vec<super::steering::Steer>,
 }
 
 impl Ctx<'_> {
@@ -269,22 +284,29 @@ impl Ctx<'_> {
     }
 
     /// Commit what is staged, then ask for a structured reply (one repair attempt included),
-    /// abandoning it on cancel or shutdown; its usage is added to the run's. The reply streams to
-    /// the run's token sink, as the run's own (no item).
+    /// abandoning it on cancel or shutdown; its usage is added to the run's. The call passes the
+    /// run's budget first. The reply streams to the run's token sink, as the run's own (no item).
     pub(super) async fn ask_structured(
         &mut self,
         mut req: crate::llm::ChatRequest,
     ) -> Result<serde_json::Value, Halt> {
         req.tokens = self.tap(None, req.phase);
+        self.admit("", &req)?;
         self.flush().await?;
-        let (value, resp) = self
+        let reply = self
             .guard(crate::llm::structured::complete_structured(
                 self.env.llm.as_ref(),
                 req,
             ))
-            .await?
-            .map_err(|e| llm_halt(e, None))?;
-        self.usage.add(&resp.usage);
+            .await?;
+        let (value, resp) = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                self.unadmit("");
+                return Err(llm_halt(e, None));
+            }
+        };
+        self.spend("", &resp.usage, false);
         Ok(value)
     }
 

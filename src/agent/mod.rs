@@ -31,6 +31,7 @@
 //! - `endings.rs`: committing a run that failed or was cancelled.
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts, their labels, and schemas).
 
+mod budget;
 mod calls;
 pub mod changes;
 mod compaction;
@@ -43,6 +44,7 @@ pub mod plan;
 mod planner;
 pub mod prompts;
 mod scheduler;
+mod steering;
 mod synthesizer;
 mod teams;
 #[cfg(test)]
@@ -65,6 +67,7 @@ use changes::{AgentSnapshot, Batch, Op, RunUpdate};
 
 pub use calls::delegation::ledger::DelegationLedger;
 pub use journal::{Journal, TokenOut};
+pub use steering::STEERING_NAME;
 pub use tool_calls::FLUSH_SLOW_TOOL_AFTER;
 
 use journal::{Ctx, Halt, RunEnv, halt_to_error};
@@ -109,6 +112,8 @@ pub struct EngineSettings {
     /// The most bytes of one tool result that is stored and shown to the model
     /// (`PES_TOOL_RESULT_MAX_BYTES`), applied where every result is journaled.
     pub tool_result_max_bytes: usize,
+    /// What each model costs (`PES_MODEL_PRICES`): a run's `costUsd` and its dollar budget.
+    pub prices: Arc<crate::model::Prices>,
 }
 
 impl Default for EngineSettings {
@@ -131,6 +136,7 @@ impl Default for EngineSettings {
             a2a_unreachable_for: std::time::Duration::from_secs(120),
             require_approval: Vec::new(),
             tool_result_max_bytes: 262_144,
+            prices: Arc::new(crate::model::Prices::default()),
         }
     }
 }
@@ -174,6 +180,8 @@ pub struct RunInput {
     pub history: Vec<Message>,
     /// The thread's suspensions, any status: the decisions made while its runs were paused.
     pub suspensions: Vec<Suspension>,
+    /// The run's own recent thread-level messages (its query, the messages that steered it).
+    pub own_messages: Vec<Message>,
 }
 
 /// Tokens that interrupt a run: `cancel` (a client cancelled it: commit `RUN_CANCELLED`, even in
@@ -295,8 +303,23 @@ impl Engine {
                 Err(e) => tracing::warn!(flowchart = %name, error = %e, "flowchart left out"),
             }
         }
+        let run_id = input.run.run_id;
+        let (raised, rejected) = budget::decisions(&input.suspensions, run_id);
+        let model = cfg
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .or_else(|| llm.default_model().map(str::to_owned));
+        let meter = Arc::new(budget::Meter::new(
+            cfg.budget.as_ref(),
+            self.settings.prices.clone(),
+            model,
+            &input.run.usage,
+            raised,
+        ));
         let mut ctx = Ctx {
             env: RunEnv {
+                budget: meter,
                 journal,
                 signals,
                 llm,
@@ -314,8 +337,23 @@ impl Engine {
             history: input.history,
             suspensions: input.suspensions,
             pending,
+            tickets: HashMap::new(),
+            steering: steering::from_messages(&input.own_messages, run_id),
         };
-        match self.drive_inner(&mut ctx).await {
+        if !ctx.steering.is_empty() {
+            // Which of it the planner already took in (a run that goes on after a pause).
+            ctx.reload_steering().await.map_err(halt_to_error)?;
+        }
+        let driven = if rejected {
+            // A person refused to raise the budget: the run ends here.
+            Err(Halt::Fail(
+                budget::exceeded_error(&ctx.env.budget.exceeded()),
+                None,
+            ))
+        } else {
+            self.drive_inner(&mut ctx).await
+        };
+        match driven {
             Ok(end) => Ok(end),
             Err(Halt::Shutdown) => {
                 // Draining: keep what was staged, so the next owner does not redo it.
@@ -337,6 +375,12 @@ impl Engine {
                     .await
                     .map_err(halt_to_error)?;
                 Ok(RunEnd::Failed)
+            }
+            Err(Halt::OverBudget) => {
+                self.suspend_for_budget(&mut ctx)
+                    .await
+                    .map_err(halt_to_error)?;
+                Ok(RunEnd::Suspended)
             }
         }
     }

@@ -76,7 +76,7 @@ impl Engine {
     /// The conversation before this run as the planner sees it: the latest
     /// [`HISTORY_MESSAGES`] queries and final answers among the thread's latest `history_messages`
     /// messages (no tool use), each cut to [`HISTORY_MESSAGE_CHARS`], oldest first.
-    fn recent_conversation(&self, ctx: &Ctx<'_>) -> Vec<ChatMessage> {
+    pub(super) fn recent_conversation(&self, ctx: &Ctx<'_>) -> Vec<ChatMessage> {
         let skip = ctx
             .history
             .len()

@@ -44,7 +44,7 @@ pub(super) enum Io {
 }
 
 /// The pending suspensions of this run that its waiting items wait on.
-fn waiting_suspensions(ctx: &Ctx<'_>) -> Vec<uuid::Uuid> {
+pub(super) fn waiting_suspensions(ctx: &Ctx<'_>) -> Vec<uuid::Uuid> {
     ctx.suspensions
         .iter()
         .filter(|s| s.status == SuspensionStatus::Pending && s.run_id == ctx.run.run_id)
@@ -74,6 +74,20 @@ async fn take_decisions(ctx: &mut Ctx<'_>, waiting: &[uuid::Uuid]) -> Result<boo
 }
 
 type InFlight<'f> = Pin<Box<dyn Future<Output = (String, Io)> + Send + 'f>>;
+
+/// Whether the run's budget refuses item `id`'s model call `req` (suspend mode; `fail` mode
+/// fails the run here).
+fn budget_refuses(
+    ctx: &mut Ctx<'_>,
+    id: &str,
+    req: &crate::llm::ChatRequest,
+) -> Result<bool, Halt> {
+    match ctx.admit(id, req) {
+        Ok(()) => Ok(false),
+        Err(Halt::OverBudget) => Ok(true),
+        Err(other) => Err(other),
+    }
+}
 
 /// The span of item `id` in this attempt, made the first time the item has I/O: under its team
 /// item's span when it belongs to a team, else under the attempt's.
@@ -134,14 +148,29 @@ impl Engine {
         let journal = ctx.env.journal;
         // The span of each item with work left in this attempt: its steps' I/O runs inside it.
         let mut item_spans: HashMap<String, Span> = HashMap::new();
+        // A model call was refused by the run's budget (it suspends at the limit): nothing new
+        // starts; once what is in flight is in, the run suspends.
+        let mut over_budget = false;
         'run: loop {
             loop {
                 if signals.cancel.is_cancelled() {
                     return Err(Halt::Cancel);
                 }
                 let draining = signals.drain.is_cancelled() || signals.shutdown.is_cancelled();
+                // Steering pushed while the loop was busy is read before any call starts.
+                if futures::FutureExt::now_or_never(journal.steering_arrived()).is_some() {
+                    ctx.reload_steering().await?;
+                }
+                if !draining
+                    && !over_budget
+                    && ctx.steering.iter().any(|s| !s.planned)
+                    && self.ready_item(ctx).is_some()
+                {
+                    // Steered: the planner takes it in before the next item starts.
+                    self.refine_for_steering(ctx).await?;
+                }
                 if !draining {
-                    let started = self.launch(ctx, &mut busy, limit)?;
+                    let started = self.launch(ctx, &mut busy, limit, &mut over_budget)?;
                     let needs_commit = started.iter().any(|(_, s)| s.needs_commit(self));
                     let idle_wait = started.is_empty() && !inflight.is_empty();
                     if needs_commit || (idle_wait && !ctx.pending.is_empty()) {
@@ -168,6 +197,10 @@ impl Engine {
                     park_at = Some(tokio::time::Instant::now() + self.settings.a2a_park_after);
                 }
                 if inflight.is_empty() {
+                    if over_budget && !draining {
+                        // Every call that was admitted is in; the next would pass the budget.
+                        return Err(Halt::OverBudget);
+                    }
                     if draining {
                         // The steps in flight are done and journaled: the next owner resumes here.
                         ctx.flush().await?;
@@ -211,6 +244,10 @@ impl Engine {
                     }
                     _ = journal.decision_arrived(), if !waiting.is_empty() => {
                         take_decisions(ctx, &waiting).await?;
+                    }
+                    // A person steered the run: every item's next call reads it.
+                    _ = journal.steering_arrived() => {
+                        ctx.reload_steering().await?;
                     }
                     _ = tokio::time::sleep_until(look_at.unwrap_or(far)), if look_at.is_some() => {
                         look_at = None;
@@ -267,6 +304,7 @@ impl Engine {
         ctx: &mut Ctx<'_>,
         busy: &mut HashSet<String>,
         limit: usize,
+        over_budget: &mut bool,
     ) -> Result<Vec<(String, Next)>, Halt> {
         let mut started = Vec::new();
         // Items that have nothing to start now (finished, failed, waiting for a person).
@@ -285,6 +323,14 @@ impl Engine {
                     Next::Idle => {
                         idle.insert(id);
                     }
+                    Next::Ask(r) | Next::Compact(r) | Next::PlanTeam(r)
+                        if *over_budget || budget_refuses(ctx, &id, &r)? =>
+                    {
+                        // Past the budget: the call waits for a raise (the run suspends once
+                        // what is in flight is in).
+                        *over_budget = true;
+                        idle.insert(id);
+                    }
                     step => {
                         busy.insert(id.clone());
                         started.push((id, step));
@@ -301,6 +347,7 @@ impl Engine {
                 })
                 .count();
             if running < limit
+                && !*over_budget
                 && let Some(idx) = self.ready_item(ctx)
             {
                 self.start_item(ctx, idx);
@@ -431,6 +478,7 @@ impl Engine {
     fn absorb(&self, ctx: &mut Ctx<'_>, item: &str, io: Io) -> Result<(), Halt> {
         match io {
             Io::Reply(Err(e)) | Io::Structured(Err(e)) | Io::TeamPlan(Err(e)) => {
+                ctx.unadmit(item);
                 Err(llm_halt(e, Some(item)))
             }
             Io::TeamPlan(Ok((value, resp))) => {
@@ -446,7 +494,8 @@ impl Engine {
                 Ok(())
             }
             Io::Call(call, Outcome::Done(result, usage)) => {
-                ctx.usage.add(&usage);
+                // Its model stages passed the meter themselves, priced.
+                ctx.spend(item, &usage, true);
                 self.journal_result(ctx, item, &call, result, vec![], vec![]);
                 Ok(())
             }

@@ -210,8 +210,7 @@ impl Engine {
         let Some(idx) = ctx.item_idx(team_id) else {
             return;
         };
-        ctx.usage.add(&resp.usage);
-        ctx.items[idx].usage.add(&resp.usage);
+        ctx.spend(team_id, &resp.usage, false);
         let checked = serde_json::from_value::<PlanReply>(value.clone())
             .map_err(|e| vec![e.to_string()])
             .and_then(|reply| {

@@ -260,6 +260,12 @@ impl MemJournal {
                 .cloned()
                 .collect(),
             suspensions: rows.suspensions.clone(),
+            own_messages: rows
+                .messages
+                .iter()
+                .filter(|m| m.run_id == Some(run_id) && m.item_id.is_none())
+                .cloned()
+                .collect(),
         }
     }
 
@@ -486,6 +492,7 @@ impl LlmProvider for Scripted {
             completion_tokens: 5,
             total_tokens: 15,
             llm_calls: 1,
+            ..Default::default()
         };
         if executing {
             self.execute_log.lock().unwrap().push((false, label));
@@ -1125,8 +1132,13 @@ async fn two_items_waiting_for_approval_suspend_the_run_once_and_resume_one_by_o
     assert!(h.effect_runs().is_empty(), "nothing ran without approval");
 
     // Approve `a`: it runs and completes; `b` still waits, and the run suspends again.
-    h.journal
-        .resolve("a", ResumeDecision::Approve { reason: None });
+    h.journal.resolve(
+        "a",
+        ResumeDecision::Approve {
+            reason: None,
+            raise_by: None,
+        },
+    );
     assert_eq!(h.drive().await.unwrap(), RunEnd::Suspended);
     let a = h.journal.item("a");
     assert_eq!(a.status, ItemStatus::Completed);

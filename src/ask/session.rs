@@ -131,7 +131,10 @@ impl Session {
                 );
                 return exit::NEEDS_PERSON;
             }
-            let wants_input = !matches!(self.asking, Asking::Nothing);
+            let asking = !matches!(self.asking, Asking::Nothing);
+            // At a terminal a line typed while nothing is asked may steer the run (`/steer …`);
+            // piped input is kept for the questions.
+            let wants_input = asking || (self.stdin_is_terminal && self.stdin_open);
             tokio::select! {
                 msg = events.recv() => match msg {
                     Some(StreamMsg::Observation(obs)) => {
@@ -156,7 +159,7 @@ impl Session {
                         return code;
                     }
                 }
-                _ = tick.tick(), if !wants_input => {
+                _ = tick.tick(), if !asking => {
                     let status = self.status();
                     self.progress.draw(&status);
                 }
@@ -240,15 +243,20 @@ impl Session {
                     self.release_held();
                 }
             }
-            "RUN_SUSPENDED" => self.suspended = true,
+            "RUN_SUSPENDED" => {
+                self.suspended = true;
+                self.note_spend(&c["usage"]);
+            }
             "FINAL_RESPONSE" => self.answer = Some(c.clone()),
             "RUN_COMPLETED" => {
                 self.finish();
+                self.note_spend(&c["usage"]);
                 self.print_answer();
                 return Some(exit::COMPLETED);
             }
             "RUN_FAILED" => {
                 self.finish();
+                self.note_spend(&c["usage"]);
                 let e = &c["error"];
                 eprintln!(
                     "pes-server ask: the run failed: {} {}",
@@ -348,8 +356,38 @@ impl Session {
                 }
                 Next::Send(body) => self.send_decision(d, body).await,
             },
-            Asking::Nothing => {}
+            Asking::Nothing => match line.trim().strip_prefix("/steer") {
+                Some(message) if !message.trim().is_empty() => self.steer(message.trim()).await,
+                _ => self.note("type `/steer <message>` to steer the run while it works".into()),
+            },
         }
+    }
+
+    /// `/steer <message>`: the run reads the message at its next step.
+    async fn steer(&mut self, message: &str) {
+        let path = format!(
+            "/v1/threads/{}/runs/{}/steer",
+            segment(&self.thread),
+            self.run
+        );
+        let body = serde_json::json!({ "message": message });
+        match self.api.post(&path, Some(&body)).await {
+            Ok(_) => self.note("steered: the run reads it at its next step".into()),
+            Err(f) => self.note(format!("could not steer: {f}")),
+        }
+    }
+
+    /// What the run spent so far, from an observation's `usage`.
+    fn note_spend(&mut self, usage: &Value) {
+        let Some(tokens) = usage["totalTokens"].as_u64() else {
+            return;
+        };
+        let cost = usage["costUsd"]
+            .as_f64()
+            .filter(|c| *c > 0.0)
+            .map(|c| format!(", ${c:.4}"))
+            .unwrap_or_default();
+        self.note(format!("spent {tokens} tokens{cost}"));
     }
 
     async fn cancel(&mut self) {

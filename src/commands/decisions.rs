@@ -5,7 +5,9 @@
 use serde_json::Value;
 
 use super::UseCases;
-use crate::model::{Decision, ResumeDecision, Suspension, SuspensionStatus};
+use crate::model::{
+    Decision, RaiseBy, ResumeDecision, Suspension, SuspensionKind, SuspensionStatus,
+};
 use crate::problem::ApiError;
 
 /// A decision as a door received it, before it is checked against its suspension.
@@ -18,6 +20,8 @@ pub struct DecisionRequest {
     pub modified_args: Option<Value>,
     /// The call's result (`respond`).
     pub response: Option<Value>,
+    /// What `approve` adds to the run's budget (`budget` suspensions only, where it is needed).
+    pub raise_by: Option<RaiseBy>,
 }
 
 /// 409 for a suspension that is no longer pending, saying how and when it was resolved, so the
@@ -85,6 +89,7 @@ impl UseCases {
                 body.decision
             )));
         }
+        let raise_by = check_raise(s, &body)?;
         let reason = body.reason;
         Ok(match body.decision {
             Decision::Edit => {
@@ -117,8 +122,43 @@ impl UseCases {
                 }
                 ResumeDecision::Respond { reason, response }
             }
-            Decision::Approve => ResumeDecision::Approve { reason },
+            Decision::Approve => ResumeDecision::Approve { reason, raise_by },
             Decision::Reject => ResumeDecision::Reject { reason },
         })
     }
+}
+
+/// `raiseBy`: only with `approve` on a `budget` suspension, where it is required, with a positive
+/// number of tokens or dollars.
+fn check_raise(s: &Suspension, body: &DecisionRequest) -> Result<Option<RaiseBy>, ApiError> {
+    let budget = s.kind == SuspensionKind::Budget;
+    let Some(raise) = body.raise_by else {
+        if budget && body.decision == Decision::Approve {
+            return Err(ApiError::Validation(
+                "decision `approve` on a budget suspension needs `raiseBy` ({tokens?, usd?}): how much more the run may spend".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    if !budget || body.decision != Decision::Approve {
+        return Err(ApiError::Validation(
+            "raiseBy goes only with decision `approve` on a budget suspension".into(),
+        ));
+    }
+    if raise.tokens.is_none() && raise.usd.is_none() {
+        return Err(ApiError::Validation(
+            "raiseBy needs `tokens` or `usd`".into(),
+        ));
+    }
+    if raise.tokens == Some(0) {
+        return Err(ApiError::Validation(
+            "raiseBy.tokens must be at least 1".into(),
+        ));
+    }
+    if raise.usd.is_some_and(|u| !(u.is_finite() && u > 0.0)) {
+        return Err(ApiError::Validation(
+            "raiseBy.usd must be a positive number".into(),
+        ));
+    }
+    Ok(Some(raise))
 }

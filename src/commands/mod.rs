@@ -110,6 +110,30 @@ impl RunCommands {
     /// As [`SqlStore::create_run`].
     pub async fn enqueue(&self, new: NewRun) -> StoreResult<CreatedRun> {
         let strategy = new.strategy;
+        if strategy == MultitaskStrategy::Steer
+            && let Some(active) = self
+                .store
+                .newest_active_run(&new.tenant, &new.thread_id)
+                .await?
+        {
+            match self
+                .steer(&new.tenant, &new.thread_id, active, new.query.clone())
+                .await
+            {
+                Ok(steered) => {
+                    return Ok(CreatedRun {
+                        run: steered.run,
+                        created: false,
+                        observations: steered.observations,
+                    });
+                }
+                // It ended meanwhile: the query runs on its own.
+                Err(
+                    crate::store::StoreError::Conflict(_) | crate::store::StoreError::RunNotFound,
+                ) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let created = self.store.create_run(new).await?;
         self.bus.publish(&created.observations);
         if created.created {
@@ -169,6 +193,52 @@ impl RunCommands {
             _ => self.wake_worker(),
         }
         Ok(done)
+    }
+
+    /// Steer a run that has not ended: `message` is committed as a user message of the run
+    /// (named `steering`) with its `STEERING` observation; a running run driven here reads it at
+    /// once (one driven elsewhere, on the store's signal), a queued or suspended one when it goes
+    /// on.
+    ///
+    /// # Errors
+    /// As [`SqlStore::steer_run`]: not found, or 409 for a run that ended.
+    pub async fn steer(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        run_id: Uuid,
+        message: String,
+    ) -> StoreResult<crate::store::SteeredRun> {
+        let m = crate::model::Message {
+            id: crate::model::new_id(),
+            thread_id: thread_id.clone(),
+            run_id: Some(run_id),
+            role: crate::model::MessageRole::User,
+            content: message.clone(),
+            item_id: None,
+            tool_call_id: None,
+            name: Some(crate::agent::STEERING_NAME.to_owned()),
+            tool_calls: vec![],
+            created_at: chrono::Utc::now(),
+        };
+        let o = crate::model::NewObservation::of(
+            run_id,
+            None,
+            crate::agent::prompts::truncate(&message, 120),
+            &crate::model::payloads::SteeringContent {
+                message,
+                message_id: m.id,
+            },
+        );
+        let steered = self
+            .store
+            .steer_run(tenant, thread_id, run_id, m, o)
+            .await?;
+        self.bus.publish(&steered.observations);
+        if steered.run.status == RunStatus::Running {
+            self.runs.steered(run_id);
+        }
+        Ok(steered)
     }
 
     /// Delete a thread with everything it owns; its streams here end (other replicas' end on

@@ -94,6 +94,9 @@ fn deliver(commands: &RunCommands, signal: Signal) {
         Signal::Decided { run } => {
             commands.runs().decided(run);
         }
+        Signal::Steered { run } => {
+            commands.runs().steered(run);
+        }
         Signal::ThreadDeleted { tenant, thread } => {
             commands
                 .bus()

@@ -21,6 +21,7 @@ pub mod retention;
 pub mod runs;
 pub mod serve;
 pub mod sse;
+pub mod steering;
 
 pub mod suspensions;
 pub mod threads;
@@ -250,6 +251,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(runs::router())
         .merge(sse::router())
         .merge(suspensions::router())
+        .merge(steering::router())
         .merge(tools::router())
         .merge(flowcharts::router())
         .merge(assistants::router())

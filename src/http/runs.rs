@@ -123,7 +123,7 @@ pub(crate) fn wants_event_stream(headers: &HeaderMap) -> bool {
     params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), RunStreamParams),
     responses(
         (status = 202, description = "Enqueued", body = Run),
-        (status = 200, description = "With `Accept: text/event-stream`: the run's observations as Server-Sent Events until it completes, fails, is cancelled or suspends. Otherwise: the run already created with this `idempotencyKey`.",
+        (status = 200, description = "With `Accept: text/event-stream`: the run's observations as Server-Sent Events until it completes, fails, is cancelled or suspends. Otherwise: the run already created with this `idempotencyKey`, or (`multitaskStrategy: steer` on a busy thread) the active run the query steered.",
             content((Run = "application/json"), (String = "text/event-stream"))),
         (status = 404, description = "No such thread (and `ifNotExists` is not `create`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Another run is active and multitaskStrategy is `reject`", body = Problem, content_type = "application/problem+json")
@@ -219,7 +219,7 @@ pub async fn list_runs(
     })))
 }
 
-fn parse_run_id(raw: &str) -> Result<Uuid, ApiError> {
+pub(super) fn parse_run_id(raw: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(raw).map_err(|_| ApiError::run_not_found())
 }
 

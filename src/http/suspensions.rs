@@ -17,7 +17,7 @@ use super::sse::{RunStreamParams, StreamSpec, observation_sse};
 use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
 use crate::commands::DecisionRequest;
-use crate::model::{Decision, ResumeDecision, Run, Suspension, SuspensionStatus};
+use crate::model::{Decision, RaiseBy, ResumeDecision, Run, Suspension, SuspensionStatus};
 use crate::store::{Resolution, StoreError};
 use crate::telemetry::TraceContext;
 
@@ -113,6 +113,10 @@ pub struct ResumeRequest {
     /// The call's result (`respond`), valid for the suspension's `inputSchema` when it has one.
     #[serde(default)]
     pub response: Option<Value>,
+    /// What `approve` adds to the run's budget: required on a `budget` suspension, refused on any
+    /// other.
+    #[serde(default)]
+    pub raise_by: Option<RaiseBy>,
 }
 
 /// Body of `POST /v1/suspensions/{suspensionId}/resume`: a `decision` with the fields it takes
@@ -126,12 +130,16 @@ pub struct ResumeRequest {
 #[serde(tag = "decision", rename_all = "lowercase", deny_unknown_fields)]
 #[schema(as = ResumeRequest, example = json!({"decision": "reject", "reason": "Not this one."}))]
 enum ResumeRequestSchema {
-    /// Run the call as the model proposed it.
+    /// Run the call as the model proposed it (a `budget` suspension: go on, with the budget
+    /// raised by `raiseBy`, which it needs).
     Approve {
         /// Why; at most 4,000 characters.
         #[serde(default)]
         #[schema(max_length = 4000)]
         reason: Option<String>,
+        /// What the run's budget gains (`budget` suspensions only).
+        #[serde(default, rename = "raiseBy")]
+        raise_by: Option<RaiseBy>,
     },
     /// Run the call with `modifiedArgs` instead.
     Edit {
@@ -179,6 +187,7 @@ fn decide(
             reason: body.reason,
             modified_args: body.modified_args,
             response: body.response,
+            raise_by: body.raise_by,
         },
     )
 }

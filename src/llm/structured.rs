@@ -247,6 +247,7 @@ mod tests {
                     completion_tokens: 2,
                     total_tokens: 12,
                     llm_calls: 1,
+                    ..Default::default()
                 },
                 finish_reason: Some("stop".into()),
                 model: None,

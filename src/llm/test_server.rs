@@ -120,5 +120,6 @@ pub fn usage(prompt: u64, completion: u64, calls: u64) -> crate::model::Usage {
         completion_tokens: completion,
         total_tokens: prompt + completion,
         llm_calls: calls,
+        ..Default::default()
     }
 }

@@ -105,6 +105,10 @@ pub struct AgentConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(min_items = 1)]
     pub memory_namespace: Option<Vec<String>>,
+    /// What the run may spend on its model (`maxTokens`, `maxCostUsd`) and what happens at the
+    /// limit (`onExceed`): checked before every model call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
 }
 
 string_enum! {
@@ -195,6 +199,7 @@ impl AgentConfig {
                 .memory_namespace
                 .clone()
                 .or_else(|| self.memory_namespace.clone()),
+            budget: over.budget.clone().or_else(|| self.budget.clone()),
         }
     }
 
@@ -245,6 +250,9 @@ impl AgentConfig {
         if let Some(ns) = &self.memory_namespace {
             super::memory::Namespace::parse(ns.clone(), usize::MAX, false)
                 .map_err(|e| format!("config.memoryNamespace {e}"))?;
+        }
+        if let Some(b) = &self.budget {
+            b.validate("config.budget")?;
         }
         for (id, role) in self.roles.iter().flatten() {
             if ItemId::parse(id).is_err() {

@@ -51,6 +51,7 @@ macro_rules! string_enum {
 
 pub mod agent_config;
 pub mod assistants;
+pub mod budgets;
 pub mod crons;
 pub mod ids;
 pub mod items;
@@ -63,6 +64,7 @@ pub mod webhooks;
 
 pub use agent_config::*;
 pub use assistants::*;
+pub use budgets::*;
 pub use crons::*;
 pub use ids::*;
 pub use items::*;
@@ -132,12 +134,16 @@ mod tests {
         let cases = [
             (
                 r#"{"decision":"approve"}"#,
-                ResumeDecision::Approve { reason: None },
+                ResumeDecision::Approve {
+                    reason: None,
+                    raise_by: None,
+                },
             ),
             (
                 r#"{"decision":"approve","reason":"looks fine"}"#,
                 ResumeDecision::Approve {
                     reason: Some("looks fine".into()),
+                    raise_by: None,
                 },
             ),
             (

@@ -41,6 +41,11 @@ string_enum! {
         /// What a remote agent reported of a task delegated to it, under the delegating
         /// `TOOL_CALL`: `{toolCallId, agent, taskId, contextId?, state?, message?, artifact?}`.
         A2aTaskUpdate => "A2A_TASK_UPDATE",
+        /// The run's spend reached 80 % of its budget, or its limit: run-level, `{state,
+        /// spentTokens, spentUsd, limitTokens?, limitUsd?}`.
+        Budget => "BUDGET",
+        /// A person's message to a run in flight: run-level, `{message, messageId}`.
+        Steering => "STEERING",
     }
 }
 

@@ -49,6 +49,8 @@ payloads! {
     RunCancelledContent => RunCancelled,
     RunSuspendedContent => RunSuspended,
     CompactionContent => Compaction,
+    BudgetContent => Budget,
+    SteeringContent => Steering,
 }
 
 impl NewObservation {
@@ -488,4 +490,42 @@ pub struct A2aTaskUpdateContent {
     #[schema(nullable = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel_requested: Option<bool>,
+}
+
+/// Which mark of its budget a run's spend reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetState {
+    /// 80 % of a limit: the run goes on.
+    Warning,
+    /// The next model call would pass a limit: the run suspends or fails (its `onExceed`).
+    Exceeded,
+}
+
+/// `BUDGET`: the run's spend reached 80 % of its budget, or its limit (run-level). The limits are
+/// the run's as raised so far.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetContent {
+    #[schema(inline)]
+    pub state: BudgetState,
+    pub spent_tokens: u64,
+    pub spent_usd: f64,
+    /// The token limit, when the budget has one.
+    #[schema(nullable = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_tokens: Option<u64>,
+    /// The dollar limit, when the budget has one.
+    #[schema(nullable = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_usd: Option<f64>,
+}
+
+/// `STEERING`: a person's message to a run in flight (run-level). The run reads it at its next
+/// safe point; it is in the thread's conversation as a user message (`messageId`).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SteeringContent {
+    pub message: String,
+    pub message_id: Uuid,
 }

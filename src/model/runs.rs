@@ -53,11 +53,14 @@ string_enum! {
         Enqueue => "enqueue",
         /// Cancel the active run at its next safe point, keep its progress, then run.
         Interrupt => "interrupt",
+        /// Steer the thread's active run with the query instead of starting another (as
+        /// `POST …/runs/{runId}/steer`); with no active run, run it.
+        Steer => "steer",
     }
 }
 
-/// Token usage, summed per item and per run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// Token usage and what it cost, summed per item and per run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
     pub prompt_tokens: u64,
@@ -65,6 +68,19 @@ pub struct Usage {
     pub total_tokens: u64,
     /// Model calls made (including retries that returned a reply).
     pub llm_calls: u64,
+    /// Of `promptTokens`, those the provider served from its cache (priced at `cachedInput`);
+    /// absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schema(minimum = 0)]
+    pub cached_prompt_tokens: u64,
+    /// What these tokens cost in US dollars, by `PES_MODEL_PRICES` (0 when the model has no
+    /// price).
+    #[serde(default)]
+    pub cost_usd: f64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
@@ -73,6 +89,8 @@ impl Usage {
         self.completion_tokens += other.completion_tokens;
         self.total_tokens += other.total_tokens;
         self.llm_calls += other.llm_calls;
+        self.cached_prompt_tokens += other.cached_prompt_tokens;
+        self.cost_usd += other.cost_usd;
     }
 }
 

@@ -18,6 +18,9 @@ string_enum! {
         /// Answer a remote agent's question (its task is `input-required`); the answer is
         /// forwarded to it.
         RemoteInput => "remote_input",
+        /// The run's next model call would pass its budget: approve with `raiseBy` to go on, or
+        /// reject to fail the run `budget_exceeded`.
+        Budget => "budget",
     }
 }
 
@@ -52,10 +55,13 @@ string_enum! {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "decision", rename_all = "lowercase")]
 pub enum ResumeDecision {
-    /// Run the call as the model proposed it.
+    /// Run the call as the model proposed it (a `budget` suspension: go on, with the budget
+    /// raised by `raiseBy`).
     Approve {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        #[serde(rename = "raiseBy", default, skip_serializing_if = "Option::is_none")]
+        raise_by: Option<RaiseBy>,
     },
     /// Run the call with these arguments instead (valid for the tool's schema).
     Edit {
@@ -91,7 +97,7 @@ impl ResumeDecision {
     /// The reason given with the decision, if any.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            Self::Approve { reason }
+            Self::Approve { reason, .. }
             | Self::Edit { reason, .. }
             | Self::Reject { reason }
             | Self::Respond { reason, .. } => reason.as_deref(),
@@ -157,7 +163,7 @@ mod resolution {
             return Ok(None);
         }
         let mut map = serde_json::Map::new();
-        for k in ["decision", "reason", "modifiedArgs", "response"] {
+        for k in ["decision", "reason", "modifiedArgs", "response", "raiseBy"] {
             if let Some(v) = fields.get(k) {
                 map.insert(k.to_owned(), v.clone());
             }
@@ -195,6 +201,10 @@ mod resolution {
             .property(
                 "response",
                 prop(None, "What became the call's result (`respond`)."),
+            )
+            .property(
+                "raiseBy",
+                RefOr::Ref(utoipa::openapi::Ref::from_schema_name("RaiseBy")),
             )
             .description(Some(
                 "How a resolved suspension was decided; absent while it is pending.",

@@ -58,6 +58,7 @@ mod signals;
 mod sql;
 mod sql_store;
 pub mod sqlite;
+mod steering;
 mod suspensions;
 mod tables;
 mod tenant_runs;
@@ -69,6 +70,7 @@ pub use memory::{MemoryPut, MemoryScope, PendingEmbedding, PutMemory};
 pub use retention::{Footprint, Idle, ThreadStorage};
 pub use signals::{Signal, TokenPiece};
 pub use sql_store::SqlStore;
+pub use steering::SteeredRun;
 pub use webhooks::{ClaimedDelivery, DeliveryFilter, DeliveryOutcome};
 
 /// Result of a store operation.

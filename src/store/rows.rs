@@ -358,12 +358,10 @@ pub(crate) fn agent_resumed(
         reason: reason.map(str::to_owned),
         expired,
     };
-    NewObservation::of(
-        s.run_id,
-        Some(s.item_id.as_str().to_owned()),
-        title,
-        &content,
-    )
+    // A budget suspension is the run's, not an item's: its resumption is run-level.
+    let parent =
+        (s.kind != crate::model::SuspensionKind::Budget).then(|| s.item_id.as_str().to_owned());
+    NewObservation::of(s.run_id, parent, title, &content)
 }
 
 /// Whether a resolution to `status` is an expiry (`Expired`) rather than a person's decision

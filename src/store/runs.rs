@@ -192,7 +192,9 @@ impl SqlStore {
                     });
                 }
             }
-            MultitaskStrategy::Enqueue => {}
+            // The active run was steered before this (see `RunCommands::enqueue`); one that ended
+            // since leaves the query to run on its own.
+            MultitaskStrategy::Enqueue | MultitaskStrategy::Steer => {}
             MultitaskStrategy::Interrupt => {
                 let (running, displaced): (Vec<_>, Vec<_>) = active
                     .into_iter()

@@ -35,6 +35,9 @@ pub enum Signal {
     /// decision at once, instead of at the run's next look at its suspensions.
     #[serde(rename = "s")]
     Decided { run: Uuid },
+    /// A person steered a running run: the replica that drives it reads the message at once.
+    #[serde(rename = "g")]
+    Steered { run: Uuid },
     /// A thread was deleted: its streams end (before any thread created again under its id can
     /// be announced, since notifications arrive in commit order).
     #[serde(rename = "d")]

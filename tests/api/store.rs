@@ -956,6 +956,7 @@ async fn an_ended_run_refuses_further_writes(store: S) {
             completion_tokens: 5,
             total_tokens: 15,
             llm_calls: 2,
+            ..Usage::default()
         }),
         final_response: Some(json!({ "response": "42" })),
         ended: true,
@@ -1428,6 +1429,7 @@ async fn agent_snapshot_reflects_items_and_state(store: S) {
         completion_tokens: 2,
         total_tokens: 3,
         llm_calls: 1,
+        ..Usage::default()
     };
     full.conversation = vec![ConversationMessage {
         role: MessageRole::Assistant,
@@ -2124,7 +2126,10 @@ async fn resolving_a_suspension_that_is_no_longer_pending_conflicts(store: S) {
     for status in [SuspensionStatus::Pending, SuspensionStatus::Cancelled] {
         let r = Resolution {
             status,
-            decision: ResumeDecision::Approve { reason: None },
+            decision: ResumeDecision::Approve {
+                reason: None,
+                raise_by: None,
+            },
             trace_context: None,
         };
         let err = store

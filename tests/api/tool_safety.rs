@@ -251,6 +251,7 @@ impl Harness {
                 .unwrap()
                 .unwrap(),
             history: vec![],
+            own_messages: vec![],
             suspensions: self
                 .store
                 .list_suspensions(TENANT, &self.thread, true)

@@ -150,6 +150,8 @@ struct Script {
     wire: Vec<WireRequest>,
     /// How streamed replies are written.
     pace: Pace,
+    /// The usage every OpenAI-style reply reports (prompt, completion tokens); unset: 10 and 5.
+    usage: Option<(u64, u64)>,
 }
 
 /// State shared by the handle and the server's requests.
@@ -362,6 +364,12 @@ impl FakeLlm {
         };
     }
 
+    /// Report `prompt` and `completion` tokens in the usage of every reply from now on (OpenAI's
+    /// format; 10 and 5 until set): what a budget counts.
+    pub fn set_usage(&self, prompt: u64, completion: u64) {
+        self.shared.script().usage = Some((prompt, completion));
+    }
+
     /// Queue a reply for the next request of `phase` (`plan`, `execute`, `synthesis`,
     /// `compaction`).
     ///
@@ -548,8 +556,11 @@ async fn handle(
     let _in_flight = InFlight::enter(&shared);
     let stream = req["stream"] == true;
     let (reply, n) = answer(&shared, &req, &req, &headers).await;
-    let pace = shared.script().pace;
-    openai::render(reply, n, stream, pace).await
+    let (pace, usage) = {
+        let script = shared.script();
+        (script.pace, script.usage.unwrap_or((10, 5)))
+    };
+    openai::render(reply, n, stream, pace, usage).await
 }
 
 async fn handle_anthropic(

@@ -12,7 +12,12 @@ use crate::{Pace, Reply, error_response, pieces, sse_response};
 /// for (so a client can tell what it asked from what answered).
 pub const ANSWERING_MODEL: &str = "fake-model-2026-01-01";
 
-fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
+/// The `usage` object of a reply that used `prompt` and `completion` tokens.
+fn usage_of((prompt, completion): (u64, u64)) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn completion(content: Option<String>, tool_calls: Vec<Value>, usage: (u64, u64)) -> Value {
     let finish = if tool_calls.is_empty() {
         "stop"
     } else {
@@ -27,7 +32,7 @@ fn completion(content: Option<String>, tool_calls: Vec<Value>) -> Value {
         "object": "chat.completion",
         "model": ANSWERING_MODEL,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        "usage": usage_of(usage)
     })
 }
 
@@ -59,7 +64,13 @@ fn chunk(delta: Value, finish: Option<&str>) -> String {
 }
 
 /// Answer with `reply` (its delays already waited), streamed when the request asked.
-pub(crate) async fn render(reply: Reply, n: u64, stream: bool, pace: Pace) -> Response {
+pub(crate) async fn render(
+    reply: Reply,
+    n: u64,
+    stream: bool,
+    pace: Pace,
+    usage: (u64, u64),
+) -> Response {
     if let Reply::Status(code, body, retry_after) = reply {
         return error_response(code, body, retry_after);
     }
@@ -71,7 +82,7 @@ pub(crate) async fn render(reply: Reply, n: u64, stream: bool, pace: Pace) -> Re
                 json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
             })
             .collect();
-        return Json(completion(content, calls)).into_response();
+        return Json(completion(content, calls, usage)).into_response();
     }
     let mut frames = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
     if let Some(text) = &content {
@@ -100,7 +111,7 @@ pub(crate) async fn render(reply: Reply, n: u64, stream: bool, pace: Pace) -> Re
     frames.push(chunk(json!({}), Some(finish)));
     frames.push(
         json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": ANSWERING_MODEL, "choices": [],
-               "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+               "usage": usage_of(usage)})
         .to_string(),
     );
     frames.push("[DONE]".into());

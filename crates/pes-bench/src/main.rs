@@ -144,6 +144,11 @@ pub(crate) struct Args {
     /// model are used, and `--store`/`--llm` only label the report.
     #[arg(long)]
     pub(crate) server_url: Option<String>,
+    /// Runs mode: give every run a budget it never reaches (`maxTokens`, `maxCostUsd`) and the
+    /// service a price table, so every model call passes the budget check and is priced: what a
+    /// budget costs, against the same run without.
+    #[arg(long)]
+    pub(crate) budget: bool,
 }
 
 /// The key the service signs the bench's webhooks with (`--webhooks`).
@@ -248,6 +253,12 @@ impl Args {
             env.push((
                 "PES_TENANT_MAX_STORE_ITEMS",
                 (self.items + 1000).to_string(),
+            ));
+        }
+        if self.budget {
+            env.push((
+                "PES_MODEL_PRICES",
+                r#"{"*": {"input": 0.15, "output": 0.6}}"#.to_owned(),
             ));
         }
         if self.mode == Mode::Inflight {

@@ -50,7 +50,14 @@ pub(crate) async fn runs_mode(
     let results = phase(
         "the runs load",
         limit,
-        load_runs(server, &threads, args.concurrency, limit, webhook),
+        load_runs(
+            server,
+            &threads,
+            args.concurrency,
+            limit,
+            webhook,
+            args.budget,
+        ),
     )
     .await?;
     let wall = started.elapsed();
@@ -104,11 +111,16 @@ async fn load_runs(
     concurrency: usize,
     timeout: Duration,
     webhook: Option<&str>,
+    budget: bool,
 ) -> Result<Vec<Result<Duration, String>>> {
-    let body = match webhook {
-        Some(url) => json!({"query": "bench", "webhook": {"url": url}}),
-        None => json!({"query": "bench"}),
-    };
+    let mut body = json!({"query": "bench"});
+    if let Some(url) = webhook {
+        body["webhook"] = json!({"url": url});
+    }
+    if budget {
+        body["config"] =
+            json!({"budget": {"maxTokens": 1_000_000_000_000_u64, "maxCostUsd": 1_000_000.0}});
+    }
     Ok(futures::stream::iter(threads)
         .map(|t| run_and_wait(server, t, timeout, &body))
         .buffer_unordered(concurrency)

@@ -43,6 +43,8 @@ pub(super) struct RunFlowHost<'a> {
     pub may_call: Vec<String>,
     /// The suspensions of this call's gated `tool` stages (ids `<toolCallId>:…`).
     pub decisions: Vec<Suspension>,
+    /// The run's budget: each `llm` stage passes it before it asks, and is priced by it.
+    pub budget: Arc<crate::agent::budget::Meter>,
 }
 
 /// The suspensions of `call`'s own steps (a flowchart's gated stages, a remote's questions: ids
@@ -117,6 +119,7 @@ impl CallKind for Flowchart {
             run_id: ctx.run.run_id,
             require_approval: ctx.env.cfg.require_approval.clone().unwrap_or_default(),
             decisions: decisions_of(&ctx.suspensions, &call),
+            budget: ctx.env.budget.clone(),
         };
         let limits = FlowLimits {
             max_steps: engine.settings.flowchart_max_steps.max(1),
@@ -240,19 +243,31 @@ impl FlowHost for RunFlowHost<'_> {
             }),
             tokens: self.tokens.clone(),
         };
-        if request.response_format.is_some() {
-            let (value, resp) =
-                crate::llm::structured::complete_structured(self.llm.as_ref(), request)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            return Ok((value, resp.usage));
+        // Past the budget the stage fails (the model reads why); the run suspends or fails at its
+        // next model call, which the shut meter refuses.
+        let ticket = self
+            .budget
+            .admit(crate::agent::budget::estimate(&request))
+            .map_err(|_| "the run's budget is spent: no model call may start".to_owned())?;
+        let reply = if request.response_format.is_some() {
+            crate::llm::structured::complete_structured(self.llm.as_ref(), request).await
+        } else {
+            self.llm.complete(request).await.map(|resp| {
+                let text = Value::String(resp.content.clone().unwrap_or_default());
+                (text, resp)
+            })
+        };
+        match reply {
+            Ok((value, resp)) => {
+                let used = self.budget.price(&resp.usage);
+                self.budget.count(ticket, &used);
+                Ok((value, used))
+            }
+            Err(e) => {
+                self.budget.release(ticket);
+                Err(e.to_string())
+            }
         }
-        let resp = self
-            .llm
-            .complete(request)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((Value::String(resp.content.unwrap_or_default()), resp.usage))
     }
 }
 

@@ -404,6 +404,7 @@ async fn answer(
         reason: None,
         modified_args: None,
         response: Some(only_data.unwrap_or(Value::String(text))),
+        raise_by: None,
     };
     let decision = state.cases.decide(&s, body).map_err(api_error)?;
     let resolution = Resolution {

@@ -474,6 +474,29 @@ pub fn interrupt(s: &Suspension) -> Interrupt {
                 "required": ["decision"]
             }),
         ),
+        SuspensionKind::Budget => (
+            "budget_exceeded",
+            s.question
+                .clone()
+                .unwrap_or_else(|| "The run reached its budget: raise it, or stop the run?".into()),
+            None,
+            json!({
+                "type": "object",
+                "properties": {
+                    "decision": {"type": "string", "enum": decisions},
+                    "reason": {"type": "string", "maxLength": 4000},
+                    "raiseBy": {
+                        "type": "object",
+                        "description": "With `approve`: what to add to the budget.",
+                        "properties": {
+                            "tokens": {"type": "integer", "minimum": 1},
+                            "usd": {"type": "number", "exclusiveMinimum": 0}
+                        }
+                    }
+                },
+                "required": ["decision"]
+            }),
+        ),
         SuspensionKind::Input | SuspensionKind::RemoteInput => (
             if s.kind == SuspensionKind::Input {
                 "input_required"

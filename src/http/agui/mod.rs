@@ -388,6 +388,7 @@ fn decision_of(s: &Suspension, e: &ResumeEntry) -> Result<DecisionRequest, ApiEr
     };
     if e.status == ResumeStatus::Cancelled {
         return Ok(DecisionRequest {
+            raise_by: None,
             decision: Decision::Reject,
             reason: reason(e.payload.as_ref()).or_else(|| {
                 Some("the person abandoned the question (AG-UI resume cancelled)".into())
@@ -402,8 +403,39 @@ fn decision_of(s: &Suspension, e: &ResumeEntry) -> Result<DecisionRequest, ApiEr
             s.suspension_id
         ))
     })?;
+    if s.kind == SuspensionKind::Budget {
+        // `{decision: approve, raiseBy: {tokens?, usd?}}` raises the budget; `reject` fails the run.
+        let decision: Decision = payload
+            .get("decision")
+            .and_then(Value::as_str)
+            .and_then(|d| d.parse().ok())
+            .ok_or_else(|| {
+                ApiError::Validation(format!(
+                    "resume entry for `{}`: payload.decision must be approve (with raiseBy) or \
+                     reject",
+                    s.suspension_id
+                ))
+            })?;
+        let raise_by = field(payload, "raiseBy")
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| {
+                ApiError::Validation(format!(
+                    "resume entry for `{}`: payload.raiseBy: {e}",
+                    s.suspension_id
+                ))
+            })?;
+        return Ok(DecisionRequest {
+            raise_by,
+            decision,
+            reason: reason(Some(payload)),
+            modified_args: None,
+            response: None,
+        });
+    }
     if s.kind != SuspensionKind::Approval {
         return Ok(DecisionRequest {
+            raise_by: None,
             decision: Decision::Respond,
             reason: None,
             modified_args: None,
@@ -418,6 +450,7 @@ fn decision_of(s: &Suspension, e: &ResumeEntry) -> Result<DecisionRequest, ApiEr
             ))
         })?;
         return Ok(DecisionRequest {
+            raise_by: None,
             decision,
             reason: reason(Some(payload)),
             modified_args: field(payload, "modifiedArgs"),
@@ -432,6 +465,7 @@ fn decision_of(s: &Suspension, e: &ResumeEntry) -> Result<DecisionRequest, ApiEr
             (true, None) => Decision::Approve,
         };
         return Ok(DecisionRequest {
+            raise_by: None,
             decision,
             reason: reason(Some(payload)),
             modified_args: edited.filter(|_| approved),

@@ -61,6 +61,8 @@ fn content_of(t: ObservationType) -> Content {
         O::Compaction => named::<CompactionContent>(false),
         O::FlowchartStep => named::<FlowchartStepContent>(true),
         O::A2aTaskUpdate => named::<A2aTaskUpdateContent>(true),
+        O::Budget => named::<BudgetContent>(false),
+        O::Steering => named::<SteeringContent>(false),
     }
 }
 

@@ -64,6 +64,7 @@ fn every_enum_schema_spells_the_values_on_the_wire() {
         ("WebhookEvent", wire(crate::model::WebhookEvent::ALL)),
         ("DeliveryStatus", wire(crate::model::DeliveryStatus::ALL)),
         ("OnMissed", wire(crate::model::OnMissed::ALL)),
+        ("OnExceed", wire(crate::model::OnExceed::ALL)),
         (
             "IfNotExists",
             wire(&[IfNotExists::Create, IfNotExists::Reject]),
@@ -246,10 +247,10 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 13,
+        bodies, 18,
         "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT, assistants POST/PUT, \
          assistant current, threads prune, ag-ui, crons POST/PATCH, store items PUT/DELETE, \
-         store search, store namespaces"
+         store search, store namespaces, steer"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
     assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");

@@ -73,6 +73,21 @@ fn form(s: &Suspension) -> (String, Value) {
                 }),
             )
         }
+        SuspensionKind::Budget => (
+            s.question
+                .clone()
+                .unwrap_or_else(|| "The run reached its budget. Raise it, or stop the run?".into()),
+            json!({
+                "type": "object",
+                "properties": {
+                    "decision": {"type": "string", "enum": ["approve", "reject"], "description": "approve (with a raise) or reject (the run fails budget_exceeded)"},
+                    "raiseTokens": {"type": "integer", "minimum": 1, "description": "approve: tokens to add"},
+                    "raiseUsd": {"type": "number", "minimum": 0, "description": "approve: US dollars to add"},
+                    "reason": {"type": "string"}
+                },
+                "required": ["decision"]
+            }),
+        ),
         SuspensionKind::Input | SuspensionKind::RemoteInput => {
             let question = s
                 .question
@@ -141,12 +156,30 @@ pub fn decision(s: &Suspension, answer: &Value) -> Result<Option<DecisionRequest
     Ok(match action {
         ElicitationAction::Cancel => None,
         ElicitationAction::Decline => Some(DecisionRequest {
+            raise_by: None,
             decision: Decision::Reject,
             reason: reason.or_else(|| Some("the person declined".into())),
             modified_args: None,
             response: None,
         }),
         ElicitationAction::Accept => Some(match s.kind {
+            SuspensionKind::Budget => {
+                let decision: Decision = content
+                    .get("decision")
+                    .and_then(Value::as_str)
+                    .and_then(|d| d.parse().ok())
+                    .ok_or_else(|| bad("`decision` must be approve or reject"))?;
+                let tokens = content.get("raiseTokens").and_then(Value::as_u64);
+                let usd = content.get("raiseUsd").and_then(Value::as_f64);
+                DecisionRequest {
+                    raise_by: (decision == Decision::Approve)
+                        .then_some(crate::model::RaiseBy { tokens, usd }),
+                    decision,
+                    reason,
+                    modified_args: None,
+                    response: None,
+                }
+            }
             SuspensionKind::Approval => {
                 let decision: Decision = content
                     .get("decision")
@@ -154,6 +187,7 @@ pub fn decision(s: &Suspension, answer: &Value) -> Result<Option<DecisionRequest
                     .and_then(|d| d.parse().ok())
                     .ok_or_else(|| bad("`decision` must be one the suspension allows"))?;
                 DecisionRequest {
+                    raise_by: None,
                     decision,
                     reason,
                     modified_args: content
@@ -179,6 +213,7 @@ pub fn decision(s: &Suspension, answer: &Value) -> Result<Option<DecisionRequest
                     }
                 };
                 DecisionRequest {
+                    raise_by: None,
                     decision: Decision::Respond,
                     reason: None,
                     modified_args: None,

@@ -324,6 +324,7 @@ impl McpServer {
             .map_err(|e| api_error(e.into()))?
             .ok_or_else(not_found)?;
         let request = DecisionRequest {
+            raise_by: None,
             decision: a.decision,
             reason: a.reason,
             modified_args: a.modified_args,

@@ -215,6 +215,8 @@ pub(super) fn usage_of(u: Option<&Value>) -> Usage {
         completion_tokens: completion,
         total_tokens: prompt + completion,
         llm_calls: 0,
+        cached_prompt_tokens: count("cache_read_input_tokens"),
+        cost_usd: 0.0,
     }
 }
 

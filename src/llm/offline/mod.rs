@@ -145,6 +145,7 @@ impl LlmProvider for OfflineProvider {
                 completion_tokens,
                 total_tokens: prompt_tokens + completion_tokens,
                 llm_calls: 1,
+                ..Default::default()
             },
             finish_reason: Some(finish_reason.into()),
             model: Some("offline".into()),

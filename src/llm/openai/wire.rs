@@ -197,6 +197,11 @@ pub(super) fn parse_completion(mut v: Value, raw: &str) -> Result<ChatResponse, 
             completion_tokens: completion,
             total_tokens: total,
             llm_calls: 0,
+            cached_prompt_tokens: u
+                .and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            cost_usd: 0.0,
         },
         finish_reason,
         model: v.get("model").and_then(Value::as_str).map(str::to_owned),

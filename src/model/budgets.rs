@@ -1,0 +1,185 @@
+//! Budgets: how much a run may spend on its model (tokens, US dollars), what happens at the limit,
+//! how a person raises it, and the price table that turns tokens into dollars.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::*;
+
+string_enum! {
+    /// What a run does when its next model call would pass its budget.
+    #[derive(Default)]
+    OnExceed {
+        /// Wait for a person (a `budget` suspension: approve with a raise, or reject).
+        #[default]
+        Suspend => "suspend",
+        /// Fail at once with `budget_exceeded`.
+        Fail => "fail",
+    }
+}
+
+/// A cap on what a run spends on its model: set on a run, a thread or an assistant (the later
+/// wins, as every config field) and checked before every model call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Budget {
+    /// Tokens (prompt and completion) the run may use (1 to a trillion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1_000_000_000_000_u64)]
+    pub max_tokens: Option<u64>,
+    /// US dollars the run may spend (more than 0, at most a million), priced by
+    /// `PES_MODEL_PRICES` (a model without a price costs nothing, so this caps only priced
+    /// models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0.0, maximum = 1_000_000.0)]
+    pub max_cost_usd: Option<f64>,
+    /// `suspend` (the default) or `fail`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exceed: Option<OnExceed>,
+}
+
+impl Budget {
+    /// Check ranges a type cannot express.
+    ///
+    /// # Errors
+    /// A message naming the field that is out of range.
+    pub fn validate(&self, field: &str) -> Result<(), String> {
+        if self
+            .max_tokens
+            .is_some_and(|t| !(1..=MAX_TOKENS).contains(&t))
+        {
+            return Err(format!(
+                "{field}.maxTokens must be between 1 and {MAX_TOKENS}"
+            ));
+        }
+        if self.max_cost_usd.is_some_and(|u| !usd_in_range(u)) {
+            return Err(format!(
+                "{field}.maxCostUsd must be more than 0 and at most {MAX_USD}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether it caps anything.
+    pub fn is_set(&self) -> bool {
+        self.max_tokens.is_some() || self.max_cost_usd.is_some()
+    }
+}
+
+/// The largest token limit (or raise) a budget takes.
+pub const MAX_TOKENS: u64 = 1_000_000_000_000;
+/// The largest dollar limit (or raise) a budget takes.
+pub const MAX_USD: f64 = 1_000_000.0;
+
+/// A dollar amount a budget takes: more than 0, at most [`MAX_USD`].
+pub fn usd_in_range(u: f64) -> bool {
+    u.is_finite() && u > 0.0 && u <= MAX_USD
+}
+
+/// What a person adds to a run's budget when approving a `budget` suspension.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RaiseBy {
+    /// Tokens added to `maxTokens` (1 to a trillion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1_000_000_000_000_u64)]
+    pub tokens: Option<u64>,
+    /// US dollars added to `maxCostUsd` (more than 0, at most a million).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0.0, maximum = 1_000_000.0)]
+    pub usd: Option<f64>,
+}
+
+/// The price of one model, in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelPrice {
+    pub input: f64,
+    pub output: f64,
+    /// Prompt tokens the provider served from its cache (priced as `input` when absent).
+    #[serde(default)]
+    pub cached_input: Option<f64>,
+}
+
+/// `PES_MODEL_PRICES`: model name → price; the entry `*` prices every other model.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Prices(HashMap<String, ModelPrice>);
+
+impl Prices {
+    /// Read the JSON object of `PES_MODEL_PRICES` (empty text: no prices).
+    ///
+    /// # Errors
+    /// A message saying what does not parse or is negative.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        let map: HashMap<String, ModelPrice> = serde_json::from_str(text)
+            .map_err(|e| format!("PES_MODEL_PRICES is not a JSON object of prices: {e}"))?;
+        for (model, p) in &map {
+            let ok = |v: f64| v.is_finite() && v >= 0.0;
+            if !ok(p.input) || !ok(p.output) || !p.cached_input.is_none_or(ok) {
+                return Err(format!(
+                    "PES_MODEL_PRICES: the prices of `{model}` must be non-negative numbers"
+                ));
+            }
+        }
+        Ok(Self(map))
+    }
+
+    /// Whether any model has a price.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The price of `model` (its own, else `*`'s).
+    pub fn of(&self, model: Option<&str>) -> Option<ModelPrice> {
+        model
+            .and_then(|m| self.0.get(m))
+            .or_else(|| self.0.get("*"))
+            .copied()
+    }
+
+    /// What `usage` cost on `model`, in US dollars (0 for a model without a price).
+    pub fn cost(&self, model: Option<&str>, usage: &Usage) -> f64 {
+        let Some(p) = self.of(model) else {
+            return 0.0;
+        };
+        let cached = usage.cached_prompt_tokens.min(usage.prompt_tokens);
+        let fresh = usage.prompt_tokens - cached;
+        (fresh as f64 * p.input
+            + cached as f64 * p.cached_input.unwrap_or(p.input)
+            + usage.completion_tokens as f64 * p.output)
+            / 1_000_000.0
+    }
+
+    /// What `tokens` of prompt would cost on `model` (the estimate of a call not yet made).
+    pub fn prompt_cost(&self, model: Option<&str>, tokens: u64) -> f64 {
+        self.of(model)
+            .map_or(0.0, |p| tokens as f64 * p.input / 1_000_000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prices_parse_and_price_usage() {
+        let p = Prices::parse(r#"{"m": {"input": 2, "output": 10, "cachedInput": 1}, "*": {"input": 1, "output": 1}}"#)
+            .unwrap();
+        let u = Usage {
+            prompt_tokens: 1_000_000,
+            completion_tokens: 500_000,
+            cached_prompt_tokens: 200_000,
+            ..Usage::default()
+        };
+        assert!((p.cost(Some("m"), &u) - (1.6 + 0.2 + 5.0)).abs() < 1e-9);
+        assert!((p.cost(Some("other"), &u) - 1.5).abs() < 1e-9);
+        assert!(Prices::parse(r#"{"m": {"input": -1, "output": 0}}"#).is_err());
+        assert!(Prices::parse("[]").is_err());
+        assert!(Prices::parse("").unwrap().is_empty());
+    }
+}

@@ -1,0 +1,98 @@
+//! Steering: a person's message to a run that has not ended, committed at once (a user message in
+//! the thread's conversation and a `STEERING` observation) so the run reads it at its next safe
+//! point, here or on any replica, or when it goes on after a queue or a suspension.
+
+use uuid::Uuid;
+
+use super::apply::append_observations;
+use super::rows;
+use super::sql::q;
+use super::sql_store::SqlStore;
+use super::tables::{MESSAGES, message_cols};
+use super::threads::lock_thread;
+use super::{Signal, StoreError, StoreResult};
+use crate::model::{Message, NewObservation, Observation, Run, RunStatus, ThreadId};
+
+/// A run that was steered, and the observation that says so.
+#[derive(Debug, Clone)]
+pub struct SteeredRun {
+    pub run: Run,
+    pub observations: Vec<Observation>,
+}
+
+impl SqlStore {
+    /// The newest queued, running or suspended run of a thread: the one a `steer` strategy
+    /// steers.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub async fn newest_active_run(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> StoreResult<Option<Uuid>> {
+        self.read()
+            .await?
+            .opt(
+                q(
+                    "SELECT run_id FROM runs WHERE tenant = $1 AND thread_id = $2 \
+                   AND status IN ('queued', 'running', 'suspended') \
+                   ORDER BY created_at DESC, run_id DESC LIMIT 1",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str()),
+            )
+            .await?
+            .map(|r| r.uuid("run_id"))
+            .transpose()
+    }
+
+    /// Commit `message` (a user message of run `run_id`) and its `STEERING` observation, unless
+    /// the run ended; a running run is pushed the news (on whichever replica drives it).
+    ///
+    /// # Errors
+    /// [`StoreError::RunNotFound`]; [`StoreError::Conflict`] when the run already ended.
+    pub async fn steer_run(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        run_id: Uuid,
+        message: Message,
+        observation: NewObservation,
+    ) -> StoreResult<SteeredRun> {
+        let mut tx = self.write().await?;
+        // Lock order: thread, then run (as create_run and apply).
+        if lock_thread(&mut tx, tenant, thread_id).await?.is_none() {
+            return Err(StoreError::RunNotFound);
+        }
+        let row = tx
+            .opt(
+                q(
+                    "SELECT * FROM runs WHERE tenant = $1 AND thread_id = $2 AND run_id = $3 \
+                   {lock}",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(run_id),
+            )
+            .await?
+            .ok_or(StoreError::RunNotFound)?;
+        let run = rows::run_from_row(&row)?;
+        if run.status.is_terminal() {
+            return Err(StoreError::Conflict(format!(
+                "run already {}: a finished run takes no steering",
+                run.status
+            )));
+        }
+        MESSAGES
+            .write(&mut tx, tenant, thread_id, message_cols(&message)?)
+            .await?;
+        let observations =
+            append_observations(&mut tx, tenant, thread_id, vec![observation]).await?;
+        if run.status == RunStatus::Running {
+            tx.notify(&Signal::Steered { run: run_id }).await?;
+        }
+        tx.commit().await?;
+        Ok(SteeredRun { run, observations })
+    }
+}

@@ -16,6 +16,10 @@ CREATE TABLE memory_items (
     value           TEXT    NOT NULL,
     -- The text full-text search reads: the value's field names and its string and number leaves.
     content         TEXT    NOT NULL,
+    -- Where the item is, as full-text tokens: one number per (tenant, namespace prefix) pair
+    -- (a hash), so a search scoped to a tenant's prefix intersects the full-text index with it
+    -- instead of reading every match in the store (the exact prefix is still checked).
+    scope           TEXT    NOT NULL,
     -- The embedding of `content` (little-endian f32s) and the model that made it; NULL when
     -- embeddings are off or the provider could not be reached (then `embed_pending`).
     embedding       BLOB,
@@ -32,19 +36,22 @@ CREATE TABLE memory_items (
 -- Full-text search (FTS5, English stemming), kept in step with the items by the triggers below.
 CREATE VIRTUAL TABLE memory_fts USING fts5(
     content,
+    scope,
     content = 'memory_items',
     content_rowid = 'id',
     tokenize = 'porter unicode61'
 );
 CREATE TRIGGER memory_items_fts_insert AFTER INSERT ON memory_items BEGIN
-    INSERT INTO memory_fts (rowid, content) VALUES (new.id, new.content);
+    INSERT INTO memory_fts (rowid, content, scope) VALUES (new.id, new.content, new.scope);
 END;
 CREATE TRIGGER memory_items_fts_delete AFTER DELETE ON memory_items BEGIN
-    INSERT INTO memory_fts (memory_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO memory_fts (memory_fts, rowid, content, scope)
+        VALUES ('delete', old.id, old.content, old.scope);
 END;
-CREATE TRIGGER memory_items_fts_update AFTER UPDATE OF content ON memory_items BEGIN
-    INSERT INTO memory_fts (memory_fts, rowid, content) VALUES ('delete', old.id, old.content);
-    INSERT INTO memory_fts (rowid, content) VALUES (new.id, new.content);
+CREATE TRIGGER memory_items_fts_update AFTER UPDATE OF content, scope ON memory_items BEGIN
+    INSERT INTO memory_fts (memory_fts, rowid, content, scope)
+        VALUES ('delete', old.id, old.content, old.scope);
+    INSERT INTO memory_fts (rowid, content, scope) VALUES (new.id, new.content, new.scope);
 END;
 
 -- A search without a query (and semantic search's candidates): a tenant's newest items first.

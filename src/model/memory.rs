@@ -161,6 +161,41 @@ pub struct MemoryItem {
     pub score: Option<f64>,
 }
 
+/// Where an item is, as full-text tokens (SQLite's index holds them beside the text): one
+/// decimal number per namespace prefix of the item, the empty one included, each a hash of the
+/// tenant and the prefix. A search under a prefix asks for [`scope_token`] of it too, so the
+/// full-text engine intersects the two instead of reading every match of the store. A hash may
+/// collide: the store checks the exact prefix as well, so a collision costs time, never a wrong
+/// item.
+pub fn scope_tokens(tenant: &str, namespace: &Namespace) -> String {
+    (0..=namespace.depth())
+        .map(|n| scope_hash(tenant, &namespace.labels()[..n]).to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The token of a search under `prefix` (see [`scope_tokens`]).
+pub fn scope_token(tenant: &str, prefix: Option<&Namespace>) -> String {
+    scope_hash(tenant, prefix.map_or(&[], |p| p.labels())).to_string()
+}
+
+/// FNV-1a (64 bits) of the tenant and the labels, separated by U+001F: stable across versions
+/// and processes, as stored tokens must be.
+fn scope_hash(tenant: &str, labels: &[String]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(tenant.as_bytes());
+    for l in labels {
+        eat(&[0x1f]);
+        eat(l.as_bytes());
+    }
+    h
+}
+
 /// The text full-text search (and embedding) reads from a value: its field names and its string,
 /// number and boolean leaves, in document order, one per line.
 pub fn searchable_text(value: &Value) -> String {
@@ -288,6 +323,20 @@ mod tests {
             .unwrap()
             .stored();
         assert!(a < ab && ab < ac);
+    }
+
+    #[test]
+    fn scope_tokens_name_every_prefix_of_the_tenant() {
+        let ns = Namespace::parse(vec!["users".into(), "42".into()], 10, false).unwrap();
+        let tokens = scope_tokens("acme", &ns);
+        let all: Vec<&str> = tokens.split(' ').collect();
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[0], scope_token("acme", None));
+        let users = Namespace::parse(vec!["users".into()], 10, false).unwrap();
+        assert_eq!(all[1], scope_token("acme", Some(&users)));
+        assert_eq!(all[2], scope_token("acme", Some(&ns)));
+        assert_ne!(scope_token("other", Some(&ns)), all[2]);
+        assert!(all.iter().all(|t| t.chars().all(|c| c.is_ascii_digit())));
     }
 
     #[test]

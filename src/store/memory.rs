@@ -21,7 +21,8 @@ use super::sql::{Arg, Conn, Dialect, Row, q};
 use super::sql_store::SqlStore;
 use super::{StoreError, StoreResult};
 use crate::model::memory::{
-    MemoryItem, Namespace, STORED_SEPARATOR, embedding_bytes, embedding_from_bytes,
+    MemoryItem, Namespace, STORED_SEPARATOR, embedding_bytes, embedding_from_bytes, scope_token,
+    scope_tokens,
 };
 
 /// What [`SqlStore::put_memory`] writes.
@@ -234,29 +235,33 @@ impl SqlStore {
             None => (None, None),
         };
         let depth = i64::try_from(put.namespace.depth()).unwrap_or(i64::MAX);
-        let inserted = tx
-            .opt(
-                q(
-                    "INSERT INTO memory_items (tenant, namespace, key, depth, value, content, \
-                   embedding, embedding_model, embed_pending, created_at, updated_at, expires_at) \
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, {now}, {now}, \
-                     CASE WHEN $10 THEN {later 11} ELSE NULL END) \
-                   ON CONFLICT (tenant, namespace, key) DO NOTHING RETURNING 1 AS one",
-                )
-                .bind(put.tenant)
-                .bind(ns.clone())
-                .bind(put.key)
-                .bind(depth)
-                .bind(put.value.clone())
-                .bind(put.content)
-                .bind(Arg::Bytes(embedding.clone()))
-                .bind(&model)
-                .bind(put.embed_pending)
-                .bind(put.ttl_seconds.is_some())
-                .bind(Arg::Float(ttl)),
-            )
-            .await?
-            .is_some();
+        // SQLite's full-text index also holds where the item is (`scope_tokens`).
+        let (scope_col, scope_val) = match self.dialect() {
+            Dialect::Sqlite => (", scope", ", $12"),
+            Dialect::Postgres => ("", ""),
+        };
+        let mut insert = q(format!(
+            "INSERT INTO memory_items (tenant, namespace, key, depth, value, content, \
+             embedding, embedding_model, embed_pending, created_at, updated_at, expires_at\
+             {scope_col}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, {{now}}, {{now}}, \
+             CASE WHEN $10 THEN {{later 11}} ELSE NULL END{scope_val}) \
+             ON CONFLICT (tenant, namespace, key) DO NOTHING RETURNING 1 AS one"
+        ))
+        .bind(put.tenant)
+        .bind(ns.clone())
+        .bind(put.key)
+        .bind(depth)
+        .bind(put.value.clone())
+        .bind(put.content)
+        .bind(Arg::Bytes(embedding.clone()))
+        .bind(&model)
+        .bind(put.embed_pending)
+        .bind(put.ttl_seconds.is_some())
+        .bind(Arg::Float(ttl));
+        if self.dialect() == Dialect::Sqlite {
+            insert = insert.bind(scope_tokens(put.tenant, put.namespace));
+        }
+        let inserted = tx.opt(insert).await?.is_some();
         if inserted {
             let counted = tx
                 .opt(
@@ -371,10 +376,16 @@ impl SqlStore {
             }
             Dialect::Sqlite => {
                 let mut b = Builder::new("");
+                // The words in the text, and the scope's token in where the item is: the engine
+                // intersects the two (only the text counts in the rank).
                 let quoted: Vec<String> = terms.iter().map(|t| format!("\"{t}\"")).collect();
-                let query = b.arg(quoted.join(" OR "));
+                let scope_token = scope_token(scope.tenant, scope.prefix);
+                let query = b.arg(format!(
+                    "content : ({}) AND scope : \"{scope_token}\"",
+                    quoted.join(" OR ")
+                ));
                 b.push(&format!(
-                    "SELECT {ITEM_COLUMNS}, -bm25(memory_fts) AS score \
+                    "SELECT {ITEM_COLUMNS}, -bm25(memory_fts, 1.0, 0.0) AS score \
                      FROM memory_fts JOIN memory_items m ON m.id = memory_fts.rowid \
                      WHERE memory_fts MATCH {query}"
                 ));

@@ -33,6 +33,7 @@ mod item_times;
 mod long_threads;
 mod mcp;
 mod mcp_server;
+mod mcp_transport;
 mod metrics;
 mod openapi;
 mod otel;

@@ -35,6 +35,7 @@ mod item_times;
 mod long_threads;
 mod mcp;
 mod mcp_server;
+mod mcp_transport;
 mod memory;
 mod memory_agent;
 mod metrics;

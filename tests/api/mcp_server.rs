@@ -91,7 +91,11 @@ async fn call(
 }
 
 /// POST a raw JSON-RPC message to `/mcp`.
-async fn raw(app: &TestApp, body: &Value, headers: &[(&str, &str)]) -> (u16, String, String) {
+pub(crate) async fn raw(
+    app: &TestApp,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
     let mut req = app
         .client
         .post(app.url("/mcp"))
@@ -112,7 +116,7 @@ async fn raw(app: &TestApp, body: &Value, headers: &[(&str, &str)]) -> (u16, Str
 }
 
 /// The JSON-RPC message of a response that may be SSE (its last `data:`) or JSON.
-fn message(body: &str) -> Value {
+pub(crate) fn message(body: &str) -> Value {
     let data = body
         .lines()
         .filter_map(|l| l.strip_prefix("data:"))
@@ -626,59 +630,3 @@ async fn keys_and_tenants_are_those_of_v1(backend: Backend) {
     );
 }
 both_stores!(keys_and_tenants, keys_and_tenants_are_those_of_v1);
-
-async fn what_the_transport_refuses_is_a_problem(backend: Backend) {
-    let app = spawn_with(backend, None, |c| c.mcp_max_body_bytes = 2048).await;
-    let big = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": "y".repeat(4096)}});
-    let (st, ct, body) = raw(&app, &big, &[]).await;
-    assert_eq!(
-        (st, ct.as_str()),
-        (413, "application/problem+json"),
-        "{body}"
-    );
-    let problem: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(problem["code"], "payload_too_large");
-
-    let r = app
-        .client
-        .post(app.url("/mcp"))
-        .header("content-type", "application/json")
-        .header("accept", "application/json")
-        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 406);
-    let problem: Value = r.json().await.unwrap();
-    assert_eq!(problem["code"], "not_acceptable");
-
-    let r = app
-        .client
-        .post(app.url("/mcp"))
-        .header("content-type", "text/plain")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 415);
-    let r = app.client.get(app.url("/mcp")).send().await.unwrap();
-    assert_eq!(r.status().as_u16(), 405);
-    let problem: Value = r.json().await.unwrap();
-    assert_eq!(problem["code"], "method_not_allowed");
-
-    // JSON, but not a JSON-RPC message: a problem that says so.
-    let (st, ct, body) = raw(&app, &json!({"hello": 1}), &[]).await;
-    assert_eq!(
-        (st, ct.as_str()),
-        (400, "application/problem+json"),
-        "{body}"
-    );
-    let problem: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(problem["code"], "invalid_message", "{problem}");
-    // An unknown tool is invalid params.
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "nope", "arguments": {}}});
-    let (_, _, body) = raw(&app, &init, &[("mcp-protocol-version", "2025-06-18")]).await;
-    assert_eq!(message(&body)["error"]["code"], -32602, "{body}");
-}
-both_stores!(transport_refusals, what_the_transport_refuses_is_a_problem);

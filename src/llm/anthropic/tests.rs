@@ -76,8 +76,14 @@ async fn a_plain_reply_is_read_with_usage_headers_and_a_separate_system_prompt()
     let r = p.complete(request()).await.unwrap();
     assert_eq!(r.content.as_deref(), Some("hello"));
     assert_eq!(r.finish_reason.as_deref(), Some("stop"));
-    // Cached input counts as input.
-    assert_eq!(r.usage, usage(10, 5, 1));
+    // Cached input counts as input, and is reported apart as well (it is priced apart).
+    assert_eq!(
+        r.usage,
+        crate::model::Usage {
+            cached_prompt_tokens: 3,
+            ..usage(10, 5, 1)
+        }
+    );
     let seen = fake.seen.lock().unwrap();
     let (body, headers) = &seen[0];
     assert_eq!(headers["x-api-key"], "ak-test");

@@ -188,6 +188,10 @@ async fn signed_deliveries_retry_with_one_webhook_id(backend: Backend) {
             .collect::<Vec<_>>(),
         vec![500, 200]
     );
+    assert_eq!(
+        got[0]["bodySha256"], got[1]["bodySha256"],
+        "the same body both times"
+    );
     assert_eq!(rx.seen().len(), 2, "nothing else was sent");
 
     // Filters.

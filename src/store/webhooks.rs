@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -415,25 +414,6 @@ impl SqlStore {
             .exec(q(sql).bind(owner).bind(Value::Array(rows)))
             .await?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
-    }
-
-    /// How long until the earliest pending delivery is due (zero when one is); `None` when
-    /// none is pending. The delivery loop sleeps no longer than that.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`].
-    pub async fn next_delivery_due(&self) -> StoreResult<Option<Duration>> {
-        let row = self
-            .read()
-            .await?
-            .one(q(
-                "SELECT min(next_attempt_at) AS due, {now} AS now FROM webhook_deliveries \
-                 WHERE status = 'pending'",
-            ))
-            .await?;
-        let (due, now): (Option<DateTime<Utc>>, DateTime<Utc>) =
-            (row.opt_ts("due")?, row.ts("now")?);
-        Ok(due.map(|d| (d - now).to_std().unwrap_or(Duration::ZERO)))
     }
 
     /// A tenant's deliveries, newest first, `filter`ed, after `cursor`.

@@ -61,6 +61,9 @@ fn every_enum_schema_spells_the_values_on_the_wire() {
         ("Decision", wire(Decision::ALL)),
         ("ToolResultStatus", wire(ToolResultStatus::ALL)),
         ("ToolSource", wire(crate::tools::ToolSource::ALL)),
+        ("WebhookEvent", wire(WebhookEvent::ALL)),
+        ("DeliveryStatus", wire(DeliveryStatus::ALL)),
+        ("OnMissed", wire(OnMissed::ALL)),
         (
             "IfNotExists",
             wire(&[IfNotExists::Create, IfNotExists::Reject]),
@@ -116,8 +119,9 @@ fn parameters_are_where_the_server_reads_them_and_optional_unless_in_the_path() 
     // limit+cursor ×5 (threads, runs, messages, assistants, assistant versions),
     // observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart and assistant
     // version 1 each, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and
-    // resume.
-    assert_eq!(queries, 28);
+    // resume, webhook deliveries 4 (runId, status, limit, cursor), crons 3 (threadId, limit,
+    // cursor).
+    assert_eq!(queries, 35);
     let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
     assert_eq!(limit["name"], "limit");
     assert_eq!(limit["in"], "query");
@@ -215,9 +219,9 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 9,
+        bodies, 11,
         "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT, assistants POST/PUT, \
-         assistant current"
+         assistant current, crons POST/PATCH"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
     assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");

@@ -201,9 +201,14 @@ impl UseCases {
         } else {
             None
         };
+        // What a client did not change is not checked again (a cron whose tool was since
+        // removed can still be disabled); its ticks say why they make no run.
+        let rewritten = patch.query.is_some() || patch.config.is_some();
         let query = patch.query.unwrap_or(cur.query.clone());
         let config = patch.config.unwrap_or(cur.config.clone());
-        self.check_tick_run(tenant, &query, &config).await?;
+        if rewritten {
+            self.check_tick_run(tenant, &query, &config).await?;
+        }
         let enabled = patch.enabled.unwrap_or(cur.enabled);
         let next_run_at = if retimed || (enabled && !cur.enabled) {
             let s = match schedule {

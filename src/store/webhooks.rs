@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -308,8 +307,8 @@ impl SqlStore {
             .collect()
     }
 
-    /// Record an attempt's outcome (and the body it sent, kept for later attempts), fenced by
-    /// the claim: false when the lease was lost (another replica took the delivery over).
+    /// Record an attempt's outcome, fenced by the claim: false when the lease was lost (another
+    /// replica took the delivery over). See [`SqlStore::finish_deliveries`].
     ///
     /// # Errors
     /// [`StoreError::Database`].
@@ -320,69 +319,101 @@ impl SqlStore {
         body: &str,
         outcome: &DeliveryOutcome,
     ) -> StoreResult<bool> {
-        let (status, after, error, code) = match outcome {
-            DeliveryOutcome::Delivered { status_code } => {
-                (DeliveryStatus::Delivered, 0.0, None, Some(*status_code))
-            }
-            DeliveryOutcome::Retry {
-                after,
-                error,
-                status_code,
-            } => (
-                DeliveryStatus::Pending,
-                after.as_secs_f64(),
-                Some(error.clone()),
-                *status_code,
-            ),
-            DeliveryOutcome::Failed { error, status_code } => (
-                DeliveryStatus::Failed,
-                0.0,
-                Some(error.clone()),
-                *status_code,
-            ),
-        };
-        let mut conn = self.write_one().await?;
-        let n = conn
-            .exec(
-                q("UPDATE webhook_deliveries SET status = $4, \
-                     next_attempt_at = CASE WHEN $4 = 'pending' THEN {later 5} \
-                       ELSE next_attempt_at END, \
-                     lease_owner = NULL, last_error = COALESCE($6, last_error), \
-                     last_status_code = $7, \
-                     delivered_at = CASE WHEN $4 = 'delivered' THEN {now} END, \
-                     body = COALESCE(body, $8) \
-                   WHERE delivery_id = $1 AND lease_owner = $2 AND attempts = $3 \
-                     AND status = 'pending'")
-                .bind(claimed.delivery.delivery_id)
-                .bind(owner)
-                .bind(claimed.delivery.attempts)
-                .bind(status.as_str())
-                .bind(Arg::Float(after))
-                .bind(Arg::Text(error))
-                .bind(Arg::Int(code))
-                .bind(body),
-            )
-            .await?;
-        Ok(n == 1)
+        let one = [(claimed, body, outcome)];
+        Ok(self.finish_deliveries(owner, &one).await? == 1)
     }
 
-    /// How long until the earliest pending delivery is due (zero when one is); `None` when
-    /// none is pending. The delivery loop sleeps no longer than that.
+    /// Record the outcomes of one round's attempts in one statement, each fenced by its claim
+    /// (`owner` and the attempt count); how many were recorded (the others' leases were lost).
+    /// The body is kept for a delivery that will be sent again (pending or failed), so every
+    /// attempt sends the same bytes; a delivered one does not need it.
     ///
     /// # Errors
     /// [`StoreError::Database`].
-    pub async fn next_delivery_due(&self) -> StoreResult<Option<Duration>> {
-        let row = self
-            .read()
-            .await?
-            .one(q(
-                "SELECT min(next_attempt_at) AS due, {now} AS now FROM webhook_deliveries \
-                 WHERE status = 'pending'",
-            ))
+    pub async fn finish_deliveries(
+        &self,
+        owner: &str,
+        done: &[(&ClaimedDelivery, &str, &DeliveryOutcome)],
+    ) -> StoreResult<usize> {
+        if done.is_empty() {
+            return Ok(0);
+        }
+        let rows: Vec<Value> = done
+            .iter()
+            .map(|(c, body, outcome)| {
+                let (status, after, error, code) = match outcome {
+                    DeliveryOutcome::Delivered { status_code } => {
+                        (DeliveryStatus::Delivered, 0.0, None, Some(*status_code))
+                    }
+                    DeliveryOutcome::Retry {
+                        after,
+                        error,
+                        status_code,
+                    } => (
+                        DeliveryStatus::Pending,
+                        after.as_secs_f64(),
+                        Some(error.clone()),
+                        *status_code,
+                    ),
+                    DeliveryOutcome::Failed { error, status_code } => (
+                        DeliveryStatus::Failed,
+                        0.0,
+                        Some(error.clone()),
+                        *status_code,
+                    ),
+                };
+                let keep = (status != DeliveryStatus::Delivered).then_some(*body);
+                serde_json::json!({
+                    "id": c.delivery.delivery_id.hyphenated().to_string(),
+                    "attempts": c.delivery.attempts,
+                    "status": status.as_str(),
+                    "after": after,
+                    "error": error,
+                    "code": code,
+                    "body": keep,
+                })
+            })
+            .collect();
+        let source = match self.dialect() {
+            Dialect::Postgres => {
+                "jsonb_to_recordset($2::jsonb) AS x(id uuid, attempts bigint, \
+                 status text, after float8, error text, code bigint, body text)"
+            }
+            Dialect::Sqlite => {
+                "(SELECT json_extract(value, '$.id') AS id, \
+                 json_extract(value, '$.attempts') AS attempts, \
+                 json_extract(value, '$.status') AS status, \
+                 json_extract(value, '$.after') AS after, \
+                 json_extract(value, '$.error') AS error, \
+                 json_extract(value, '$.code') AS code, \
+                 json_extract(value, '$.body') AS body FROM json_each($2)) AS x"
+            }
+        };
+        let later = match self.dialect() {
+            Dialect::Postgres => "now() + make_interval(secs => x.after)",
+            Dialect::Sqlite => {
+                "(strftime('%Y-%m-%dT%H:%M:%f', 'now', x.after || ' seconds') || '000Z')"
+            }
+        };
+        let sql = format!(
+            "UPDATE webhook_deliveries SET status = x.status, \
+               next_attempt_at = CASE WHEN x.status = 'pending' THEN {later} \
+                 ELSE webhook_deliveries.next_attempt_at END, \
+               lease_owner = NULL, \
+               last_error = COALESCE(x.error, webhook_deliveries.last_error), \
+               last_status_code = x.code, \
+               delivered_at = CASE WHEN x.status = 'delivered' THEN {{now}} END, \
+               body = COALESCE(webhook_deliveries.body, x.body) \
+             FROM {source} \
+             WHERE webhook_deliveries.delivery_id = x.id AND webhook_deliveries.lease_owner = $1 \
+               AND webhook_deliveries.attempts = x.attempts \
+               AND webhook_deliveries.status = 'pending'"
+        );
+        let mut conn = self.write_one().await?;
+        let n = conn
+            .exec(q(sql).bind(owner).bind(Value::Array(rows)))
             .await?;
-        let (due, now): (Option<DateTime<Utc>>, DateTime<Utc>) =
-            (row.opt_ts("due")?, row.ts("now")?);
-        Ok(due.map(|d| (d - now).to_std().unwrap_or(Duration::ZERO)))
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     /// A tenant's deliveries, newest first, `filter`ed, after `cursor`.

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use base64::alphabet;
 use base64::engine::general_purpose::STANDARD;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tokio_util::sync::CancellationToken;
@@ -56,11 +58,15 @@ impl Secret {
              then base64 of random bytes)"
                 .to_owned()
         })?;
-        let bytes = STANDARD
-            .decode(b64.trim_end_matches('='))
-            .or_else(|_| {
-                base64::engine::general_purpose::STANDARD_NO_PAD.decode(b64.trim_end_matches('='))
-            })
+        // As lenient as the reference libraries: padding optional, trailing bits ignored.
+        let lenient = GeneralPurpose::new(
+            &alphabet::STANDARD,
+            GeneralPurposeConfig::new()
+                .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+                .with_decode_allow_trailing_bits(true),
+        );
+        let bytes = lenient
+            .decode(b64)
             .map_err(|e| format!("PES_WEBHOOK_SECRET is not `whsec_` + base64: {e}"))?;
         if !(16..=128).contains(&bytes.len()) {
             return Err(format!(

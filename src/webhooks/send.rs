@@ -20,6 +20,10 @@ use crate::tools::http::guard::{GuardError, GuardedResolver};
 /// takes the delivery over (its sender is taken for dead).
 const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
+/// How long the loop waits after a wake-up before it claims, so that deliveries written by
+/// commits close together are claimed and recorded together.
+const GATHER: Duration = Duration::from_millis(10);
+
 /// Sends this process's share of the outbox.
 pub struct Deliverer {
     store: Arc<SqlStore>,
@@ -72,18 +76,22 @@ impl Deliverer {
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = self.store.webhook_written_wait() => {}
+                _ = self.store.webhook_written_wait() => {
+                    // Runs that end together are sent together: one claim and one record for
+                    // all of them, for a few milliseconds of delay.
+                    tokio::time::sleep(GATHER).await;
+                }
                 _ = tokio::time::sleep(self.settings.poll) => {}
             }
         }
     }
 
     /// One round: claim up to `PES_WEBHOOK_CONCURRENCY` due deliveries, send them at once, record
-    /// each outcome. How many were claimed.
+    /// their outcomes together. How many were claimed.
     ///
     /// # Errors
-    /// The claim failed (an outcome that cannot be recorded is logged; its lease runs out and
-    /// the delivery is sent again).
+    /// The claim failed (outcomes that cannot be recorded are logged; their leases run out and
+    /// the deliveries are sent again).
     pub async fn deliver_due(&self) -> StoreResult<usize> {
         let lease = self.settings.timeout + LEASE_MARGIN;
         let claimed = self
@@ -91,24 +99,47 @@ impl Deliverer {
             .claim_deliveries(&self.owner, lease, self.settings.concurrency)
             .await?;
         let n = claimed.len();
-        futures::future::join_all(claimed.into_iter().map(|c| self.deliver(c))).await;
+        if n == 0 {
+            return Ok(0);
+        }
+        let done: Vec<(String, DeliveryOutcome)> =
+            futures::future::join_all(claimed.iter().map(|c| self.deliver(c)))
+                .await
+                .into_iter()
+                .collect();
+        let rows: Vec<(&ClaimedDelivery, &str, &DeliveryOutcome)> = claimed
+            .iter()
+            .zip(&done)
+            .filter(|(_, (body, _))| !body.is_empty())
+            .map(|(c, (body, outcome))| (c, body.as_str(), outcome))
+            .collect();
+        match self.store.finish_deliveries(&self.owner, &rows).await {
+            Ok(k) if k < rows.len() => debug!(
+                lost = rows.len() - k,
+                "webhook leases lost: another replica has those deliveries"
+            ),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "recording webhook attempts failed"),
+        }
         Ok(n)
     }
 
-    async fn deliver(&self, claimed: ClaimedDelivery) {
+    /// One attempt of a claimed delivery: the body it sent (empty when none could be built: the
+    /// lease runs out and it is tried again) and its outcome.
+    async fn deliver(&self, claimed: &ClaimedDelivery) -> (String, DeliveryOutcome) {
         let id = claimed.delivery.delivery_id;
         let body = match &claimed.body {
             Some(b) => b.clone(),
-            None => match self.body(&claimed).await {
+            None => match self.body(claimed).await {
                 Ok(b) => b,
                 Err(e) => {
-                    // The lease runs out and the delivery is tried again.
                     warn!(delivery_id = %id, error = %e, "building a webhook's body failed");
-                    return;
+                    let outcome = failed(e.to_string(), None);
+                    return (String::new(), outcome);
                 }
             },
         };
-        let outcome = self.attempt(&claimed, &body).await;
+        let outcome = self.attempt(claimed, &body).await;
         match &outcome {
             DeliveryOutcome::Delivered { status_code } => {
                 debug!(delivery_id = %id, status_code, "webhook delivered");
@@ -120,15 +151,7 @@ impl Deliverer {
                 warn!(delivery_id = %id, attempts = claimed.delivery.attempts, %error, "webhook delivery failed");
             }
         }
-        match self
-            .store
-            .finish_delivery(&claimed, &self.owner, &body, &outcome)
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => debug!(delivery_id = %id, "webhook lease lost: another replica has it"),
-            Err(e) => warn!(delivery_id = %id, error = %e, "recording a webhook attempt failed"),
-        }
+        (body, outcome)
     }
 
     /// The body every attempt sends: `{type, timestamp, data}`, `data` the run as its event

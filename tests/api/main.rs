@@ -56,4 +56,5 @@ mod tenancy;
 mod tokens;
 mod tool_safety;
 mod tools;
+mod webhook_durability;
 mod webhooks;

@@ -5,15 +5,17 @@ answers as told.
     python tests/webhooks/receiver.py --secret whsec_... [--port N] [--answers 500,200]
 
 It prints `READY http://127.0.0.1:PORT`, then one JSON line per request it received:
-`{"id", "timestamp", "verified", "error", "type", "runId", "status", "answered"}` (`verified`: the
-library accepted the signature, `type`/`runId`/`status`: the body's event and its run's id and
-status, `answered`: the HTTP status it answered with). `--answers` is the sequence of statuses
+`{"id", "timestamp", "verified", "error", "bodySha256", "type", "runId", "status", "answered"}`
+(`verified`: the library accepted the signature, `bodySha256`: the body's hash, `type`/`runId`/
+`status`: the body's event and its run's id and status, `answered`: the HTTP status it answered
+with). `--answers` is the sequence of statuses
 answered to the attempts of one `webhook-id` (the last one repeats): `500,200` fails the first
 attempt of every delivery and accepts the second; `410` answers Gone. A request whose signature
 does not verify is answered 400 whatever the sequence says.
 """
 
 import argparse
+import hashlib
 import json
 import sys
 import threading
@@ -42,6 +44,7 @@ def main() -> None:
                 "timestamp": headers.get("webhook-timestamp"),
                 "verified": False,
                 "error": None,
+                "bodySha256": hashlib.sha256(body).hexdigest(),
             }
             try:
                 payload = webhook.verify(body, headers)

@@ -37,9 +37,9 @@
 //!   the service's built-in offline model (and checks every answer holds its own result);
 //!   `--server-url` measures a server already running instead of spawning one.
 //!
-//! - `--webhooks` (runs mode): the load again on the same service with a webhook on every run,
-//!   sent to a receiver the bench serves; both figures and the change are printed (W3 with
-//!   webhooks must stay within 5 % of W3 without).
+//! - `--webhooks` (runs mode): the load without and with a webhook on every run (sent to a
+//!   receiver the bench serves), in alternating rounds on one service; both sides' figures and
+//!   the change are printed (W3 with webhooks must stay within 5 % of W3 without).
 //! - `--mode store`: the memory store's full-text search latency over `--items` items (default
 //!   100,000), filled through `PUT /v1/store/items`: p50/p99 of searches in one user's namespace,
 //!   across the whole store, and of a listing without a query (see `memory_store`).
@@ -133,10 +133,11 @@ pub(crate) struct Args {
     /// service's built-in offline model.
     #[arg(long, value_enum, default_value = "fake")]
     pub(crate) llm: LlmKind,
-    /// Runs mode: measure the load twice on the same service, first as usual, then with a
-    /// webhook on every run (`webhook: {url}`, to a receiver the bench serves on loopback; the
-    /// service signs and sends them), and print both figures and the change. The bench waits
-    /// until every run's webhook has arrived, and says how many did, and how late the last was.
+    /// Runs mode: measure the load on one service without and with a webhook on every run
+    /// (`webhook: {url}`, to a receiver the bench serves on loopback; the service signs and
+    /// sends them), in eight rounds of `--runs`/8 alternating off, on, on, off, and print both
+    /// sides' figures and the change. The bench waits
+    /// until every run's webhook has arrived, and says how many did.
     #[arg(long)]
     pub(crate) webhooks: bool,
     /// Long-thread mode: measure the server already listening at this base URL (e.g.
@@ -356,40 +357,12 @@ async fn measure(
         r.print(args, db, machine);
         report["inflight"] = r.to_json(args);
     }
-    if args.wants_runs() {
-        let r = runs::runs_mode(args, db, server, fake, machine, None).await?;
+    if args.wants_runs() && args.webhooks {
+        webhooks_compared(args, db, server, fake, machine, &mut report).await?;
+    } else if args.wants_runs() {
+        let r = runs::runs_mode(args, db, server, fake, machine).await?;
         r.print(args, db, machine);
         report["runs"] = r.to_json(args);
-        if args.webhooks {
-            let hooks = receiver::Receiver::start().await?;
-            println!(
-                "\nthe same load with a webhook on every run ({})",
-                hooks.url
-            );
-            let on = runs::runs_mode(args, db, server, fake, machine, Some(&hooks.url)).await?;
-            let ended = std::time::Instant::now();
-            let last = hooks.wait_for(args.runs, args.phase_deadline()).await;
-            on.print(args, db, machine);
-            let (requests, ids) = hooks.counts();
-            let lag = last.map(|l| l.saturating_duration_since(ended));
-            println!(
-                "webhooks          {ids} of {} runs delivered ({requests} requests); the last {}                  after the last run ended",
-                args.runs,
-                lag.map_or("never came".to_owned(), |d| format!(
-                    "{:.0} ms",
-                    d.as_secs_f64() * 1000.0
-                ))
-            );
-            println!(
-                "webhooks cost     runs/s {:+.1} %, p50 latency {:+.1} %, service CPU/item {:+.1} %",
-                runs::change(r.runs_per_sec(), on.runs_per_sec()),
-                runs::change(r.p50_ms(), on.p50_ms()),
-                runs::change(r.cpu_ms_per_item(), on.cpu_ms_per_item())
-            );
-            report["runsWithWebhooks"] = on.to_json(args);
-            report["webhooks"] = json!({"delivered": ids, "requests": requests,
-                "lastAfterMs": lag.map(|d| d.as_secs_f64() * 1000.0)});
-        }
     }
     if args.wants_sse() {
         let s = sse::sse_mode(args, server, machine).await?;
@@ -399,6 +372,69 @@ async fn measure(
     if args.json {
         println!("{report}");
     }
+    Ok(())
+}
+
+/// `--webhooks`: the runs load in rounds without and with a webhook on every run, in the order
+/// off, on, on, off (twice), so that a machine growing busier or quieter while the bench runs
+/// weighs on both alike; each side's rounds are added up and compared.
+async fn webhooks_compared(
+    args: &Args,
+    db: &Database,
+    server: &Server,
+    fake: &FakeLlm,
+    machine: &Machine,
+    report: &mut serde_json::Value,
+) -> Result<()> {
+    const ORDER: [bool; 8] = [false, true, true, false, false, true, true, false];
+    let hooks = receiver::Receiver::start().await?;
+    let n = (args.runs / ORDER.len()).max(1);
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for with in ORDER {
+        let round = runs::Round {
+            n,
+            webhook: with.then_some(hooks.url.as_str()),
+            xact: false,
+        };
+        let r = runs::runs_round(args, db, server, fake, machine, &round).await?;
+        if with { on.push(r) } else { off.push(r) }
+    }
+    let (off, on) = (
+        runs::RunsReport::combine(off),
+        runs::RunsReport::combine(on),
+    );
+    // Every run's webhook, once: wait for the last ones still in flight.
+    let sent = n * ORDER.iter().filter(|w| **w).count();
+    let all = hooks.wait_for(sent, args.phase_deadline()).await;
+    println!("without webhooks");
+    off.print(args, db, machine);
+    println!("\nwith a webhook on every run ({})", hooks.url);
+    on.print(args, db, machine);
+    let (requests, ids) = hooks.counts();
+    println!(
+        "webhooks          {ids} of {sent} runs' webhooks delivered, {requests} requests{}",
+        if all { "" } else { " (the others never came)" }
+    );
+    let postgres = if db.kind() == StoreKind::Postgres {
+        format!(
+            ", postgres CPU/run {:+.1} % ({:.2} → {:.2} ms; every Postgres process of the \
+             machine counts)",
+            runs::change(off.postgres_ms_per_run(), on.postgres_ms_per_run()),
+            off.postgres_ms_per_run(),
+            on.postgres_ms_per_run()
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "webhooks cost     runs/s {:+.1} %, p50 latency {:+.1} %, service CPU/item {:+.1} %{postgres}",
+        runs::change(off.runs_per_sec(), on.runs_per_sec()),
+        runs::change(off.p50_ms(), on.p50_ms()),
+        runs::change(off.cpu_ms_per_item(), on.cpu_ms_per_item()),
+    );
+    report["runs"] = off.to_json(args);
+    report["runsWithWebhooks"] = on.to_json(args);
+    report["webhooks"] = json!({"sent": sent, "delivered": ids, "requests": requests});
     Ok(())
 }
 

@@ -15,7 +15,6 @@ use tokio::net::{TcpListener, TcpStream};
 struct Seen {
     requests: usize,
     ids: HashSet<String>,
-    last: Option<Instant>,
 }
 
 /// The receiver: its URL, and what it saw.
@@ -50,18 +49,15 @@ impl Receiver {
         (s.requests, s.ids.len())
     }
 
-    /// Wait until `n` distinct deliveries arrived (or `deadline` passed); when the last one came.
-    pub(crate) async fn wait_for(&self, n: usize, deadline: Duration) -> Option<Instant> {
+    /// Wait until `n` distinct deliveries arrived (false: `deadline` passed first).
+    pub(crate) async fn wait_for(&self, n: usize, deadline: Duration) -> bool {
         let until = Instant::now() + deadline;
         loop {
-            {
-                let s = self.seen.lock().expect("receiver state");
-                if s.ids.len() >= n {
-                    return s.last;
-                }
+            if self.counts().1 >= n {
+                return true;
             }
             if Instant::now() > until {
-                return None;
+                return false;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -109,7 +105,6 @@ async fn serve(stream: TcpStream, seen: Arc<Mutex<Seen>>) {
             if let Some(id) = id {
                 s.ids.insert(id);
             }
-            s.last = Some(Instant::now());
         }
         if write
             .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")

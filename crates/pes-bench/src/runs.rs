@@ -24,6 +24,8 @@ pub(crate) struct RunsReport {
     cpu: CpuUsage,
     peak_rss_kib: u64,
     llm_calls_per_run: f64,
+    /// How many rounds were added up (1: one load).
+    n_rounds: usize,
 }
 
 pub(crate) async fn runs_mode(
@@ -32,17 +34,53 @@ pub(crate) async fn runs_mode(
     server: &Server,
     fake: &FakeLlm,
     machine: &Machine,
-    webhook: Option<&str>,
+) -> Result<RunsReport> {
+    runs_round(args, db, server, fake, machine, &Round::plain(args.runs)).await
+}
+
+/// One load of `n` runs: with a webhook on each when `webhook` is given; `xact` reads Postgres's
+/// transaction counter (which needs the statistics to settle, seconds each side).
+pub(crate) struct Round<'a> {
+    pub(crate) n: usize,
+    pub(crate) webhook: Option<&'a str>,
+    pub(crate) xact: bool,
+}
+
+impl Round<'_> {
+    fn plain(n: usize) -> Self {
+        Round {
+            n,
+            webhook: None,
+            xact: true,
+        }
+    }
+}
+
+pub(crate) async fn runs_round(
+    args: &Args,
+    db: &Database,
+    server: &Server,
+    fake: &FakeLlm,
+    machine: &Machine,
+    round: &Round<'_>,
 ) -> Result<RunsReport> {
     let limit = args.phase_deadline();
     let threads = phase(
         "creating threads",
         limit,
-        server.create_threads(args.runs, args.concurrency.max(16)),
+        server.create_threads(round.n, args.concurrency.max(16)),
     )
     .await?;
-    let idle_xact_per_sec = idle_xact_rate(db).await?;
-    let xact_before = db.xact_commit().await?;
+    let idle_xact_per_sec = if round.xact {
+        idle_xact_rate(db).await?
+    } else {
+        None
+    };
+    let xact_before = if round.xact {
+        db.xact_commit().await?
+    } else {
+        None
+    };
     let commits_before = server.metric("pes_commits_total").await?;
     let calls_before = fake.calls();
     let cpu_before = CpuSample::take(server.pid)?;
@@ -55,7 +93,7 @@ pub(crate) async fn runs_mode(
             &threads,
             args.concurrency,
             limit,
-            webhook,
+            round.webhook,
             args.budget,
         ),
     )
@@ -64,8 +102,12 @@ pub(crate) async fn runs_mode(
     let cpu = CpuSample::take(server.pid)?.usage_since(&cpu_before, machine);
     let commits = server.metric("pes_commits_total").await? - commits_before;
     let llm_calls = fake.calls() - calls_before;
-    let xact_after = settled_xact(db).await?;
-    let n = args.runs;
+    let xact_after = if round.xact {
+        settled_xact(db).await?
+    } else {
+        None
+    };
+    let n = round.n;
     let (latencies, failures) = split_results(results);
     Ok(RunsReport {
         n,
@@ -80,6 +122,7 @@ pub(crate) async fn runs_mode(
         cpu,
         peak_rss_kib: server.peak_rss_kib()?,
         llm_calls_per_run: llm_calls as f64 / n as f64,
+        n_rounds: 1,
     })
 }
 
@@ -183,6 +226,53 @@ pub(crate) fn change(before: f64, after: f64) -> f64 {
 }
 
 impl RunsReport {
+    /// Several rounds as one: their runs, time, latencies and CPU added up.
+    pub(crate) fn combine(rounds: Vec<RunsReport>) -> RunsReport {
+        let n: usize = rounds.iter().map(|r| r.n).sum();
+        let wall: Duration = rounds.iter().map(|r| r.wall).sum();
+        let secs = wall.as_secs_f64().max(1e-9);
+        let weighted = |f: &dyn Fn(&RunsReport) -> f64| {
+            rounds
+                .iter()
+                .map(|r| f(r) * r.wall.as_secs_f64())
+                .sum::<f64>()
+                / secs
+        };
+        let per_run = |f: &dyn Fn(&RunsReport) -> f64| {
+            rounds.iter().map(|r| f(r) * r.n as f64).sum::<f64>() / n.max(1) as f64
+        };
+        let cpu = CpuUsage {
+            service_secs: rounds.iter().map(|r| r.cpu.service_secs).sum(),
+            service_cores: weighted(&|r| r.cpu.service_cores),
+            bench_cores: weighted(&|r| r.cpu.bench_cores),
+            postgres_cores: weighted(&|r| r.cpu.postgres_cores),
+            machine_busy: weighted(&|r| r.cpu.machine_busy),
+        };
+        let mut latencies: Vec<Duration> = rounds
+            .iter()
+            .flat_map(|r| r.latencies.iter().copied())
+            .collect();
+        latencies.sort_unstable();
+        RunsReport {
+            n,
+            failures: rounds.iter().flat_map(|r| r.failures.clone()).collect(),
+            wall,
+            latencies,
+            xact_per_run: None,
+            idle_xact_per_sec: None,
+            commits_per_run: per_run(&|r| r.commits_per_run),
+            cpu,
+            peak_rss_kib: rounds.iter().map(|r| r.peak_rss_kib).max().unwrap_or(0),
+            llm_calls_per_run: per_run(&|r| r.llm_calls_per_run),
+            n_rounds: rounds.len(),
+        }
+    }
+
+    /// Postgres's CPU per run, in milliseconds.
+    pub(crate) fn postgres_ms_per_run(&self) -> f64 {
+        self.cpu.postgres_cores * self.wall.as_secs_f64() * 1000.0 / self.n.max(1) as f64
+    }
+
     pub(crate) fn runs_per_sec(&self) -> f64 {
         self.n as f64 / self.wall.as_secs_f64()
     }
@@ -196,7 +286,14 @@ impl RunsReport {
     }
 
     pub(crate) fn print(&self, args: &Args, db: &Database, m: &Machine) {
-        let what = format!("runs={}  concurrency={}", self.n, args.concurrency);
+        let what = if self.n_rounds > 1 {
+            format!(
+                "runs={} (in {} rounds)  concurrency={}",
+                self.n, self.n_rounds, args.concurrency
+            )
+        } else {
+            format!("runs={}  concurrency={}", self.n, args.concurrency)
+        };
         println!("{}", m.header(db, &what));
         println!("runs/s            {:.1}", self.runs_per_sec());
         println!("items/s           {:.1}", 3.0 * self.runs_per_sec());

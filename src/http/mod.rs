@@ -14,6 +14,7 @@ pub mod doc;
 pub mod error;
 pub mod flowcharts;
 pub mod health;
+pub mod history;
 pub mod mcp_server;
 pub mod memory;
 pub mod quota;
@@ -192,6 +193,8 @@ pub enum CursorKey {
     ThreadId,
     /// A UUID (lists of runs and messages).
     Uuid,
+    /// An observation seq (a thread's history).
+    Seq,
 }
 
 /// # Errors
@@ -219,6 +222,7 @@ pub fn decode_cursor(cursor: &str, key: CursorKey) -> Result<PageCursor, ApiErro
     let id_ok = match key {
         CursorKey::ThreadId => ThreadId::parse(id).is_ok(),
         CursorKey::Uuid => uuid::Uuid::parse_str(id).is_ok(),
+        CursorKey::Seq => id.parse::<i64>().is_ok_and(|s| s >= 0),
     };
     if !id_ok {
         return Err(bad());

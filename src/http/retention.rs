@@ -56,7 +56,7 @@ impl From<Footprint> for StorageFootprint {
 /// What a thread stores, by kind: the figures a retention policy is set by.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-#[schema(example = json!({"threadId": "t-1", "observations": {"rows": 42, "bytes": 18034}, "messages": {"rows": 2, "bytes": 311}, "items": {"rows": 2, "bytes": 2950}, "runs": {"rows": 1, "bytes": 822}, "total": {"rows": 47, "bytes": 22117}}))]
+#[schema(example = json!({"threadId": "t-1", "observations": {"rows": 42, "bytes": 18034}, "messages": {"rows": 2, "bytes": 311}, "items": {"rows": 2, "bytes": 2950}, "runs": {"rows": 1, "bytes": 822}, "history": {"rows": 9, "bytes": 5210}, "total": {"rows": 56, "bytes": 27327}}))]
 pub struct ThreadStorage {
     #[schema(value_type = String)]
     pub thread_id: ThreadId,
@@ -68,7 +68,10 @@ pub struct ThreadStorage {
     pub items: StorageFootprint,
     /// The runs (query, config, usage, error, final response).
     pub runs: StorageFootprint,
-    /// The four kinds together.
+    /// What past states are read from (`state?atSeq=`): a row per commit and a version of
+    /// each state row each commit wrote.
+    pub history: StorageFootprint,
+    /// The five kinds together.
     pub total: StorageFootprint,
 }
 
@@ -113,8 +116,8 @@ pub struct PruneResult {
 
 /// What a thread stores.
 ///
-/// Rows and bytes of its observations, messages, todo items and runs, read in one consistent
-/// view.
+/// Rows and bytes of its observations, messages, todo items, runs and history, read in one
+/// consistent view.
 #[utoipa::path(get, path = "/v1/threads/{threadId}/storage", tag = "threads",
     params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
     responses(
@@ -128,19 +131,19 @@ pub async fn thread_storage(
 ) -> Result<AppJson<ThreadStorage>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
     let s = state.cases.thread_storage(&tenant, &id).await?;
-    let total =
-        [s.observations, s.messages, s.items, s.runs]
-            .iter()
-            .fold(Footprint::default(), |a, f| Footprint {
-                rows: a.rows + f.rows,
-                bytes: a.bytes + f.bytes,
-            });
+    let total = [s.observations, s.messages, s.items, s.runs, s.history]
+        .iter()
+        .fold(Footprint::default(), |a, f| Footprint {
+            rows: a.rows + f.rows,
+            bytes: a.bytes + f.bytes,
+        });
     Ok(AppJson(ThreadStorage {
         thread_id: id,
         observations: s.observations.into(),
         messages: s.messages.into(),
         items: s.items.into(),
         runs: s.runs.into(),
+        history: s.history.into(),
         total: total.into(),
     }))
 }

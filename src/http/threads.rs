@@ -24,6 +24,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_thread, list_threads))
         .routes(routes!(get_thread, patch_thread, delete_thread))
         .routes(routes!(get_state))
+        .routes(routes!(super::history::list_history))
+        .routes(routes!(super::history::fork_thread))
         .routes(routes!(list_messages))
 }
 
@@ -161,9 +163,13 @@ pub struct AgentStateView {
     pub pending_a2a_tasks: Vec<Value>,
     /// Bumped on every change of the thread-level fields.
     pub version: i64,
+    /// With `?atSeq=`: the seq the state was read at, the last observation of the commit that
+    /// holds the one asked for (a commit's observations share one state). Absent for now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_seq: Option<i64>,
 }
 
-fn check_metadata(metadata: &Option<Value>) -> Result<(), ApiError> {
+pub(super) fn check_metadata(metadata: &Option<Value>) -> Result<(), ApiError> {
     match metadata {
         Some(Value::Object(_)) | None => Ok(()),
         Some(_) => Err(ApiError::Validation(
@@ -321,6 +327,7 @@ async fn pending_remote_tasks(
     state: &AppState,
     tenant: &str,
     id: &ThreadId,
+    upto: Option<i64>,
 ) -> Result<Vec<Value>, ApiError> {
     use crate::model::ObservationType as T;
     let read = |types: Vec<T>| {
@@ -337,6 +344,11 @@ async fn pending_remote_tasks(
                 .list_observations(tenant, id, &query)
                 .await
                 .map(Option::unwrap_or_default)
+                .map(|mut found| {
+                    // A past state waits on what was sent and unanswered by then.
+                    found.retain(|o| upto.is_none_or(|at| o.seq <= at));
+                    found
+                })
         }
     };
     // Most threads never delegate: their tool results are not read at all.
@@ -371,24 +383,46 @@ async fn pending_remote_tasks(
         .collect())
 }
 
-/// The agent state of a thread (`PESAgentStateData`).
+/// Query of `GET /v1/threads/{threadId}/state`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct StateParams {
+    /// Read the state as it was right after observation `atSeq` was committed (0: before the
+    /// first); past the thread's last observation is 422 `seq_out_of_range`. Absent: now.
+    #[param(minimum = 0, nullable = false)]
+    pub at_seq: Option<i64>,
+}
+
+/// The agent state of a thread (`PESAgentStateData`), now or at a past observation.
 #[utoipa::path(get, path = "/v1/threads/{threadId}/state", tag = "threads",
-    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), StateParams),
     responses(
         (status = 200, description = "The agent state", body = AgentStateView),
-        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`atSeq` is negative or past the last observation (`seq_out_of_range`)", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn get_state(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     AppPath(thread_id): AppPath<String>,
+    AppQuery(params): AppQuery<StateParams>,
 ) -> Result<AppJson<AgentStateView>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
-    let snap = state
-        .store
-        .agent_snapshot(&tenant, &id)
-        .await?
-        .ok_or_else(ApiError::thread_not_found)?;
+    let (snap, at_seq) = match params.at_seq {
+        None => (
+            state
+                .store
+                .agent_snapshot(&tenant, &id)
+                .await?
+                .ok_or_else(ApiError::thread_not_found)?,
+            None,
+        ),
+        Some(at) => {
+            let past = super::history::state_at(&state, &tenant, &id, at).await?;
+            (past.snapshot, Some(past.seq))
+        }
+    };
     let step_outputs = snap
         .items
         .iter()
@@ -406,7 +440,7 @@ pub async fn get_state(
         .iter()
         .any(|i| matches!(i.status, ItemStatus::InProgress | ItemStatus::Waiting));
     let pending_a2a_tasks = if busy {
-        pending_remote_tasks(&state, &tenant, &id).await?
+        pending_remote_tasks(&state, &tenant, &id, at_seq).await?
     } else {
         vec![]
     };
@@ -432,6 +466,7 @@ pub async fn get_state(
         pending_a2a_tasks,
         version: snap.state.version,
         todo_list: snap.items,
+        at_seq,
     }))
 }
 

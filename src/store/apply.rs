@@ -11,11 +11,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
+use super::history::{self, COMMIT_COLUMNS, copy_items, copy_state};
 use super::rows;
 use super::sql::{Conn, Raw, q};
 use super::sql_store::{Db, SqlStore};
 use super::tables::{
-    AGENT_STATE, MESSAGES, SUSPENSIONS, TODO_ITEMS, item_cols, message_cols, state_cols,
+    AGENT_STATE, MESSAGES, SUSPENSIONS, TODO_ITEMS, item_cols, message_cols_at, state_cols,
     suspension_cols,
 };
 use super::threads::lock_thread;
@@ -51,6 +52,9 @@ pub(crate) async fn append_observations(
         .ok_or(StoreError::ThreadNotFound)?;
     let (last, now) = (row.int("last_seq")?, row.ts("now")?);
     insert_observations(conn, tenant, thread_id, last - n + 1, now, &new).await?;
+    let last_type = new.last().map_or("", |o| o.kind.as_str());
+    let run_id = new.iter().find_map(|o| o.run_id);
+    history::record_append(conn, tenant, thread_id, last, run_id, last_type, now).await?;
     Ok(rows::committed(
         tenant,
         thread_id,
@@ -92,20 +96,34 @@ async fn insert_observations(
     }
 }
 
-/// Run one op of a batch inside the apply transaction.
-async fn apply_op(conn: &mut Conn, tenant: &str, thread_id: &ThreadId, op: &Op) -> StoreResult<()> {
+/// Run one op of a batch inside the apply transaction, with its history: each state row written
+/// gets its version at `seq`, the commit's last seq (a deleted item a tombstone, copied before
+/// it goes), a message that seq, a suspension the seq that made it.
+async fn apply_op(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    seq: i64,
+    op: &Op,
+) -> StoreResult<()> {
+    let version = |sql: String| q(sql).bind(tenant).bind(thread_id.as_str()).bind(seq);
     match op {
         Op::SetAgentState(s) => {
             AGENT_STATE
                 .write(conn, tenant, thread_id, state_cols(s))
-                .await
+                .await?;
+            conn.exec(version(copy_state("$1", "$2", "$3", ""))).await?;
         }
         Op::UpsertItem(item) => {
             TODO_ITEMS
                 .write(conn, tenant, thread_id, item_cols(item)?)
-                .await
+                .await?;
+            let copy = copy_items("$1", "$2", "item_id = $4", "$3", false, "");
+            conn.exec(version(copy).bind(item.id.as_str())).await?;
         }
         Op::DeleteItem(id) => {
+            let copy = copy_items("$1", "$2", "item_id = $4", "$3", true, "");
+            conn.exec(version(copy).bind(id.as_str())).await?;
             conn.exec(
                 q("DELETE FROM todo_items WHERE tenant = $1 AND thread_id = $2 AND item_id = $3")
                     .bind(tenant)
@@ -113,21 +131,27 @@ async fn apply_op(conn: &mut Conn, tenant: &str, thread_id: &ThreadId, op: &Op) 
                     .bind(id.as_str()),
             )
             .await?;
-            Ok(())
         }
         Op::AppendMessage(m) => {
             MESSAGES
-                .write(conn, tenant, thread_id, message_cols(m)?)
-                .await
+                .write(conn, tenant, thread_id, message_cols_at(m, Some(seq))?)
+                .await?;
         }
         // Applied by the fence statement, with the lease check.
-        Op::UpdateRun(_) => Ok(()),
+        Op::UpdateRun(_) => {}
         Op::InsertSuspension(s) => {
             SUSPENSIONS
                 .write(conn, tenant, thread_id, suspension_cols(s)?)
-                .await
+                .await?;
+            conn.exec(
+                q("UPDATE suspensions SET created_seq = $2 WHERE suspension_id = $1")
+                    .bind(s.suspension_id)
+                    .bind(seq),
+            )
+            .await?;
         }
     }
+    Ok(())
 }
 
 impl SqlStore {
@@ -162,6 +186,8 @@ impl SqlStore {
                 .and_then(crate::model::WebhookEvent::for_status)
                 .is_some(),
             update: &update,
+            changed: history::changes_state(&ops),
+            last_type: observations.last().map_or("", |o| o.kind.as_str()),
             n: count(&observations)?,
             ops: &ops,
             observations: &observations,
@@ -261,7 +287,25 @@ impl SqlStore {
         let now = row.ts("now")?;
         let last_seq = row.int("last_seq")?;
         for op in c.ops {
-            apply_op(&mut tx, tenant, thread_id, op).await?;
+            apply_op(&mut tx, tenant, thread_id, last_seq, op).await?;
+        }
+        if n > 0 {
+            // The commit's row, after the fence statement: the run's phase and usage as it left
+            // them.
+            tx.exec(
+                q(format!(
+                    "INSERT INTO commits ({COMMIT_COLUMNS}) SELECT $1, $2, $3, run_id, $4, \
+                       phase, usage, $5, $6 FROM runs WHERE run_id = $7"
+                ))
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(last_seq)
+                .bind(c.last_type)
+                .bind(c.changed)
+                .bind(now)
+                .bind(fence.run_id),
+            )
+            .await?;
         }
         if c.announces {
             // After the ops: a suspension this batch inserted is the one the event is about.

@@ -30,11 +30,13 @@ use serde_json::Value;
 
 use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
+use super::history::{COMMIT_COLUMNS, flag};
 use super::rows;
 use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
 use super::sql_store::{Db, SqlStore};
 use super::tables::{
-    AGENT_STATE, MESSAGES, RowCols, TODO_ITEMS, Table, item_cols, message_cols, state_cols,
+    AGENT_STATE, ITEM_COLUMNS, MESSAGES, RowCols, STATE_COLUMNS, TODO_ITEMS, Table, item_cols,
+    message_cols_at, state_cols,
 };
 use super::webhooks::outbox_insert;
 use super::{Claim, Fence, Op, Signal, StoreError, StoreResult};
@@ -357,7 +359,7 @@ pub(crate) fn one_statement(
                 items.push((item.id.as_str(), item));
             }
             Op::DeleteItem(id) => deleted.push(id.as_str().to_owned()),
-            Op::AppendMessage(m) => messages.push(message_cols(m)?),
+            Op::AppendMessage(m) => messages.push(message_cols_at(m, None)?),
             Op::SetAgentState(s) => state = Some((s, state.map_or(1, |(_, k)| k + 1))),
             Op::UpdateRun(_) => {}
             Op::InsertSuspension(_) => return Ok(None),
@@ -368,7 +370,11 @@ pub(crate) fn one_statement(
     }
     // A run that ends or suspends: `f` returns its whole row, from which `w_hook` writes the
     // webhook outbox row in this same statement.
-    let returning = if c.announces { "*" } else { "cancel_requested" };
+    let returning = if c.announces {
+        "*"
+    } else {
+        "cancel_requested, phase, usage"
+    };
     let mut sql = format!(
         "WITH l AS (SELECT 1 FROM threads WHERE tenant = $12 AND thread_id = $13 FOR UPDATE), \
          f AS ({RUN_UPDATE} AND EXISTS (SELECT 1 FROM l) RETURNING {returning}), \
@@ -382,7 +388,17 @@ pub(crate) fn one_statement(
         extra.push(a);
         format!("${}", 14 + extra.len())
     };
-    let rows_of = |sql: &mut String, extra: &mut Vec<Arg>, table: &Table, rows: Vec<RowCols>| {
+    // The seq every history row of this commit carries: the commit's last observation.
+    const SEQ: &str = "(SELECT last_seq FROM t)";
+    // Write `rows` to `table`; `computed` replaces a column's bound value by an SQL expression;
+    // `versions` names the CTE that copies the written rows into their versions (the rows the
+    // write returns: an upsert's result, not what was sent).
+    let rows_of = |sql: &mut String,
+                   extra: &mut Vec<Arg>,
+                   table: &Table,
+                   rows: Vec<RowCols>,
+                   computed: &[(&str, &str)],
+                   versions: Option<&str>| {
         let Some(first) = rows.first() else { return };
         let cols: Vec<&'static str> = first.iter().map(|(c, _)| *c).collect();
         let json: Vec<Value> = rows
@@ -396,34 +412,81 @@ pub(crate) fn one_statement(
             })
             .collect();
         let p = param(extra, Arg::Json(Some(Value::Array(json))));
-        let picked: Vec<String> = cols.iter().map(|c| format!("x.{c}")).collect();
+        let picked: Vec<String> = cols
+            .iter()
+            .map(|c| match computed.iter().find(|(k, _)| k == c) {
+                Some((_, expr)) => (*expr).to_owned(),
+                None => format!("x.{c}"),
+            })
+            .collect();
+        let returning = if versions.is_some() {
+            " RETURNING *"
+        } else {
+            ""
+        };
         sql.push_str(&format!(
             ", w_{name} AS (INSERT INTO {name} (tenant, thread_id, {cols}) \
                SELECT $12, $13, {picked} FROM jsonb_populate_recordset(NULL::{name}, {p}) x \
-               WHERE EXISTS (SELECT 1 FROM f){conflict})",
+               WHERE EXISTS (SELECT 1 FROM f){conflict}{returning})",
             name = table.name,
             cols = cols.join(", "),
             picked = picked.join(", "),
             conflict = table.on_conflict(&cols),
         ));
+        if let Some(copy) = versions {
+            sql.push_str(&format!(", h_{name} AS ({copy})", name = table.name));
+        }
     };
+    let state_copy = versions_from("agent_state_versions", STATE_COLUMNS, "w_agent_state", "");
     if let Some((s, sets)) = state {
         let mut cols = state_cols(s);
         cols.retain(|(c, _)| *c != "version");
         cols.push(("version", sets.into()));
-        rows_of(&mut sql, &mut extra, &AGENT_STATE, vec![cols]);
+        rows_of(
+            &mut sql,
+            &mut extra,
+            &AGENT_STATE,
+            vec![cols],
+            &[],
+            Some(&state_copy),
+        );
     }
     let items = items
         .into_iter()
         .map(|(_, item)| item_cols(item))
         .collect::<StoreResult<Vec<_>>>()?;
-    rows_of(&mut sql, &mut extra, &TODO_ITEMS, items);
-    rows_of(&mut sql, &mut extra, &MESSAGES, messages);
+    let item_copy = versions_from("todo_item_versions", ITEM_COLUMNS, "w_todo_items", "FALSE");
+    rows_of(
+        &mut sql,
+        &mut extra,
+        &TODO_ITEMS,
+        items,
+        &[],
+        Some(&item_copy),
+    );
+    rows_of(
+        &mut sql,
+        &mut extra,
+        &MESSAGES,
+        messages,
+        &[("seq", SEQ)],
+        None,
+    );
     if !deleted.is_empty() {
         let p = param(&mut extra, Arg::Texts(deleted));
         sql.push_str(&format!(
             ", w_deleted AS (DELETE FROM todo_items WHERE tenant = $12 AND thread_id = $13 \
-               AND item_id = ANY({p}) AND EXISTS (SELECT 1 FROM f))"
+               AND item_id = ANY({p}) AND EXISTS (SELECT 1 FROM f) RETURNING *), \
+             h_deleted AS ({})",
+            versions_from("todo_item_versions", ITEM_COLUMNS, "w_deleted", "TRUE")
+        ));
+    }
+    if c.n > 0 {
+        let kind = param(&mut extra, c.last_type.into());
+        sql.push_str(&format!(
+            ", h_commit AS (INSERT INTO commits ({COMMIT_COLUMNS}) \
+               SELECT $12, $13, {SEQ}, $1, {kind}, f.phase, f.usage, {changed}, now() FROM f)",
+            changed = flag(c.changed)
         ));
     }
     let mut notify_observations = String::from("NULL");
@@ -502,4 +565,37 @@ pub(crate) fn one_statement(
     ));
     let stmt = bind_fence(q(sql), fence, lease, c);
     Ok(Some(extra.into_iter().fold(stmt, Q::bind)))
+}
+
+/// A CTE body that copies the rows a write CTE `from` returned into their versions table at the
+/// commit's seq (`deleted`: `TRUE` for tombstones, empty for the state, which has none). The
+/// batch merges repeated writes of a row, so each is copied once; a commit without
+/// observations shares the previous commit's seq and replaces its version.
+fn versions_from(table: &str, columns: &[&str], from: &str, deleted: &str) -> String {
+    let cols = columns.join(", ");
+    let (dcol, dval, key) = if deleted.is_empty() {
+        (String::new(), String::new(), "tenant, thread_id, seq")
+    } else {
+        (
+            ", deleted".to_owned(),
+            format!(", {deleted}"),
+            "tenant, thread_id, item_id, seq",
+        )
+    };
+    let set: Vec<String> = columns
+        .iter()
+        .chain(if deleted.is_empty() {
+            &[][..]
+        } else {
+            &["deleted"][..]
+        })
+        .filter(|c| !key.contains(*c))
+        .map(|c| format!("{c} = EXCLUDED.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO {table} (tenant, thread_id, seq, {cols}{dcol}) \
+         SELECT $12, $13, (SELECT last_seq FROM t), {cols}{dval} FROM {from} \
+         ON CONFLICT ({key}) DO UPDATE SET {set}",
+        set = set.join(", ")
+    )
 }

@@ -55,6 +55,8 @@ pub struct ThreadStorage {
     pub messages: Footprint,
     pub items: Footprint,
     pub runs: Footprint,
+    /// The commit log and the versions of state rows (`history.rs`).
+    pub history: Footprint,
 }
 
 /// `col`'s JSON member `ttlSeconds` as an integer (NULL when absent).
@@ -235,8 +237,8 @@ impl SqlStore {
         Ok(deleted)
     }
 
-    /// What the thread stores: rows and bytes of its observations, messages, todo items and
-    /// runs, read in one statement (one consistent view); `None` when the tenant has no such
+    /// What the thread stores: rows and bytes of its observations, messages, todo items, runs
+    /// and history, read in one statement (one consistent view); `None` when the tenant has no such
     /// thread.
     pub async fn thread_storage(
         &self,
@@ -302,6 +304,33 @@ impl SqlStore {
                     "idempotency_key",
                 ],
             ),
+            kind("history", "commits", &["type", "usage"]),
+            kind(
+                "history",
+                "agent_state_versions",
+                &["intent", "title", "plan", "current_step_id"],
+            ),
+            kind(
+                "history",
+                "todo_item_versions",
+                &[
+                    "item_id",
+                    "description",
+                    "dependencies",
+                    "required_tools",
+                    "expected_outcome",
+                    "tool_calls",
+                    "actual_tool_calls",
+                    "tool_results",
+                    "thoughts",
+                    "result",
+                    "error",
+                    "usage",
+                    "conversation",
+                    "tool_allowlist",
+                    "compacted_output",
+                ],
+            ),
         ]
         .join(" UNION ALL ");
         let rows = self
@@ -322,6 +351,10 @@ impl SqlStore {
                 "messages" => storage.messages = footprint,
                 "items" => storage.items = footprint,
                 "runs" => storage.runs = footprint,
+                "history" => {
+                    storage.history.rows += footprint.rows;
+                    storage.history.bytes += footprint.bytes;
+                }
                 _ => {}
             }
         }

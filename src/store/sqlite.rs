@@ -24,11 +24,12 @@ use sqlx::sqlite::{
 
 use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
+use super::history::{COMMIT_COLUMNS, copy_items, copy_state, flag};
 use super::rows;
 use super::sql::{Arg, Conn, Q, id_text, q};
 use super::sql_store::{Db, SqlStore};
 use super::tables::{
-    AGENT_STATE, MESSAGES, RowCols, SUSPENSIONS, TODO_ITEMS, Table, item_cols, message_cols,
+    AGENT_STATE, MESSAGES, RowCols, SUSPENSIONS, TODO_ITEMS, Table, item_cols, message_cols_at,
     state_cols, suspension_cols,
 };
 use super::webhooks::outbox_insert;
@@ -275,9 +276,24 @@ pub(crate) fn one_call(
              WHERE tenant = $12 AND thread_id = $13 AND {HELD};"
         ));
     }
-    let write = |sql: &mut String, extra: &mut Vec<Arg>, table: &Table, row: RowCols| {
+    // The seq every history row of this commit carries: the commit's last observation (the
+    // thread's counter was bumped by the first statement).
+    const SEQ: &str = "(SELECT last_seq FROM threads WHERE tenant = $12 AND thread_id = $13)";
+    let gate = format!(" AND {HELD}");
+    // Write one row; a column in `computed` takes an SQL expression instead of a bound value.
+    let write = |sql: &mut String,
+                 extra: &mut Vec<Arg>,
+                 table: &Table,
+                 row: RowCols,
+                 computed: &[(&str, &str)]| {
         let names: Vec<&'static str> = row.iter().map(|(c, _)| *c).collect();
-        let values: Vec<String> = row.into_iter().map(|(_, a)| param(extra, a)).collect();
+        let values: Vec<String> = row
+            .into_iter()
+            .map(|(c, a)| match computed.iter().find(|(k, _)| *k == c) {
+                Some((_, expr)) => (*expr).to_owned(),
+                None => param(extra, a),
+            })
+            .collect();
         sql.push_str(&format!(
             "INSERT INTO {name} (tenant, thread_id, {cols}) SELECT $12, $13, {values} \
              WHERE {HELD}{conflict};",
@@ -289,22 +305,60 @@ pub(crate) fn one_call(
     };
     for op in c.ops {
         match op {
-            Op::SetAgentState(s) => write(&mut sql, &mut extra, &AGENT_STATE, state_cols(s)),
-            Op::UpsertItem(item) => write(&mut sql, &mut extra, &TODO_ITEMS, item_cols(item)?),
-            Op::AppendMessage(m) => write(&mut sql, &mut extra, &MESSAGES, message_cols(m)?),
+            Op::SetAgentState(s) => {
+                write(&mut sql, &mut extra, &AGENT_STATE, state_cols(s), &[]);
+                sql.push_str(&copy_state("$12", "$13", SEQ, &gate));
+                sql.push(';');
+            }
+            Op::UpsertItem(item) => {
+                write(&mut sql, &mut extra, &TODO_ITEMS, item_cols(item)?, &[]);
+                let p = param(&mut extra, item.id.as_str().into());
+                let filter = format!("item_id = {p}");
+                sql.push_str(&copy_items("$12", "$13", &filter, SEQ, false, &gate));
+                sql.push(';');
+            }
+            Op::AppendMessage(m) => write(
+                &mut sql,
+                &mut extra,
+                &MESSAGES,
+                message_cols_at(m, None)?,
+                &[("seq", SEQ)],
+            ),
             Op::InsertSuspension(s) => {
-                write(&mut sql, &mut extra, &SUSPENSIONS, suspension_cols(s)?);
+                write(&mut sql, &mut extra, &SUSPENSIONS, suspension_cols(s)?, &[]);
+                let p = param(&mut extra, s.suspension_id.into());
+                sql.push_str(&format!(
+                    "UPDATE suspensions SET created_seq = {SEQ} WHERE suspension_id = {p} \
+                     AND {HELD};"
+                ));
             }
             Op::DeleteItem(id) => {
                 let p = param(&mut extra, id.as_str().into());
+                // The tombstone first: it copies the row the delete removes.
+                let filter = format!("item_id = {p}");
+                sql.push_str(&copy_items("$12", "$13", &filter, SEQ, true, &gate));
                 sql.push_str(&format!(
-                    "DELETE FROM todo_items WHERE tenant = $12 AND thread_id = $13 \
+                    "; DELETE FROM todo_items WHERE tenant = $12 AND thread_id = $13 \
                      AND item_id = {p} AND {HELD};"
                 ));
             }
             // The last statement.
             Op::UpdateRun(_) => {}
         }
+    }
+    if c.n > 0 {
+        // Before the run's update (which must come last): the phase and usage it leaves are
+        // its new values, or the row's where it keeps them.
+        let kind = param(&mut extra, c.last_type.into());
+        let at = param(&mut extra, created_at.into());
+        sql.push_str(&format!(
+            "INSERT INTO commits ({COMMIT_COLUMNS}) \
+             SELECT $12, $13, {SEQ}, run_id, {kind}, COALESCE($5, phase), COALESCE($6, usage), \
+               {changed}, {at} FROM runs \
+             WHERE run_id = $1 AND attempt = $2 AND status = 'running' \
+               AND tenant = $12 AND thread_id = $13;",
+            changed = flag(c.changed)
+        ));
     }
     if c.n > 0 {
         let at = param(&mut extra, created_at.into());

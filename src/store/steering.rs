@@ -8,7 +8,7 @@ use super::apply::append_observations;
 use super::rows;
 use super::sql::q;
 use super::sql_store::SqlStore;
-use super::tables::{MESSAGES, message_cols};
+use super::tables::{MESSAGES, message_cols_at};
 use super::threads::lock_thread;
 use super::{Signal, StoreError, StoreResult};
 use crate::model::{Message, NewObservation, Observation, Run, RunStatus, ThreadId};
@@ -84,11 +84,13 @@ impl SqlStore {
                 run.status
             )));
         }
-        MESSAGES
-            .write(&mut tx, tenant, thread_id, message_cols(&message)?)
-            .await?;
         let observations =
             append_observations(&mut tx, tenant, thread_id, vec![observation]).await?;
+        // The message carries the seq of the observation that reports it (history and forks).
+        let seq = observations.last().map(|o| o.seq);
+        MESSAGES
+            .write(&mut tx, tenant, thread_id, message_cols_at(&message, seq)?)
+            .await?;
         if run.status == RunStatus::Running {
             tx.notify(&Signal::Steered { run: run_id }).await?;
         }

@@ -155,6 +155,52 @@ pub(crate) fn item_cols(item: &TodoItem) -> StoreResult<RowCols> {
     ])
 }
 
+/// Every column of `todo_items` after `(tenant, thread_id)`, in [`item_cols`]'s order: the
+/// columns an item's version copies (`todo_item_versions` holds them all, then `seq`, `deleted`).
+pub(crate) const ITEM_COLUMNS: &[&str] = &[
+    "item_id",
+    "position",
+    "description",
+    "status",
+    "dependencies",
+    "step_type",
+    "required_tools",
+    "tool_validation_mode",
+    "validation_status",
+    "expected_outcome",
+    "tool_calls",
+    "actual_tool_calls",
+    "tool_results",
+    "thoughts",
+    "result",
+    "error",
+    "attempts",
+    "usage",
+    "conversation",
+    "run_id",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "completed_at",
+    "kind",
+    "parent_item_id",
+    "role",
+    "tool_allowlist",
+    "compacted_output",
+];
+
+/// The columns of `agent_state` after `(tenant, thread_id)`, as its versions copy them.
+pub(crate) const STATE_COLUMNS: &[&str] =
+    &["intent", "title", "plan", "current_step_id", "version"];
+
+/// A message's columns and the seq of the commit that writes it (`Arg::Int(None)` where the
+/// dialect computes it in SQL instead).
+pub(crate) fn message_cols_at(m: &Message, seq: Option<i64>) -> StoreResult<RowCols> {
+    let mut cols = message_cols(m)?;
+    cols.push(("seq", Arg::Int(seq)));
+    Ok(cols)
+}
+
 pub(crate) fn message_cols(m: &Message) -> StoreResult<RowCols> {
     let tool_calls = if m.tool_calls.is_empty() {
         None
@@ -201,4 +247,28 @@ pub(crate) fn suspension_cols(s: &Suspension) -> StoreResult<RowCols> {
         ("resolved_at", s.resolved_at.into()),
         ("expires_at", s.expires_at.into()),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The version tables copy items column by column: the list must name every column an item
+    /// writes, in order.
+    #[test]
+    fn item_columns_name_every_written_column() {
+        let item: TodoItem = serde_json::from_value(serde_json::json!({
+            "id": "a", "position": 0, "description": "d", "status": "pending",
+            "dependencies": [], "stepType": "tool", "requiredTools": [],
+            "toolValidationMode": "advisory", "validationStatus": "pending", "toolCalls": [],
+            "actualToolCalls": [], "toolResults": [], "thoughts": [], "result": null,
+            "error": null, "attempts": 0,
+            "usage": {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0, "llmCalls": 0},
+            "conversation": [], "runId": null,
+            "createdAt": "2026-01-01T00:00:00Z", "updatedAt": "2026-01-01T00:00:00Z"
+        }))
+        .expect("a minimal item");
+        let names: Vec<&str> = item_cols(&item).unwrap().iter().map(|(c, _)| *c).collect();
+        assert_eq!(names, ITEM_COLUMNS);
+    }
 }

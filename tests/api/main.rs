@@ -24,6 +24,7 @@ mod fake_llm;
 mod flowchart_runs;
 mod flowchart_store;
 mod flowcharts;
+mod forks;
 mod fuzz;
 mod graph;
 mod helpers;

@@ -43,10 +43,14 @@
 //! - `--mode store`: the memory store's full-text search latency over `--items` items (default
 //!   100,000), filled through `PUT /v1/store/items`: p50/p99 of searches in one user's namespace,
 //!   across the whole store, and of a listing without a query (see `memory_store`).
+//! - `--mode history`: one thread grown to `--observations` observations (default 10,000) by
+//!   follow-ups, then `--reads` past states read at seqs spread over its log: p50/p99/max of a
+//!   past-state read (see `history`).
 //!
 //! Every phase has a deadline (`--phase-timeout`); the bench fails with a clear message when one
 //! passes, and always stops the service and removes the store it made.
 
+mod history;
 mod inflight;
 mod long_thread;
 mod memory_store;
@@ -115,6 +119,12 @@ pub(crate) struct Args {
     /// Also print one JSON line with the results.
     #[arg(long)]
     pub(crate) json: bool,
+    /// History mode: observations the thread is grown to before reading its past states.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) observations: i64,
+    /// History mode: past states read, one after another.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) reads: usize,
     /// Store mode: items written before searching.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) items: usize,
@@ -183,6 +193,8 @@ enum Mode {
     LongThread,
     /// Memory store search latency over `--items` items.
     Store,
+    /// Past-state reads of one thread grown to `--observations` observations.
+    History,
 }
 
 impl Args {
@@ -193,6 +205,10 @@ impl Args {
         );
         ensure!(self.runs > 0, "--runs must be at least 1");
         ensure!(self.items > 0, "--items must be at least 1");
+        ensure!(
+            self.observations > 0 && self.reads > 0,
+            "--observations and --reads must be at least 1"
+        );
         ensure!(self.searches > 0, "--searches must be at least 1");
         ensure!(
             self.server_url.is_none() || self.mode == Mode::LongThread,
@@ -281,7 +297,7 @@ impl Args {
     /// flight (every run's plan call is held at once).
     fn open_files_needed(&self) -> usize {
         match self.mode {
-            Mode::Runs | Mode::LongThread => 0,
+            Mode::Runs | Mode::LongThread | Mode::History => 0,
             Mode::Store => self.concurrency,
             Mode::Sse | Mode::Both => self.subscribers,
             Mode::Inflight => self.runs,
@@ -346,6 +362,22 @@ async fn measure(
     if args.mode == Mode::LongThread {
         let r = long_thread::long_thread_mode(args, server).await?;
         return print_long_thread(args, &r, db.kind_name());
+    }
+    if args.mode == Mode::History {
+        let r = history::history_mode(args, server).await?;
+        r.print(&format!(
+            "pes-bench  mode=history  store={}  machine: {} cores, {}",
+            db.kind_name(),
+            machine.cores,
+            machine.model
+        ));
+        if args.json {
+            println!(
+                "{}",
+                json!({"store": db.kind_name(), "history": r.to_json()})
+            );
+        }
+        return Ok(());
     }
     if args.mode == Mode::Store {
         let r = memory_store::store_mode(args, server).await?;

@@ -73,8 +73,9 @@ pub(super) const QUOTA_EXCEEDED: Shared = (
 );
 
 /// The routes that start something a tenant quota counts (method, path).
-pub(super) const QUOTA_ROUTES: [(&str, &str); 9] = [
+pub(super) const QUOTA_ROUTES: [(&str, &str); 10] = [
     ("post", "/v1/threads/{threadId}/runs"),
+    ("post", "/v1/threads/{threadId}/fork"),
     ("post", "/v1/ag-ui"),
     ("post", "/v1/threads/{threadId}/runs/wait"),
     ("get", "/v1/threads/{threadId}/events"),

@@ -128,8 +128,9 @@ fn parameters_are_where_the_server_reads_them_and_optional_unless_in_the_path() 
     // observations 5, events 5 + Last-Event-ID, suspensions 1, flowchart and assistant
     // version 1 each, /a2a's A2A-Version and Last-Event-ID, `tokens` on a streamed run and
     // resume, /v1/ag-ui's Last-Event-ID, a store item's namespace and key.
-    // Crons' threadId+limit+cursor, webhook deliveries' runId+status+limit+cursor.
-    assert_eq!(queries, 38);
+    // Crons' threadId+limit+cursor, webhook deliveries' runId+status+limit+cursor; a thread's
+    // state's atSeq and its history's limit+cursor.
+    assert_eq!(queries, 41);
     let limit = &doc["paths"]["/v1/threads"]["get"]["parameters"][0];
     assert_eq!(limit["name"], "limit");
     assert_eq!(limit["in"], "query");
@@ -247,9 +248,9 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 18,
-        "threads POST/PATCH, runs, runs/wait, resume, flowcharts PUT, assistants POST/PUT, \
-         assistant current, threads prune, ag-ui, crons POST/PATCH, store items PUT/DELETE, \
+        bodies, 19,
+        "threads POST/PATCH, thread fork, runs, runs/wait, resume, flowcharts PUT, assistants \
+         POST/PUT, assistant current, threads prune, ag-ui, crons POST/PATCH, store items PUT/DELETE, \
          store search, store namespaces, steer"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];

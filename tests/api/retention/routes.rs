@@ -30,7 +30,14 @@ async fn storage_counts_grow_with_a_run_and_are_per_tenant(backend: Backend) {
     let (s, empty) = app.get_as("ka", &path).await;
     assert_eq!(s, 200, "{empty}");
     assert_eq!(empty["threadId"], t);
-    for kind in ["observations", "messages", "items", "runs", "total"] {
+    for kind in [
+        "observations",
+        "messages",
+        "items",
+        "runs",
+        "history",
+        "total",
+    ] {
         assert_eq!(footprint(&empty, kind), (0, 0), "{kind}: {empty}");
     }
     let (s, run) = post_as(
@@ -70,11 +77,13 @@ async fn storage_counts_grow_with_a_run_and_are_per_tenant(backend: Backend) {
     assert!(footprint(&one, "messages").1 >= said as u64);
     assert_eq!(footprint(&one, "items").0, 2, "the fake plan has two items");
     assert_eq!(footprint(&one, "runs").0, 1);
-    for kind in ["items", "runs"] {
+    for kind in ["items", "runs", "history"] {
         assert!(footprint(&one, kind).1 > 0, "{kind}: {one}");
     }
+    // History: at least a commit per state change and a version of each item.
+    assert!(footprint(&one, "history").0 > 2, "{one}");
     let sum = |i: usize| -> u64 {
-        ["observations", "messages", "items", "runs"]
+        ["observations", "messages", "items", "runs", "history"]
             .iter()
             .map(|k| {
                 let f = footprint(&one, k);

@@ -1,0 +1,130 @@
+//! History mode: how long reading a past state of a long thread takes (DESIGN §7.2: any past
+//! state of a thread with 10,000 observations in at most 50 ms). The bench grows ONE thread with
+//! follow-ups (each a run of the fake model's 3-item workload) until its log holds
+//! `--observations` observations, then reads `GET /v1/threads/{id}/state?atSeq=N` at `--reads`
+//! seqs spread over the whole log (early, middle and late points alike), one after another, and
+//! prints the latency percentiles. The cost of recording history on every commit is W3's
+//! before and after (`--mode runs` on the two builds), not this mode's.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use serde_json::{Value, json};
+
+use crate::Args;
+use crate::server::{Server, phase, truncate};
+
+/// What history mode measured.
+pub(crate) struct HistoryReport {
+    observations: i64,
+    runs: usize,
+    build: Duration,
+    /// Each read's latency, sorted.
+    reads: Vec<Duration>,
+    /// The largest state read (bytes of JSON), to show the reads were not of empty states.
+    largest_state: usize,
+}
+
+/// Grow the thread, then read past states.
+pub(crate) async fn history_mode(args: &Args, server: &Server) -> Result<HistoryReport> {
+    let limit = args.phase_deadline();
+    let thread = phase("creating the thread", limit, server.create_thread()).await?;
+    let started = Instant::now();
+    let mut runs = 0;
+    let mut last = 0;
+    while last < args.observations {
+        runs += 1;
+        let run = phase(
+            &format!("run {runs}"),
+            limit,
+            server.post_json(
+                &format!("/v1/threads/{thread}/runs/wait"),
+                &json!({"query": format!("What is 2+{runs}?")}),
+                limit,
+            ),
+        )
+        .await?;
+        if run["status"] != "completed" {
+            bail!(
+                "run {runs} ended {}: {}",
+                run["status"],
+                truncate(&run["error"].to_string(), 300)
+            );
+        }
+        last = last_seq(server, &thread).await?;
+    }
+    let build = started.elapsed();
+    let mut reads = Vec::with_capacity(args.reads);
+    let mut largest_state = 0;
+    for k in 0..args.reads {
+        // Spread over the log, with a stride that visits early, middle and late seqs in turn.
+        let at = 1 + (k as i64 * 7919) % last;
+        let sent = Instant::now();
+        let st: Value = server
+            .get_json(&format!("/v1/threads/{thread}/state?atSeq={at}"))
+            .await?;
+        reads.push(sent.elapsed());
+        if st["atSeq"].as_i64().is_none_or(|a| a < at) {
+            bail!(
+                "the state at {at} came back without its seq: {}",
+                truncate(&st.to_string(), 300)
+            );
+        }
+        largest_state = largest_state.max(st.to_string().len());
+    }
+    reads.sort_unstable();
+    Ok(HistoryReport {
+        observations: last,
+        runs,
+        build,
+        reads,
+        largest_state,
+    })
+}
+
+/// The thread's last seq, from its newest history point (every run ends with a commit that
+/// changes the state).
+async fn last_seq(server: &Server, thread: &str) -> Result<i64> {
+    let page = server
+        .get_json(&format!("/v1/threads/{thread}/history?limit=1"))
+        .await?;
+    Ok(page["items"][0]["seq"].as_i64().unwrap_or(0))
+}
+
+impl HistoryReport {
+    fn pct(&self, p: f64) -> Duration {
+        let i = ((self.reads.len() as f64 - 1.0) * p).round() as usize;
+        self.reads[i.min(self.reads.len() - 1)]
+    }
+
+    pub(crate) fn print(&self, header: &str) {
+        println!("{header}");
+        println!(
+            "thread            {} observations from {} runs (built in {:.1} s)",
+            self.observations,
+            self.runs,
+            self.build.as_secs_f64()
+        );
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!(
+            "past-state read   {} reads: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (bound: 50 ms)",
+            self.reads.len(),
+            ms(self.pct(0.5)),
+            ms(self.pct(0.99)),
+            ms(*self.reads.last().unwrap_or(&Duration::ZERO))
+        );
+        println!("largest state     {} bytes of JSON", self.largest_state);
+    }
+
+    pub(crate) fn to_json(&self) -> Value {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        json!({
+            "observations": self.observations,
+            "runs": self.runs,
+            "reads": self.reads.len(),
+            "p50Ms": ms(self.pct(0.5)),
+            "p99Ms": ms(self.pct(0.99)),
+            "maxMs": ms(*self.reads.last().unwrap_or(&Duration::ZERO)),
+        })
+    }
+}

@@ -1,0 +1,185 @@
+//! A thread's past (DESIGN §7.2): the points its state can be read at, and forks. The past state
+//! itself is `GET /v1/threads/{threadId}/state?atSeq=` (in `threads.rs`, beside the present one).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::threads::{Page, PageParams, check_metadata};
+use super::{
+    ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
+    encode_cursor, page_limit, parse_thread_id,
+};
+use crate::model::{Thread, ThreadId};
+use crate::store::{ForkRequest, PastError, PastState};
+
+impl From<PastError> for ApiError {
+    fn from(e: PastError) -> Self {
+        match e {
+            PastError::OutOfRange { .. } => Self::Unprocessable {
+                code: "seq_out_of_range",
+                detail: e.to_string(),
+            },
+            PastError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// The state right after observation `at` (negative is 422), or 404.
+pub(super) async fn state_at(
+    state: &AppState,
+    tenant: &str,
+    id: &ThreadId,
+    at: i64,
+) -> Result<PastState, ApiError> {
+    if at < 0 {
+        return Err(ApiError::Unprocessable {
+            code: "seq_out_of_range",
+            detail: format!("atSeq must be 0 or more, not {at}"),
+        });
+    }
+    state
+        .store
+        .state_at(tenant, id, at)
+        .await?
+        .ok_or_else(ApiError::thread_not_found)
+}
+
+/// A point of a thread's history: a commit that changed its state.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryPoint {
+    /// The commit's last observation: `GET …/state?atSeq=` reads the state there.
+    pub seq: i64,
+    /// The run that made the commit (none for a change made outside a run).
+    pub run_id: Option<Uuid>,
+    /// The type of observation `seq`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The points a past state can be read at, newest first.
+///
+/// Each is a commit that changed the state (the agent state, an item, or a suspension); every
+/// seq in between reads the same state as the point before it.
+#[utoipa::path(get, path = "/v1/threads/{threadId}/history", tag = "threads",
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$"), PageParams),
+    responses(
+        (status = 200, description = "A page of history points, newest first", body = Page<HistoryPoint>),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn list_history(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+    AppQuery(params): AppQuery<PageParams>,
+) -> Result<AppJson<Page<HistoryPoint>>, ApiError> {
+    let id = parse_thread_id(&thread_id)?;
+    let limit = page_limit(params.limit)?;
+    let before = params
+        .cursor
+        .as_deref()
+        .map(|c| decode_cursor(c, CursorKey::Seq))
+        .transpose()?
+        .map(|c| c.id.parse::<i64>().unwrap_or(0));
+    let points = state
+        .store
+        .history(&tenant, &id, limit + 1, before)
+        .await?
+        .ok_or_else(ApiError::thread_not_found)?
+        .into_iter()
+        .map(|p| HistoryPoint {
+            seq: p.seq,
+            run_id: p.run_id,
+            kind: p.kind,
+            created_at: p.created_at,
+        })
+        .collect();
+    Ok(AppJson(Page::from_overfetch(points, limit, |p| {
+        encode_cursor(p.created_at, &p.seq.to_string())
+    })))
+}
+
+/// Body of `POST /v1/threads/{threadId}/fork`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"atSeq": 12, "metadata": {"experiment": "reject instead"}}))]
+pub struct ForkThread {
+    /// Cut after this observation (a commit is kept whole: a seq inside one takes all of it);
+    /// the source's last when absent.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub at_seq: Option<i64>,
+    /// The fork's id (1–128 characters of `A-Za-z0-9_.:-`); a UUIDv7 when absent.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, pattern = "^[A-Za-z0-9_.:-]{1,128}$")]
+    pub thread_id: Option<ThreadId>,
+    /// The fork's metadata (a JSON object; the source's when absent). `forkedFrom
+    /// {threadId, atSeq}` is added to it.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+}
+
+/// Fork a thread: a new thread whose log, messages, state and history are the source's up to
+/// `atSeq`.
+///
+/// A run under way at that point continues on the fork as a new run, from its last commit
+/// there, as crash recovery would continue it; a suspension pending at that point is pending on
+/// the fork under a new `suspensionId` (read it from the fork's state), so a person can decide
+/// differently there. The source is not changed.
+#[utoipa::path(post, path = "/v1/threads/{threadId}/fork", tag = "threads",
+    params(("threadId" = String, Path, description = "Thread id: 1–128 characters of `A-Za-z0-9_.:-` (any other id is not found)", pattern = "^[A-Za-z0-9_.:-]{1,128}$")),
+    request_body = ForkThread,
+    responses(
+        (status = 201, description = "The fork", body = Thread),
+        (status = 404, description = "No such thread", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A thread with the fork's id exists", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`atSeq` is negative or past the last observation (`seq_out_of_range`)", body = Problem, content_type = "application/problem+json")
+    ))]
+pub async fn fork_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    AppPath(thread_id): AppPath<String>,
+    AppJson(body): AppJson<ForkThread>,
+) -> Result<(StatusCode, AppJson<Thread>), ApiError> {
+    let source = parse_thread_id(&thread_id)?;
+    check_metadata(&body.metadata)?;
+    if let Some(at) = body.at_seq.filter(|at| *at < 0) {
+        return Err(ApiError::Unprocessable {
+            code: "seq_out_of_range",
+            detail: format!("atSeq must be 0 or more, not {at}"),
+        });
+    }
+    // A fork may continue a run: it counts against the run quota like a new one.
+    let max = state.config.tenant_max_active_runs;
+    if state.store.count_active_runs(&tenant, max).await? >= max {
+        return Err(ApiError::QuotaExceeded {
+            detail: format!(
+                "the tenant has {max} runs queued or running, its quota \
+                 (PES_TENANT_MAX_ACTIVE_RUNS): fork again when some have ended"
+            ),
+            retry_after_seconds: 5,
+        });
+    }
+    let req = ForkRequest {
+        at_seq: body.at_seq,
+        thread_id: body.thread_id.unwrap_or_else(ThreadId::generate),
+        metadata: body.metadata,
+    };
+    let forked = state
+        .store
+        .fork_thread(&tenant, &source, req)
+        .await?
+        .ok_or_else(ApiError::thread_not_found)?;
+    tracing::info!(
+        source = %source, fork = %forked.thread.thread_id, at_seq = forked.at_seq,
+        runs = forked.runs.len(), "thread forked"
+    );
+    Ok((StatusCode::CREATED, AppJson(forked.thread)))
+}

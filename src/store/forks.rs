@@ -1,0 +1,467 @@
+//! Forks (DESIGN §7.2): a new thread whose log, messages, state and history are a prefix of its
+//! source's, cut at the end of a commit. A run that was under way at that point continues on the
+//! fork as a new run, from its last commit there, which is what crash recovery does: the fork
+//! gets the run's rows as they were, and the worker that claims it reads them like any run whose
+//! lease expired. A suspension pending at that point is pending on the fork under a new id, so a
+//! person can decide differently there. The source is only read.
+//!
+//! Ids: observations and messages keep theirs (unique per thread, so the fork's log is the
+//! source's, ids and all); the continued run and its suspensions get new ones (runs and
+//! suspensions are addressed without their thread), and every copied row and observation text
+//! that names them names the new ones, so the engine finds its own rows on the fork.
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::history::{COMMIT_COLUMNS, PastError, commit_end};
+use super::rows;
+use super::sql::{Conn, Dialect, q};
+use super::sql_store::SqlStore;
+use super::tables::{ITEM_COLUMNS, STATE_COLUMNS};
+use super::threads::lock_thread;
+use super::{Signal, StoreError};
+use crate::model::{Run, Thread, ThreadId, Usage, new_id};
+
+/// What to fork.
+#[derive(Debug, Clone)]
+pub struct ForkRequest {
+    /// Cut after this observation (the state is that of the commit that holds it); `None`: the
+    /// last.
+    pub at_seq: Option<i64>,
+    /// The new thread's id.
+    pub thread_id: ThreadId,
+    /// The new thread's metadata (the source's when `None`); `forkedFrom` is added to it.
+    pub metadata: Option<Value>,
+}
+
+/// What [`SqlStore::fork_thread`] made.
+#[derive(Debug, Clone)]
+pub struct Forked {
+    pub thread: Thread,
+    /// Where the fork was cut: the last observation it holds (its state is that of the commit
+    /// that holds it).
+    pub at_seq: i64,
+    /// The runs that continue on the fork (queued, or suspended on a pending suspension).
+    pub runs: Vec<Run>,
+}
+
+/// The runs under way after `$3`: started at or before it and not ended by then.
+const RUNS_UNDER_WAY: &str = "SELECT r.run_id FROM runs r \
+    WHERE r.tenant = $1 AND r.thread_id = $2 \
+      AND EXISTS (SELECT 1 FROM observations o WHERE o.run_id = r.run_id AND o.seq <= $3 \
+        AND o.tenant = $1 AND o.thread_id = $2 AND o.type = 'RUN_STARTED') \
+      AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.run_id = r.run_id AND o.seq <= $3 \
+        AND o.tenant = $1 AND o.thread_id = $2 \
+        AND o.type IN ('RUN_COMPLETED', 'RUN_FAILED', 'RUN_CANCELLED')) \
+    ORDER BY r.created_at, r.run_id";
+
+/// Old ids and the new ids the fork gives them.
+struct Renames(Vec<(Uuid, Uuid)>);
+
+impl Renames {
+    /// An expression for an id column: the new id where it names an old one.
+    fn column(&self, col: &str, first: usize) -> String {
+        if self.0.is_empty() {
+            return col.to_owned();
+        }
+        let arms: String = (0..self.0.len())
+            .map(|k| {
+                format!(
+                    " WHEN {col} = ${} THEN ${}",
+                    first + 2 * k,
+                    first + 2 * k + 1
+                )
+            })
+            .collect();
+        format!("CASE{arms} ELSE {col} END")
+    }
+
+    /// An expression for a text or JSON column: every old id in it replaced.
+    fn text(&self, d: Dialect, col: &str, json: bool, first: usize) -> String {
+        let mut expr = match (d, json) {
+            (Dialect::Postgres, true) => format!("{col}::text"),
+            _ => col.to_owned(),
+        };
+        for k in 0..self.0.len() {
+            expr = format!(
+                "replace({expr}, ${}, ${})",
+                first + 2 * k + 2 * self.0.len(),
+                first + 2 * k + 1 + 2 * self.0.len()
+            );
+        }
+        match (d, json) {
+            (Dialect::Postgres, true) if !self.0.is_empty() => format!("({expr})::jsonb"),
+            (Dialect::Postgres, true) => col.to_owned(),
+            _ => expr,
+        }
+    }
+
+    /// Bind the pairs twice: as ids (for [`Self::column`]) then as text (for [`Self::text`]).
+    fn bind(&self, mut stmt: super::sql::Q) -> super::sql::Q {
+        for (old, new) in &self.0 {
+            stmt = stmt.bind(*old).bind(*new);
+        }
+        for (old, new) in &self.0 {
+            stmt = stmt.bind(old.to_string()).bind(new.to_string());
+        }
+        stmt
+    }
+}
+
+/// Copy the rows of `table` whose `at` is at or before `$3` from the source thread (`$1`
+/// tenant, `$2` source, `$4` the fork), renaming ids in `run_id` and in the `texts` columns; a
+/// `seq` past `$5`, the seq asked for, becomes `$5` (the commit that holds it ends there on the
+/// fork, whose next commit takes the seqs after it).
+async fn copy_rows(
+    conn: &mut Conn,
+    table: &str,
+    columns: &[&str],
+    at: &str,
+    texts: &[(&str, bool)],
+    renames: &Renames,
+    key: (&str, &ThreadId, i64, &ThreadId, i64),
+) -> Result<u64, StoreError> {
+    let d = conn.dialect();
+    let picked: Vec<String> = columns
+        .iter()
+        .map(|c| match *c {
+            "thread_id" => "$4".to_owned(),
+            "seq" | "created_seq" | "resolved_seq" => {
+                format!("CASE WHEN {c} > $5 THEN $5 ELSE {c} END")
+            }
+            "run_id" => renames.column("run_id", 6),
+            c => match texts.iter().find(|(t, _)| *t == c) {
+                Some((_, json)) => renames.text(d, c, *json, 6),
+                None => c.to_owned(),
+            },
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO {table} ({cols}) SELECT {picked} FROM {table} \
+         WHERE tenant = $1 AND thread_id = $2 AND {at} <= $3",
+        cols = columns.join(", "),
+        picked = picked.join(", ")
+    );
+    let (tenant, source, upto, fork, asked) = key;
+    let stmt = q(sql)
+        .bind(tenant)
+        .bind(source.as_str())
+        .bind(upto)
+        .bind(fork.as_str())
+        .bind(asked);
+    conn.exec(renames.bind(stmt)).await
+}
+
+impl SqlStore {
+    /// Fork `source` (see the module): one transaction, which only reads the source. `None` when
+    /// the source does not exist.
+    ///
+    /// # Errors
+    /// [`PastError::OutOfRange`] when `at_seq` is past the source's last observation;
+    /// [`StoreError::ThreadExists`] when the tenant has a thread with the new id.
+    pub async fn fork_thread(
+        &self,
+        tenant: &str,
+        source: &ThreadId,
+        req: ForkRequest,
+    ) -> Result<Option<Forked>, PastError> {
+        let mut tx = self.write().await?;
+        // Lock the source: no commit lands on it while it is copied (it is read, never written).
+        let Some(last) = lock_thread(&mut tx, tenant, source).await? else {
+            return Ok(None);
+        };
+        let asked = req.at_seq.unwrap_or(last);
+        if asked > last {
+            return Err(PastError::OutOfRange { asked, last });
+        }
+        // The state is that of the commit that holds `asked` (it committed with it); the log
+        // stops at `asked` itself.
+        let cut = commit_end(&mut tx, tenant, source, asked).await?;
+        let src = tx
+            .one(
+                q("SELECT * FROM threads WHERE tenant = $1 AND thread_id = $2")
+                    .bind(tenant)
+                    .bind(source.as_str()),
+            )
+            .await?;
+        let mut metadata = match req.metadata {
+            Some(m) => m,
+            None => src.json("metadata")?,
+        };
+        if let Value::Object(m) = &mut metadata {
+            m.insert(
+                "forkedFrom".into(),
+                serde_json::json!({"threadId": source.as_str(), "atSeq": asked}),
+            );
+        }
+        let fork = &req.thread_id;
+        let thread = tx
+            .one(
+                q(
+                    "INSERT INTO threads (tenant, thread_id, metadata, config, created_at, \
+                     updated_at, assistant_id, assistant_version, last_seq) \
+                   SELECT tenant, $3, $4, config, {now}, {now}, assistant_id, \
+                     assistant_version, $5 FROM threads WHERE tenant = $1 AND thread_id = $2 \
+                   RETURNING tenant, thread_id, metadata, config, created_at, updated_at, \
+                     assistant_id, assistant_version, 'idle' AS status",
+                )
+                .bind(tenant)
+                .bind(source.as_str())
+                .bind(fork.as_str())
+                .bind(metadata)
+                .bind(asked),
+            )
+            .await
+            .map_err(|e| match e {
+                StoreError::Database(e) if rows::is_unique_violation(&e, Some("threads_pkey")) => {
+                    StoreError::ThreadExists
+                }
+                e => e,
+            })?;
+        let key = (tenant, source, cut, fork, asked);
+
+        // The runs that go on, and their suspensions made by the cut.
+        let under_way: Vec<Uuid> = tx
+            .all(
+                q(RUNS_UNDER_WAY)
+                    .bind(tenant)
+                    .bind(source.as_str())
+                    .bind(cut),
+            )
+            .await?
+            .iter()
+            .map(|r| r.uuid("run_id"))
+            .collect::<Result<_, _>>()?;
+        let mut renames = Vec::new();
+        let mut suspensions = Vec::new();
+        for run in &under_way {
+            renames.push((*run, new_id()));
+            for row in tx
+                .all(
+                    q("SELECT suspension_id FROM suspensions WHERE run_id = $1 \
+                       AND created_seq <= $2 ORDER BY created_at")
+                    .bind(*run)
+                    .bind(cut),
+                )
+                .await?
+            {
+                let id = row.uuid("suspension_id")?;
+                suspensions.push((id, *run));
+                renames.push((id, new_id()));
+            }
+        }
+        let renames = Renames(renames);
+
+        let obs = [
+            "tenant",
+            "thread_id",
+            "seq",
+            "id",
+            "run_id",
+            "parent_id",
+            "type",
+            "title",
+            "content",
+            "created_at",
+        ];
+        let texts = [("parent_id", false), ("content", true)];
+        let log_key = (tenant, source, asked, fork, asked);
+        copy_rows(
+            &mut tx,
+            "observations",
+            &obs,
+            "seq",
+            &texts,
+            &renames,
+            log_key,
+        )
+        .await?;
+        let messages = [
+            "id",
+            "tenant",
+            "thread_id",
+            "run_id",
+            "role",
+            "content",
+            "item_id",
+            "tool_call_id",
+            "created_at",
+            "name",
+            "tool_calls",
+            "seq",
+        ];
+        let at = "COALESCE(seq, 0)";
+        copy_rows(&mut tx, "messages", &messages, at, &[], &renames, key).await?;
+        let commits: Vec<&str> = COMMIT_COLUMNS.split(", ").collect();
+        copy_rows(&mut tx, "commits", &commits, "seq", &[], &renames, key).await?;
+        let mut state = vec!["tenant", "thread_id", "seq"];
+        state.extend_from_slice(STATE_COLUMNS);
+        copy_rows(
+            &mut tx,
+            "agent_state_versions",
+            &state,
+            "seq",
+            &[],
+            &renames,
+            key,
+        )
+        .await?;
+        let mut items = vec!["tenant", "thread_id"];
+        items.extend_from_slice(ITEM_COLUMNS);
+        items.extend_from_slice(&["seq", "deleted"]);
+        copy_rows(
+            &mut tx,
+            "todo_item_versions",
+            &items,
+            "seq",
+            &[],
+            &renames,
+            key,
+        )
+        .await?;
+
+        // The live rows: the state as it was at the cut.
+        let cols = STATE_COLUMNS.join(", ");
+        let copied = tx
+            .exec(
+                q(format!(
+                    "INSERT INTO agent_state (tenant, thread_id, {cols}) \
+                     SELECT tenant, thread_id, {cols} FROM agent_state_versions \
+                     WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 \
+                     ORDER BY seq DESC LIMIT 1"
+                ))
+                .bind(tenant)
+                .bind(fork.as_str())
+                .bind(asked),
+            )
+            .await?;
+        if copied == 0 {
+            tx.exec(
+                q("INSERT INTO agent_state (tenant, thread_id) VALUES ($1, $2)")
+                    .bind(tenant)
+                    .bind(fork.as_str()),
+            )
+            .await?;
+        }
+        let cols = ITEM_COLUMNS.join(", ");
+        let picked: Vec<String> = ITEM_COLUMNS.iter().map(|c| format!("v.{c}")).collect();
+        tx.exec(
+            q(format!(
+                "INSERT INTO todo_items (tenant, thread_id, {cols}) \
+                 SELECT v.tenant, v.thread_id, {picked} FROM todo_item_versions v JOIN ( \
+                   SELECT item_id, max(seq) AS seq FROM todo_item_versions \
+                   WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 GROUP BY item_id) m \
+                 ON v.tenant = $1 AND v.thread_id = $2 AND v.item_id = m.item_id \
+                   AND v.seq = m.seq \
+                 WHERE NOT v.deleted",
+                picked = picked.join(", ")
+            ))
+            .bind(tenant)
+            .bind(fork.as_str())
+            .bind(asked),
+        )
+        .await?;
+
+        // The runs, as they were after their last commit by the cut, and their suspensions: a
+        // decision taken after the cut is not taken on the fork.
+        let mut runs = Vec::new();
+        for (run, new) in renames.0.iter().filter(|(old, _)| under_way.contains(old)) {
+            let left = tx
+                .opt(
+                    q(
+                        "SELECT phase, usage FROM commits WHERE tenant = $1 AND thread_id = $2 \
+                       AND run_id = $3 AND seq <= $4 AND phase IS NOT NULL \
+                       ORDER BY seq DESC LIMIT 1",
+                    )
+                    .bind(tenant)
+                    .bind(source.as_str())
+                    .bind(*run)
+                    .bind(cut),
+                )
+                .await?;
+            let (phase, usage) = match left {
+                Some(r) => (r.text("phase")?, r.json("usage")?),
+                None => ("new".to_owned(), rows::to_json(&Usage::default())?),
+            };
+            let pending = tx
+                .opt(
+                    q(
+                        "SELECT 1 AS one FROM suspensions WHERE run_id = $1 AND created_seq <= $2 \
+                       AND (resolved_seq IS NULL OR resolved_seq > $2)",
+                    )
+                    .bind(*run)
+                    .bind(cut),
+                )
+                .await?
+                .is_some();
+            let status = if pending { "suspended" } else { "queued" };
+            let row = tx
+                .one(
+                    q(
+                        "INSERT INTO runs (run_id, tenant, thread_id, status, query, config, \
+                         multitask_strategy, created_at, started_at, usage, attempt, phase, \
+                         cancel_requested, start_seq, trace_context, assistant_id, \
+                         assistant_version) \
+                       SELECT $2, tenant, $3, $4, query, config, multitask_strategy, {clock}, \
+                         started_at, $5, 0, $6, FALSE, start_seq, trace_context, assistant_id, \
+                         assistant_version FROM runs WHERE run_id = $1 RETURNING *",
+                    )
+                    .bind(*run)
+                    .bind(*new)
+                    .bind(fork.as_str())
+                    .bind(status)
+                    .bind(usage)
+                    .bind(phase),
+                )
+                .await?;
+            runs.push(rows::run_from_row(&row)?);
+        }
+        let renamed = |old: &Uuid| {
+            renames
+                .0
+                .iter()
+                .find(|(o, _)| o == old)
+                .map(|(_, n)| *n)
+                .ok_or_else(|| StoreError::Decode("a copied row without its new id".into()))
+        };
+        for (old, run) in &suspensions {
+            let new = renamed(old)?;
+            tx.exec(
+                q(
+                    "INSERT INTO suspensions (suspension_id, tenant, thread_id, run_id, item_id, \
+                     kind, tool_call, allowed_decisions, question, input_schema, \
+                     iteration_state, partial_tool_results, status, decision, created_at, \
+                     resolved_at, expires_at, created_seq, resolved_seq) \
+                   SELECT $2, s.tenant, $3, r.run_id, s.item_id, s.kind, s.tool_call, \
+                     s.allowed_decisions, s.question, s.input_schema, s.iteration_state, \
+                     s.partial_tool_results, \
+                     CASE WHEN s.resolved_seq <= $4 THEN s.status ELSE 'pending' END, \
+                     CASE WHEN s.resolved_seq <= $4 THEN s.decision END, s.created_at, \
+                     CASE WHEN s.resolved_seq <= $4 THEN s.resolved_at END, s.expires_at, \
+                     CASE WHEN s.created_seq > $6 THEN $6 ELSE s.created_seq END, \
+                     CASE WHEN s.resolved_seq <= $4 THEN \
+                       CASE WHEN s.resolved_seq > $6 THEN $6 ELSE s.resolved_seq END END \
+                   FROM suspensions s JOIN runs r ON r.thread_id = $3 AND r.tenant = s.tenant \
+                     AND r.run_id = $5 \
+                   WHERE s.suspension_id = $1",
+                )
+                .bind(*old)
+                .bind(new)
+                .bind(fork.as_str())
+                .bind(cut)
+                .bind(renamed(run)?)
+                .bind(asked),
+            )
+            .await?;
+        }
+        if !runs.is_empty() {
+            tx.notify(&Signal::RunReady).await?;
+        }
+        tx.commit().await?;
+        Ok(Some(Forked {
+            thread: rows::thread_from_row(&thread)?,
+            at_seq: asked,
+            runs,
+        }))
+    }
+}

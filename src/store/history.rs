@@ -1,0 +1,314 @@
+//! Thread history (DESIGN §7.2): what every commit records so that any past state can be read,
+//! and reading it. Every commit that hands out seqs writes one `commits` row (its last seq, its
+//! run, that run's phase and usage after it, and whether it changed the state); every write of a
+//! state row also writes a version of that row keyed by the same seq (`agent_state_versions`,
+//! `todo_item_versions`, a deleted item as a tombstone); a message carries the seq of the commit
+//! that wrote it, a suspension the seqs that made and ended it. A past state is then the newest
+//! version of each row at or before the commit that holds the asked-for seq: a few index probes
+//! whatever the length of the thread, with no replay.
+//!
+//! Why versions and not snapshots or a change log: a snapshot per commit writes every item at
+//! every commit (a plan of forty items, forty rows per commit), and a log of changes needs
+//! checkpoints and a replay to read a state. A version is written only for the rows a commit
+//! touches, which the commit writes anyway, and it is read back by its key.
+//!
+//! The SQL here is shared by the three ways of committing (`apply.rs`'s transaction,
+//! `postgres::one_statement`, `sqlite::one_call`) and by `append_observations`; forks, which copy
+//! a prefix of all this, are in `forks.rs`.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::rows;
+use super::sql::{Conn, q};
+use super::sql_store::SqlStore;
+use super::tables::{ITEM_COLUMNS, STATE_COLUMNS};
+use super::{AgentSnapshot, Op, StoreError, StoreResult};
+use crate::model::{AgentStateRow, SuspensionStatus, ThreadId};
+
+/// Whether a batch changes §2's state (what `/history` lists): the agent state, an item, or a
+/// suspension. Messages and the run's own row are not part of it.
+pub(crate) fn changes_state(ops: &[Op]) -> bool {
+    ops.iter().any(|op| {
+        matches!(
+            op,
+            Op::SetAgentState(_) | Op::UpsertItem(_) | Op::DeleteItem(_) | Op::InsertSuspension(_)
+        )
+    })
+}
+
+/// Copy the live `todo_items` rows picked by `filter` into their versions at `seq` (an SQL
+/// expression), as tombstones when `deleted`. `tenant` and `thread` are the placeholders of the
+/// statement the copy belongs to; `gate` is appended to the `WHERE` (the fence, where the
+/// dialect needs it). A second write of an item in one commit replaces the first's version.
+pub(crate) fn copy_items(
+    tenant: &str,
+    thread: &str,
+    filter: &str,
+    seq: &str,
+    deleted: bool,
+    gate: &str,
+) -> String {
+    let cols = ITEM_COLUMNS.join(", ");
+    let set: Vec<String> = ITEM_COLUMNS
+        .iter()
+        .filter(|c| **c != "item_id")
+        .map(|c| format!("{c} = EXCLUDED.{c}"))
+        .chain(std::iter::once("deleted = EXCLUDED.deleted".to_owned()))
+        .collect();
+    format!(
+        "INSERT INTO todo_item_versions (tenant, thread_id, {cols}, seq, deleted) \
+         SELECT tenant, thread_id, {cols}, {seq}, {deleted} FROM todo_items \
+         WHERE tenant = {tenant} AND thread_id = {thread} AND {filter}{gate} \
+         ON CONFLICT (tenant, thread_id, item_id, seq) DO UPDATE SET {set}",
+        deleted = if deleted { "TRUE" } else { "FALSE" },
+        set = set.join(", ")
+    )
+}
+
+/// Copy the live `agent_state` row into its version at `seq` (see [`copy_items`]).
+pub(crate) fn copy_state(tenant: &str, thread: &str, seq: &str, gate: &str) -> String {
+    let cols = STATE_COLUMNS.join(", ");
+    let set: Vec<String> = STATE_COLUMNS
+        .iter()
+        .map(|c| format!("{c} = EXCLUDED.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO agent_state_versions (tenant, thread_id, seq, {cols}) \
+         SELECT tenant, thread_id, {seq}, {cols} FROM agent_state \
+         WHERE tenant = {tenant} AND thread_id = {thread}{gate} \
+         ON CONFLICT (tenant, thread_id, seq) DO UPDATE SET {set}",
+        set = set.join(", ")
+    )
+}
+
+/// The columns of a `commits` row, in the order the commit paths write them.
+pub(crate) const COMMIT_COLUMNS: &str =
+    "tenant, thread_id, seq, run_id, type, phase, usage, changed, created_at";
+
+/// The bare `TRUE`/`FALSE` of a flag, for SQL both dialects read.
+pub(crate) fn flag(b: bool) -> &'static str {
+    if b { "TRUE" } else { "FALSE" }
+}
+
+/// The history bookkeeping of a commit made outside the engine's batches (a cancel, a decision,
+/// an expiry, a steering message, runs displaced by a new one), inside its transaction, after
+/// the seqs `..=last` were reserved: the suspensions this transaction ended get `last` as the
+/// seq that ended them, and the commit gets its row (changed when it ended one).
+pub(crate) async fn record_append(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    last: i64,
+    run_id: Option<Uuid>,
+    last_type: &str,
+    now: DateTime<Utc>,
+) -> StoreResult<()> {
+    let ended = conn
+        .exec(
+            q(
+                "UPDATE suspensions SET resolved_seq = $3 WHERE tenant = $1 AND thread_id = $2 \
+               AND status <> 'pending' AND resolved_seq IS NULL",
+            )
+            .bind(tenant)
+            .bind(thread_id.as_str())
+            .bind(last),
+        )
+        .await?;
+    conn.exec(
+        q(format!(
+            "INSERT INTO commits ({COMMIT_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, NULL, NULL, $6, $7)"
+        ))
+        .bind(tenant)
+        .bind(thread_id.as_str())
+        .bind(last)
+        .bind(run_id)
+        .bind(last_type)
+        .bind(ended > 0)
+        .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A point of a thread's history: a commit that changed its state.
+#[derive(Debug, Clone)]
+pub struct HistoryPoint {
+    /// The commit's last observation: read the state there with `state?atSeq=`.
+    pub seq: i64,
+    pub run_id: Option<Uuid>,
+    /// The type of observation `seq`.
+    pub kind: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A past state, as [`SqlStore::state_at`] reads it.
+#[derive(Debug, Clone)]
+pub struct PastState {
+    pub snapshot: AgentSnapshot,
+    /// The seq the state is read at: the last observation of the commit that holds the seq
+    /// asked for (a commit is atomic: its observations share one state).
+    pub seq: i64,
+}
+
+/// Why a past state could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PastError {
+    #[error("seq {asked} is past the thread's last observation ({last})")]
+    OutOfRange { asked: i64, last: i64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The last seq of the commit that holds observation `seq`: a commit is atomic, so every seq
+/// inside it reads the state after it. A seq no commit row covers (threads from before history
+/// began, or 0) is its own end.
+pub(crate) async fn commit_end(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    seq: i64,
+) -> StoreResult<i64> {
+    if seq <= 0 {
+        return Ok(0);
+    }
+    let row = conn
+        .opt(
+            q(
+                "SELECT seq FROM commits WHERE tenant = $1 AND thread_id = $2 AND seq >= $3 \
+               ORDER BY seq LIMIT 1",
+            )
+            .bind(tenant)
+            .bind(thread_id.as_str())
+            .bind(seq),
+        )
+        .await?;
+    Ok(row.map(|r| r.int("seq")).transpose()?.unwrap_or(seq))
+}
+
+/// The newest version of each item at or before `$3`, deletions left out, in plan order.
+pub(crate) const ITEMS_AT: &str = "SELECT v.* FROM todo_item_versions v JOIN ( \
+      SELECT item_id, max(seq) AS seq FROM todo_item_versions \
+      WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 GROUP BY item_id) m \
+    ON v.tenant = $1 AND v.thread_id = $2 AND v.item_id = m.item_id AND v.seq = m.seq \
+    WHERE NOT v.deleted ORDER BY v.position, v.item_id";
+
+/// The agent state row at or before `$3`.
+pub(crate) const STATE_AT: &str = "SELECT * FROM agent_state_versions \
+    WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 ORDER BY seq DESC LIMIT 1";
+
+/// The suspensions pending right after `$3`: made at or before it, ended after it or not yet.
+pub(crate) const PENDING_AT: &str = "SELECT * FROM suspensions \
+    WHERE tenant = $1 AND thread_id = $2 AND created_seq <= $3 \
+      AND (resolved_seq IS NULL OR resolved_seq > $3) \
+    ORDER BY created_at DESC, suspension_id DESC";
+
+/// The state of a thread right after commit `end` (see [`commit_end`]), read on `conn`.
+pub(crate) async fn snapshot_at(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    end: i64,
+) -> StoreResult<AgentSnapshot> {
+    let key = |sql: &'static str| q(sql).bind(tenant).bind(thread_id.as_str()).bind(end);
+    let state = match conn.opt(key(STATE_AT)).await? {
+        Some(row) => rows::agent_state_from_row(&row)?,
+        None => AgentStateRow::default(),
+    };
+    let items = conn.all(key(ITEMS_AT)).await?;
+    let pending = conn.all(key(PENDING_AT)).await?;
+    let pending_suspension = match pending.first() {
+        Some(row) => {
+            // As it was then: waiting for a decision.
+            let mut s = rows::suspension_from_row(row)?;
+            s.status = SuspensionStatus::Pending;
+            s.decision = None;
+            s.resolved_at = None;
+            Some(s)
+        }
+        None => None,
+    };
+    Ok(AgentSnapshot {
+        state,
+        items: items
+            .iter()
+            .map(rows::item_from_row)
+            .collect::<StoreResult<_>>()?,
+        pending_suspension,
+    })
+}
+
+impl SqlStore {
+    /// The thread's state right after observation `seq` was committed; `None` when the thread
+    /// does not exist.
+    ///
+    /// # Errors
+    /// [`PastError::OutOfRange`] when `seq` is past the thread's last observation.
+    pub async fn state_at(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        seq: i64,
+    ) -> Result<Option<PastState>, PastError> {
+        // One snapshot for every read.
+        let mut tx = self.snapshot().await?;
+        let Some(row) = tx
+            .opt(
+                q("SELECT last_seq FROM threads WHERE tenant = $1 AND thread_id = $2")
+                    .bind(tenant)
+                    .bind(thread_id.as_str()),
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let last = row.int("last_seq")?;
+        if seq > last {
+            return Err(PastError::OutOfRange { asked: seq, last });
+        }
+        let end = commit_end(&mut tx, tenant, thread_id, seq).await?;
+        let snapshot = snapshot_at(&mut tx, tenant, thread_id, end).await?;
+        tx.commit().await?;
+        Ok(Some(PastState { snapshot, seq: end }))
+    }
+
+    /// The points a past state can be read at, newest first: at most `limit` commits that
+    /// changed the state, before seq `before` when given; `None` when the thread does not exist.
+    pub async fn history(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        limit: u32,
+        before: Option<i64>,
+    ) -> StoreResult<Option<Vec<HistoryPoint>>> {
+        if !self.thread_exists(tenant, thread_id).await? {
+            return Ok(None);
+        }
+        let found = self
+            .read()
+            .await?
+            .all(
+                q("SELECT seq, run_id, type, created_at FROM commits \
+                   WHERE tenant = $1 AND thread_id = $2 AND changed AND seq < $3 \
+                   ORDER BY seq DESC LIMIT $4")
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(before.unwrap_or(i64::MAX))
+                .bind(rows::sql_limit(limit)),
+            )
+            .await?;
+        found
+            .iter()
+            .map(|r| {
+                Ok(HistoryPoint {
+                    seq: r.int("seq")?,
+                    run_id: r.opt_uuid("run_id")?,
+                    kind: r.text("type")?,
+                    created_at: r.ts("created_at")?,
+                })
+            })
+            .collect::<StoreResult<_>>()
+            .map(Some)
+    }
+}

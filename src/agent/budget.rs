@@ -9,6 +9,10 @@
 //! misestimate. Once a call is refused the meter stays shut until a person raises the budget: no
 //! model call starts after the limit. The spend itself is the run's `usage`, committed with every
 //! step, so a run re-claimed after a crash starts its meter where the store says it was.
+//!
+//! The meter also holds the run's share of its tenant's daily budget (`tenant_budget.rs`): a
+//! call must fit under both, and the limit that refused it says what happens (`onExceed`) and
+//! whose budget the `BUDGET` observation and the suspension name (`scope`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,9 +23,10 @@ use serde_json::json;
 use super::Engine;
 use super::changes::{Op, RunUpdate};
 use super::journal::{Ctx, Halt};
+use super::tenant_budget::TenantLimit;
 use crate::llm::ChatRequest;
 use crate::model::payloads::{
-    AgentSuspendedContent, BudgetContent, BudgetState, RunSuspendedContent,
+    AgentSuspendedContent, BudgetContent, BudgetScope, BudgetState, RunSuspendedContent,
 };
 use crate::model::{
     Budget, Decision, ErrorInfo, ItemId, OnExceed, Prices, ResumeDecision, RunStatus, Suspension,
@@ -45,6 +50,8 @@ pub(super) struct Meter {
     on_exceed: OnExceed,
     max_tokens: Option<u64>,
     max_usd: Option<f64>,
+    /// The tenant's daily budget, when it has one.
+    tenant: Option<TenantLimit>,
     state: Mutex<State>,
 }
 
@@ -63,6 +70,10 @@ struct State {
     warned: bool,
     /// A call was refused: nothing more starts until the budget is raised.
     shut: bool,
+    /// Whose limit refused it.
+    shut_by: BudgetScope,
+    /// The tenant's 80 % mark was reported by this run.
+    tenant_warned: bool,
 }
 
 /// Why a call was refused.
@@ -97,6 +108,7 @@ impl Meter {
     /// people approved so far.
     pub(super) fn new(
         budget: Option<&Budget>,
+        tenant: Option<TenantLimit>,
         prices: Arc<Prices>,
         model: Option<String>,
         spent: &Usage,
@@ -109,6 +121,7 @@ impl Meter {
             on_exceed: b.on_exceed.unwrap_or_default(),
             max_tokens: b.max_tokens,
             max_usd: b.max_cost_usd,
+            tenant,
             state: Mutex::new(State {
                 spent_tokens: spent.total_tokens,
                 spent_usd: spent.cost_usd,
@@ -129,13 +142,47 @@ impl Meter {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether the run has a limit at all (without one, admission costs nothing).
+    /// Whether the run has a limit at all, its own or its tenant's (without one, admission
+    /// costs nothing).
     pub(super) fn limited(&self) -> bool {
-        self.max_tokens.is_some() || self.max_usd.is_some()
+        self.max_tokens.is_some() || self.max_usd.is_some() || self.tenant.is_some()
     }
 
+    /// What the run does now that a call was refused: what the limit that refused it says.
     pub(super) fn on_exceed(&self) -> OnExceed {
-        self.on_exceed
+        match (self.lock().shut_by, &self.tenant) {
+            (BudgetScope::Tenant, Some(t)) => t.on_exceed,
+            _ => self.on_exceed,
+        }
+    }
+
+    /// The tenant's daily budget, when it has one.
+    pub(super) fn tenant(&self) -> Option<&TenantLimit> {
+        self.tenant.as_ref()
+    }
+
+    /// Whether the tenant's spend is past `share` of its daily limits (none: no daily budget).
+    pub(super) fn tenant_near(&self, share: f64) -> Option<bool> {
+        let t = self.tenant.as_ref()?;
+        let s = self.lock();
+        Some(t.share((s.raised_tokens, s.raised_usd)) >= share)
+    }
+
+    /// A person's decision on a budget suspension of `scope` shut the meter (a reject).
+    pub(super) fn shut(&self, scope: BudgetScope) {
+        let mut s = self.lock();
+        s.shut = true;
+        s.shut_by = scope;
+    }
+
+    /// A run that goes on does not report again the tenant's 80 % it reported before.
+    pub(super) fn tenant_reported(&self) {
+        let mut s = self.lock();
+        let raised = (s.raised_tokens, s.raised_usd);
+        s.tenant_warned = self
+            .tenant
+            .as_ref()
+            .is_some_and(|t| t.share(raised) >= WARN_AT);
     }
 
     fn limits(&self, s: &State) -> (Option<u64>, Option<f64>) {
@@ -153,15 +200,40 @@ impl Meter {
         t.max(u)
     }
 
-    fn content(&self, s: &State, state: BudgetState) -> BudgetContent {
+    fn content(&self, s: &State, state: BudgetState, scope: BudgetScope) -> BudgetContent {
+        if let (BudgetScope::Tenant, Some(t)) = (scope, &self.tenant) {
+            let (spent_tokens, spent_usd) = t.gauge.spent();
+            return BudgetContent {
+                state,
+                scope,
+                spent_tokens,
+                spent_usd,
+                limit_tokens: t.max_tokens.map(|l| l.saturating_add(s.raised_tokens)),
+                limit_usd: t.max_usd.map(|l| l + s.raised_usd),
+            };
+        }
         let (limit_tokens, limit_usd) = self.limits(s);
         BudgetContent {
             state,
+            scope: BudgetScope::Run,
             spent_tokens: s.spent_tokens,
             spent_usd: s.spent_usd,
             limit_tokens,
             limit_usd,
         }
+    }
+
+    /// Whether a call of `tokens` and `usd` more than what is spent and reserved (`reserved`)
+    /// passes the tenant's daily limits (raised for this run).
+    fn over_tenant(&self, s: &State, reserved: (u64, f64), tokens: u64, usd: f64) -> bool {
+        let Some(t) = &self.tenant else {
+            return false;
+        };
+        let (st, su) = t.gauge.spent();
+        t.max_tokens
+            .is_some_and(|l| st + reserved.0 + tokens > l.saturating_add(s.raised_tokens))
+            || t.max_usd
+                .is_some_and(|l| su + reserved.1 + usd > l + s.raised_usd)
     }
 
     /// What `usage` cost on the run's model.
@@ -189,8 +261,16 @@ impl Meter {
             .fold((0u64, 0.0f64), |(t, u), (rt, ru)| (t + rt, u + ru));
         let over_tokens = lt.is_some_and(|l| s.spent_tokens + rt + prompt_tokens > l);
         let over_usd = lu.is_some_and(|l| s.spent_usd + ru + usd > l);
-        if s.shut || over_tokens || over_usd {
-            let first = (!s.shut).then(|| self.content(&s, BudgetState::Exceeded));
+        let over_tenant = self.over_tenant(&s, (rt, ru), prompt_tokens, usd);
+        if s.shut || over_tokens || over_usd || over_tenant {
+            if !s.shut {
+                s.shut_by = if over_tokens || over_usd {
+                    BudgetScope::Run
+                } else {
+                    BudgetScope::Tenant
+                };
+            }
+            let first = (!s.shut).then(|| self.content(&s, BudgetState::Exceeded, s.shut_by));
             s.shut = true;
             return Err(Refused { first });
         }
@@ -217,20 +297,37 @@ impl Meter {
         }
         s.spent_tokens += used.total_tokens;
         s.spent_usd += used.cost_usd;
+        if let Some(t) = &self.tenant {
+            t.gauge.add(used.total_tokens, used.cost_usd);
+        }
         s.largest = (
             s.largest.0.max(used.total_tokens),
             s.largest.1.max(used.cost_usd),
         );
     }
 
-    /// The `BUDGET` warning's content, once: when the spend is past 80 % of a limit.
+    /// The `BUDGET` warning's content, once per limit: when the spend is past 80 % of the
+    /// run's limits, or of the tenant's.
     pub(super) fn warning(&self) -> Option<BudgetContent> {
         let mut s = self.lock();
-        if !self.limited() || s.warned || self.share(&s) < WARN_AT {
+        if !self.limited() {
             return None;
         }
-        s.warned = true;
-        Some(self.content(&s, BudgetState::Warning))
+        if !s.warned && self.share(&s) >= WARN_AT {
+            s.warned = true;
+            return Some(self.content(&s, BudgetState::Warning, BudgetScope::Run));
+        }
+        let raised = (s.raised_tokens, s.raised_usd);
+        if !s.tenant_warned
+            && self
+                .tenant
+                .as_ref()
+                .is_some_and(|t| t.share(raised) >= WARN_AT)
+        {
+            s.tenant_warned = true;
+            return Some(self.content(&s, BudgetState::Warning, BudgetScope::Tenant));
+        }
+        None
     }
 
     /// A call ended without a reply: give its reservation back.
@@ -242,15 +339,19 @@ impl Meter {
 
     /// The content of the `BUDGET` observation at the limit, as the meter stands.
     pub(super) fn exceeded(&self) -> BudgetContent {
-        self.content(&self.lock(), BudgetState::Exceeded)
+        let s = self.lock();
+        self.content(&s, BudgetState::Exceeded, s.shut_by)
     }
 }
 
-/// What people approved for this run's budget so far (tokens, dollars), and whether one
-/// rejected a raise (the run then fails).
-pub(super) fn decisions(suspensions: &[Suspension], run_id: uuid::Uuid) -> ((u64, f64), bool) {
+/// What people approved for this run's budget so far (tokens, dollars), and whose budget a
+/// person refused to raise, if one did (the run then fails).
+pub(super) fn decisions(
+    suspensions: &[Suspension],
+    run_id: uuid::Uuid,
+) -> ((u64, f64), Option<BudgetScope>) {
     let mut raised = (0u64, 0.0f64);
-    let mut rejected = false;
+    let mut rejected = None;
     for s in suspensions
         .iter()
         .filter(|s| s.run_id == run_id && s.kind == SuspensionKind::Budget)
@@ -263,17 +364,32 @@ pub(super) fn decisions(suspensions: &[Suspension], run_id: uuid::Uuid) -> ((u64
                     raised.1 += r.usd.unwrap_or(0.0);
                 }
             }
-            _ => rejected = true,
+            _ => {
+                let scope = s.tool_call.arguments.get("scope").cloned();
+                rejected = Some(
+                    scope
+                        .and_then(|v| serde_json::from_value(v).ok())
+                        .unwrap_or_default(),
+                );
+            }
         }
     }
     (raised, rejected)
 }
 
-/// The run failed for its budget.
+/// The run failed for its budget (or its tenant's daily budget).
 pub(super) fn exceeded_error(c: &BudgetContent) -> ErrorInfo {
     ErrorInfo {
         code: "budget_exceeded".into(),
-        message: format!("the run's budget is spent: {}", describe(c)),
+        message: format!("{} is spent: {}", whose(c.scope), describe(c)),
+    }
+}
+
+/// Whose budget `scope` names, in words.
+fn whose(scope: BudgetScope) -> &'static str {
+    match scope {
+        BudgetScope::Run => "the run's budget",
+        BudgetScope::Tenant => "the tenant's daily budget",
     }
 }
 
@@ -308,7 +424,11 @@ impl Ctx<'_> {
             }
             Err(Refused { first }) => {
                 if let Some(c) = &first {
-                    let o = self.emit(None, "Budget reached", c);
+                    let title = match c.scope {
+                        BudgetScope::Run => "Budget reached",
+                        BudgetScope::Tenant => "Tenant's daily budget reached",
+                    };
+                    let o = self.emit(None, title, c);
                     self.pending.observe(o);
                 }
                 Err(match self.env.budget.on_exceed() {
@@ -346,7 +466,11 @@ impl Ctx<'_> {
             self.items[i].usage.add(&used);
         }
         if let Some(c) = warning {
-            let o = self.emit(None, "Budget at 80 %", &c);
+            let title = match c.scope {
+                BudgetScope::Run => "Budget at 80 %",
+                BudgetScope::Tenant => "Tenant's daily budget at 80 %",
+            };
+            let o = self.emit(None, title, &c);
             self.pending.observe(o);
         }
         used
@@ -384,10 +508,16 @@ impl Engine {
                     name: "budget".into(),
                     arguments: json!(content),
                 };
-                let question = format!(
-                    "The run's next model call would pass its budget ({}). Approve with raiseBy to go on, or reject to fail the run.",
-                    describe(&content)
-                );
+                let question = match content.scope {
+                    BudgetScope::Run => format!(
+                        "The run's next model call would pass its budget ({}). Approve with raiseBy to go on, or reject to fail the run.",
+                        describe(&content)
+                    ),
+                    BudgetScope::Tenant => format!(
+                        "The run's next model call would pass the tenant's daily budget ({}). Approve with raiseBy to let this run go on (it raises this run's allowance only), or reject to fail the run.",
+                        describe(&content)
+                    ),
+                };
                 let s = Suspension {
                     suspension_id: id,
                     thread_id: ctx.env.thread_id.clone(),

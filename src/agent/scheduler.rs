@@ -170,6 +170,8 @@ impl Engine {
                     self.refine_for_steering(ctx).await?;
                 }
                 if !draining {
+                    // The tenant's daily spend, read again when stale (a budgeted tenant only).
+                    ctx.refresh_tenant_spend().await?;
                     let started = self.launch(ctx, &mut busy, limit, &mut over_budget)?;
                     let needs_commit = started.iter().any(|(_, s)| s.needs_commit(self));
                     let idle_wait = started.is_empty() && !inflight.is_empty();

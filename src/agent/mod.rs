@@ -32,12 +32,14 @@
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts, their labels, and schemas).
 
 mod budget;
+mod budget_gate;
 mod calls;
 pub mod changes;
 mod compaction;
 mod context;
 mod endings;
 mod executor;
+mod failures;
 mod hitl;
 mod journal;
 pub mod plan;

@@ -215,19 +215,6 @@ impl Meter {
         }
     }
 
-    /// Whether a call of `tokens` and `usd` more than what is spent and reserved (`reserved`)
-    /// passes the tenant's daily limits (raised for this run).
-    fn over_tenant(&self, s: &State, reserved: (u64, f64), tokens: u64, usd: f64) -> bool {
-        let Some(t) = &self.tenant else {
-            return false;
-        };
-        let (st, su) = t.gauge.spent();
-        t.max_tokens
-            .is_some_and(|l| st + reserved.0 + tokens > l.saturating_add(s.raised_tokens))
-            || t.max_usd
-                .is_some_and(|l| su + reserved.1 + usd > l + s.raised_usd)
-    }
-
     /// What `usage` cost on the run's model.
     pub(super) fn price(&self, usage: &Usage) -> Usage {
         let mut u = *usage;
@@ -253,7 +240,13 @@ impl Meter {
             .fold((0u64, 0.0f64), |(t, u), (rt, ru)| (t + rt, u + ru));
         let over_tokens = lt.is_some_and(|l| s.spent_tokens + rt + prompt_tokens > l);
         let over_usd = lu.is_some_and(|l| s.spent_usd + ru + usd > l);
-        let over_tenant = self.over_tenant(&s, (rt, ru), prompt_tokens, usd);
+        let hold = (prompt_tokens.max(s.largest.0), usd.max(s.largest.1));
+        // The tenant's day is checked (and the hold taken there) only for a call the run admits.
+        let over_tenant = !(s.shut || over_tokens || over_usd)
+            && self.tenant.as_ref().is_some_and(|t| {
+                let limits = t.limits((s.raised_tokens, s.raised_usd));
+                !t.gauge.try_reserve(limits, (prompt_tokens, usd), hold)
+            });
         if s.shut || over_tokens || over_usd || over_tenant {
             if !s.shut {
                 s.shut_by = if over_tokens || over_usd {
@@ -268,7 +261,6 @@ impl Meter {
         }
         let id = s.next;
         s.next += 1;
-        let hold = (prompt_tokens.max(s.largest.0), usd.max(s.largest.1));
         s.reserved.insert(id, hold);
         Ok(Some(Ticket(id)))
     }
@@ -284,9 +276,7 @@ impl Meter {
     /// for the warning when it takes the call's result in.
     pub(super) fn count(&self, ticket: Option<Ticket>, used: &Usage) {
         let mut s = self.lock();
-        if let Some(Ticket(id)) = ticket {
-            s.reserved.remove(&id);
-        }
+        self.unhold(&mut s, ticket);
         s.spent_tokens += used.total_tokens;
         s.spent_usd += used.cost_usd;
         if let Some(t) = &self.tenant {
@@ -324,8 +314,17 @@ impl Meter {
 
     /// A call ended without a reply: give its reservation back.
     pub(super) fn release(&self, ticket: Option<Ticket>) {
-        if let Some(Ticket(id)) = ticket {
-            self.lock().reserved.remove(&id);
+        let mut s = self.lock();
+        self.unhold(&mut s, ticket);
+    }
+
+    /// Give back the reservation of `ticket`, the run's and the tenant's.
+    fn unhold(&self, s: &mut State, ticket: Option<Ticket>) {
+        let Some(Ticket(id)) = ticket else {
+            return;
+        };
+        if let (Some(hold), Some(t)) = (s.reserved.remove(&id), &self.tenant) {
+            t.gauge.unreserve(hold);
         }
     }
 
@@ -333,6 +332,20 @@ impl Meter {
     pub(super) fn exceeded(&self) -> BudgetContent {
         let s = self.lock();
         self.content(&s, BudgetState::Exceeded, s.shut_by)
+    }
+}
+
+impl Drop for Meter {
+    /// A run that stops with calls in flight (a shutdown, a cancel) gives their holds on the
+    /// tenant's day back: they are the process's, and the process goes on.
+    fn drop(&mut self) {
+        let Some(t) = &self.tenant else {
+            return;
+        };
+        let s = self.lock();
+        for hold in s.reserved.values() {
+            t.gauge.unreserve(*hold);
+        }
     }
 }
 

@@ -7,9 +7,11 @@
 //! path nothing. Each process keeps the tenant's last read in a [`Gauge`] shared by its runs, plus
 //! what its own runs spent since; the gauge is read again when it is older than [`FRESH_FOR`], and
 //! every [`NEAR_FRESH_FOR`] once the spend is past 80 % of a limit; the run commits what it staged before
-//! it reads, so its own spend is all in the read. Another run's usage counted here but not yet
-//! committed when the store was read is out of sight until the next read: so a tenant passes its
-//! limit by at most the model calls in flight when it is reached, as a run passes its own.
+//! it reads, so its own spend is all in the read. The calls in flight of the tenant's runs here
+//! hold their share of the day in the gauge ([`Gauge::try_reserve`]), as one run's parallel items
+//! do in its meter. Another run's usage counted here but not yet committed when the store was
+//! read is out of sight until the next read, and another replica's calls until they commit: so a
+//! tenant passes its limit by at most the model calls in flight when it is reached.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -67,6 +69,8 @@ struct Reading {
     stored: (u64, f64),
     /// What this process's runs spent since that read.
     since: (u64, f64),
+    /// What the calls of the tenant's runs in flight here may still spend (their reservations).
+    held: (u64, f64),
 }
 
 /// The start of the UTC day of `now`.
@@ -115,7 +119,38 @@ impl Gauge {
             took: at.elapsed(),
             stored,
             since: (0, 0.0),
+            held: r.held,
         };
+    }
+
+    /// Reserve `hold` for a call of one of the tenant's runs, unless what the tenant spent, what
+    /// the calls in flight here hold, and the call's `need` pass `limits`; whether it did. So
+    /// the parallel calls of all the tenant's runs in this process share its day as the items of
+    /// one run share the run's budget.
+    pub(super) fn try_reserve(
+        &self,
+        limits: (Option<u64>, Option<f64>),
+        need: (u64, f64),
+        hold: (u64, f64),
+    ) -> bool {
+        let (spent_tokens, spent_usd) = self.spent();
+        let mut r = self.lock();
+        let over = limits
+            .0
+            .is_some_and(|l| spent_tokens + r.held.0 + need.0 > l)
+            || limits.1.is_some_and(|l| spent_usd + r.held.1 + need.1 > l);
+        if !over {
+            r.held.0 += hold.0;
+            r.held.1 += hold.1;
+        }
+        !over
+    }
+
+    /// A reserved call ended: its hold goes back.
+    pub(super) fn unreserve(&self, hold: (u64, f64)) {
+        let mut r = self.lock();
+        r.held.0 = r.held.0.saturating_sub(hold.0);
+        r.held.1 = (r.held.1 - hold.1).max(0.0);
     }
 }
 
@@ -135,6 +170,14 @@ impl TenantLimit {
             max_usd: budget.max_cost_usd,
             on_exceed: budget.on_exceed.unwrap_or_default(),
         }
+    }
+
+    /// The tenant's daily limits, raised by `raised` for this run.
+    pub(super) fn limits(&self, raised: (u64, f64)) -> (Option<u64>, Option<f64>) {
+        (
+            self.max_tokens.map(|l| l.saturating_add(raised.0)),
+            self.max_usd.map(|l| l + raised.1),
+        )
     }
 
     /// The larger share of a limit (raised by `raised` for this run) that the tenant spent.
@@ -202,6 +245,26 @@ mod tests {
         g.set(yesterday, Instant::now(), (100, 1.0));
         assert_eq!(g.spent(), (0, 0.0), "yesterday's spend is not today's");
         assert!(g.stale(false));
+    }
+
+    #[test]
+    fn reservations_of_calls_in_flight_count_until_they_end() {
+        let g = Gauge::default();
+        g.set(Utc::now().date_naive(), Instant::now(), (6000, 0.0));
+        let limits = (Some(9000), None);
+        assert!(g.try_reserve(limits, (100, 0.0), (1500, 0.0)));
+        assert!(g.try_reserve(limits, (100, 0.0), (1500, 0.0)));
+        assert!(
+            !g.try_reserve(limits, (100, 0.0), (1500, 0.0)),
+            "6,000 spent and 3,000 held: nothing more fits"
+        );
+        g.set(Utc::now().date_naive(), Instant::now(), (6000, 0.0));
+        assert!(
+            !g.try_reserve(limits, (100, 0.0), (1500, 0.0)),
+            "a read keeps the holds"
+        );
+        g.unreserve((1500, 0.0));
+        assert!(g.try_reserve(limits, (100, 0.0), (1500, 0.0)));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use serde_json::{Value, json};
 
 use crate::both_stores;
-use crate::fake_llm::FakeLlm;
+use crate::fake_llm::{FakeLlm, Reply, phase_of, plan};
 use crate::helpers::{Backend, TestApp, database_url, read, spawn_config, test_config};
 
 const CALL: u64 = 1500;
@@ -197,6 +197,85 @@ async fn the_days_spend_survives_a_restart(backend: Backend) {
     app.stop().await;
 }
 both_stores!(restart, the_days_spend_survives_a_restart);
+
+/// Two runs of one tenant, four parallel items each, at once: their calls share the tenant's day
+/// as one run's items share its budget, so together they never pass the limit (without the
+/// shared holds each run would count only its own calls in flight: 15,000 tokens).
+async fn parallel_runs_share_the_tenants_day(backend: Backend) {
+    let llm = fake().await;
+    let four = || {
+        plan(&[
+            ("a", "think a", &[], &[]),
+            ("b", "think b", &[], &[]),
+            ("c", "think c", &[], &[]),
+            ("d", "think d", &[], &[]),
+        ])
+    };
+    llm.push("plan", four());
+    llm.push("plan", four());
+    for id in ["a", "b", "c", "d"] {
+        llm.set_item_default(id, Reply::Text(format!("answer {id}")));
+    }
+    // Every item's call waits until what was admitted is in flight.
+    llm.hold_if(|r| phase_of(r) == "execute");
+    let url = database_url(backend).await;
+    let app = spawn_config(config(&url, &llm)).await;
+    let mut runs = Vec::new();
+    for t in ["p1", "p2"] {
+        let (s, run) = post_as(
+            &app,
+            "ka",
+            &format!("/v1/threads/{t}/runs"),
+            json!({"query": "think", "ifNotExists": "create", "config": {"maxParallelItems": 4}}),
+        )
+        .await;
+        assert_eq!(s, 202, "{run}");
+        runs.push((t, run["runId"].as_str().unwrap().to_owned()));
+    }
+    // Two plans and eight items want 15,000: once the calls that fit are in flight, the next is
+    // refused (a `BUDGET` at the limit), then the held calls answer.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut refused = false;
+        for (t, _) in &runs {
+            refused |= budget_obs(&app, "ka", t)
+                .await
+                .iter()
+                .any(|o| o["content"]["state"] == "exceeded");
+        }
+        if refused {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no call was refused"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    llm.release();
+    let mut spent = 0;
+    for (t, rid) in &runs {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        let run = loop {
+            let (_, run) = app
+                .get_as("ka", &format!("/v1/threads/{t}/runs/{rid}"))
+                .await;
+            if run["status"] != "running" && run["status"] != "queued" {
+                break run;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{run}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        assert_eq!(run["status"], "suspended", "{run}");
+        spent += total(&run);
+    }
+    // At most one call's misestimate past the limit (a plan's prompt is counted before its
+    // reply says what it cost).
+    assert!(spent <= 9000 + CALL, "the tenant spent {spent} of 9,000");
+    assert_eq!(llm.calls() * CALL, spent);
+    app.stop().await;
+}
+both_stores!(parallel, parallel_runs_share_the_tenants_day);
 
 /// Two replicas on one Postgres: replica A spends most of acme's day, then (A's one worker slot
 /// held by another tenant's run) replica B, which never ran anything of acme's, drives acme's

@@ -296,6 +296,9 @@ impl App {
         };
         let prices = crate::model::Prices::parse(config.model_prices.as_deref().unwrap_or(""))
             .map_err(anyhow::Error::msg)?;
+        let tenant_budgets =
+            crate::model::TenantBudgets::parse(config.tenant_budgets.as_deref().unwrap_or(""))
+                .map_err(anyhow::Error::msg)?;
         let engine = Engine::new(
             providers,
             tools,
@@ -323,6 +326,7 @@ impl App {
                 tool_result_max_bytes: usize::try_from(config.tool_result_max_bytes)
                     .unwrap_or(usize::MAX),
                 prices: Arc::new(prices),
+                tenant_budgets: Arc::new(tenant_budgets),
                 require_approval: config
                     .require_approval
                     .iter()

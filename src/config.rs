@@ -180,6 +180,13 @@ pub struct Config {
     #[arg(long, env = "PES_MODEL_PRICES")]
     pub model_prices: Option<String>,
 
+    /// What each tenant may spend on its models per UTC day, as a JSON object: tenant →
+    /// `{"maxTokens"?, "maxCostUsd"?, "onExceed"?}` (`*` applies to every tenant not named; a
+    /// named entry without limits exempts its tenant). The day's spend is read from the store,
+    /// so it holds across replicas and restarts. Unset: no daily budget.
+    #[arg(long, env = "PES_TENANT_BUDGETS")]
+    pub tenant_budgets: Option<String>,
+
     /// The bearer key `/metrics` needs; unset: `/metrics` is open (its labels hold no tenant
     /// data either way).
     #[arg(long, env = "PES_METRICS_KEY", hide_env_values = true)]

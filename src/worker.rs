@@ -165,6 +165,16 @@ impl Journal for WorkerJournal {
             .map_err(|e| EngineError::Store(e.into()))
     }
 
+    async fn tenant_spend(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(u64, f64), EngineError> {
+        self.store
+            .tenant_spend(&self.tenant, since)
+            .await
+            .map_err(|e| EngineError::Store(e.into()))
+    }
+
     async fn run_observations(
         &self,
         types: &[crate::model::ObservationType],

@@ -9,23 +9,20 @@
 //! misestimate. Once a call is refused the meter stays shut until a person raises the budget: no
 //! model call starts after the limit. The spend itself is the run's `usage`, committed with every
 //! step, so a run re-claimed after a crash starts its meter where the store says it was.
+//!
+//! The meter also holds the run's share of its tenant's daily budget (`tenant_budget.rs`): a
+//! call must fit under both, and the limit that refused it says what happens (`onExceed`) and
+//! whose budget the `BUDGET` observation and the suspension name (`scope`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use chrono::Utc;
-use serde_json::json;
-
-use super::Engine;
-use super::changes::{Op, RunUpdate};
-use super::journal::{Ctx, Halt};
+use super::tenant_budget::TenantLimit;
 use crate::llm::ChatRequest;
-use crate::model::payloads::{
-    AgentSuspendedContent, BudgetContent, BudgetState, RunSuspendedContent,
-};
+use crate::model::payloads::{BudgetContent, BudgetScope, BudgetState};
 use crate::model::{
-    Budget, Decision, ErrorInfo, ItemId, OnExceed, Prices, ResumeDecision, RunStatus, Suspension,
-    SuspensionKind, SuspensionStatus, ToolCallRecord, Usage, new_id,
+    Budget, ErrorInfo, OnExceed, Prices, ResumeDecision, Suspension, SuspensionKind,
+    SuspensionStatus, Usage,
 };
 
 /// The item id a `budget` suspension names: it belongs to the run, not to one item.
@@ -45,6 +42,8 @@ pub(super) struct Meter {
     on_exceed: OnExceed,
     max_tokens: Option<u64>,
     max_usd: Option<f64>,
+    /// The tenant's daily budget, when it has one.
+    tenant: Option<TenantLimit>,
     state: Mutex<State>,
 }
 
@@ -63,6 +62,10 @@ struct State {
     warned: bool,
     /// A call was refused: nothing more starts until the budget is raised.
     shut: bool,
+    /// Whose limit refused it.
+    shut_by: BudgetScope,
+    /// The tenant's 80 % mark was reported by this run.
+    tenant_warned: bool,
 }
 
 /// Why a call was refused.
@@ -97,6 +100,7 @@ impl Meter {
     /// people approved so far.
     pub(super) fn new(
         budget: Option<&Budget>,
+        tenant: Option<TenantLimit>,
         prices: Arc<Prices>,
         model: Option<String>,
         spent: &Usage,
@@ -109,6 +113,7 @@ impl Meter {
             on_exceed: b.on_exceed.unwrap_or_default(),
             max_tokens: b.max_tokens,
             max_usd: b.max_cost_usd,
+            tenant,
             state: Mutex::new(State {
                 spent_tokens: spent.total_tokens,
                 spent_usd: spent.cost_usd,
@@ -129,13 +134,47 @@ impl Meter {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether the run has a limit at all (without one, admission costs nothing).
+    /// Whether the run has a limit at all, its own or its tenant's (without one, admission
+    /// costs nothing).
     pub(super) fn limited(&self) -> bool {
-        self.max_tokens.is_some() || self.max_usd.is_some()
+        self.max_tokens.is_some() || self.max_usd.is_some() || self.tenant.is_some()
     }
 
+    /// What the run does now that a call was refused: what the limit that refused it says.
     pub(super) fn on_exceed(&self) -> OnExceed {
-        self.on_exceed
+        match (self.lock().shut_by, &self.tenant) {
+            (BudgetScope::Tenant, Some(t)) => t.on_exceed,
+            _ => self.on_exceed,
+        }
+    }
+
+    /// The tenant's daily budget, when it has one.
+    pub(super) fn tenant(&self) -> Option<&TenantLimit> {
+        self.tenant.as_ref()
+    }
+
+    /// Whether the tenant's spend is past `share` of its daily limits (none: no daily budget).
+    pub(super) fn tenant_near(&self, share: f64) -> Option<bool> {
+        let t = self.tenant.as_ref()?;
+        let s = self.lock();
+        Some(t.share((s.raised_tokens, s.raised_usd)) >= share)
+    }
+
+    /// A person's decision on a budget suspension of `scope` shut the meter (a reject).
+    pub(super) fn shut(&self, scope: BudgetScope) {
+        let mut s = self.lock();
+        s.shut = true;
+        s.shut_by = scope;
+    }
+
+    /// A run that goes on does not report again the tenant's 80 % it reported before.
+    pub(super) fn tenant_reported(&self) {
+        let mut s = self.lock();
+        let raised = (s.raised_tokens, s.raised_usd);
+        s.tenant_warned = self
+            .tenant
+            .as_ref()
+            .is_some_and(|t| t.share(raised) >= WARN_AT);
     }
 
     fn limits(&self, s: &State) -> (Option<u64>, Option<f64>) {
@@ -153,10 +192,22 @@ impl Meter {
         t.max(u)
     }
 
-    fn content(&self, s: &State, state: BudgetState) -> BudgetContent {
+    fn content(&self, s: &State, state: BudgetState, scope: BudgetScope) -> BudgetContent {
+        if let (BudgetScope::Tenant, Some(t)) = (scope, &self.tenant) {
+            let (spent_tokens, spent_usd) = t.gauge.spent();
+            return BudgetContent {
+                state,
+                scope,
+                spent_tokens,
+                spent_usd,
+                limit_tokens: t.max_tokens.map(|l| l.saturating_add(s.raised_tokens)),
+                limit_usd: t.max_usd.map(|l| l + s.raised_usd),
+            };
+        }
         let (limit_tokens, limit_usd) = self.limits(s);
         BudgetContent {
             state,
+            scope: BudgetScope::Run,
             spent_tokens: s.spent_tokens,
             spent_usd: s.spent_usd,
             limit_tokens,
@@ -189,14 +240,27 @@ impl Meter {
             .fold((0u64, 0.0f64), |(t, u), (rt, ru)| (t + rt, u + ru));
         let over_tokens = lt.is_some_and(|l| s.spent_tokens + rt + prompt_tokens > l);
         let over_usd = lu.is_some_and(|l| s.spent_usd + ru + usd > l);
-        if s.shut || over_tokens || over_usd {
-            let first = (!s.shut).then(|| self.content(&s, BudgetState::Exceeded));
+        let hold = (prompt_tokens.max(s.largest.0), usd.max(s.largest.1));
+        // The tenant's day is checked (and the hold taken there) only for a call the run admits.
+        let over_tenant = !(s.shut || over_tokens || over_usd)
+            && self.tenant.as_ref().is_some_and(|t| {
+                let limits = t.limits((s.raised_tokens, s.raised_usd));
+                !t.gauge.try_reserve(limits, (prompt_tokens, usd), hold)
+            });
+        if s.shut || over_tokens || over_usd || over_tenant {
+            if !s.shut {
+                s.shut_by = if over_tokens || over_usd {
+                    BudgetScope::Run
+                } else {
+                    BudgetScope::Tenant
+                };
+            }
+            let first = (!s.shut).then(|| self.content(&s, BudgetState::Exceeded, s.shut_by));
             s.shut = true;
             return Err(Refused { first });
         }
         let id = s.next;
         s.next += 1;
-        let hold = (prompt_tokens.max(s.largest.0), usd.max(s.largest.1));
         s.reserved.insert(id, hold);
         Ok(Some(Ticket(id)))
     }
@@ -212,45 +276,87 @@ impl Meter {
     /// for the warning when it takes the call's result in.
     pub(super) fn count(&self, ticket: Option<Ticket>, used: &Usage) {
         let mut s = self.lock();
-        if let Some(Ticket(id)) = ticket {
-            s.reserved.remove(&id);
-        }
+        self.unhold(&mut s, ticket);
         s.spent_tokens += used.total_tokens;
         s.spent_usd += used.cost_usd;
+        if let Some(t) = &self.tenant {
+            t.gauge.add(used.total_tokens, used.cost_usd);
+        }
         s.largest = (
             s.largest.0.max(used.total_tokens),
             s.largest.1.max(used.cost_usd),
         );
     }
 
-    /// The `BUDGET` warning's content, once: when the spend is past 80 % of a limit.
+    /// The `BUDGET` warning's content, once per limit: when the spend is past 80 % of the
+    /// run's limits, or of the tenant's.
     pub(super) fn warning(&self) -> Option<BudgetContent> {
         let mut s = self.lock();
-        if !self.limited() || s.warned || self.share(&s) < WARN_AT {
+        if !self.limited() {
             return None;
         }
-        s.warned = true;
-        Some(self.content(&s, BudgetState::Warning))
+        if !s.warned && self.share(&s) >= WARN_AT {
+            s.warned = true;
+            return Some(self.content(&s, BudgetState::Warning, BudgetScope::Run));
+        }
+        let raised = (s.raised_tokens, s.raised_usd);
+        if !s.tenant_warned
+            && self
+                .tenant
+                .as_ref()
+                .is_some_and(|t| t.share(raised) >= WARN_AT)
+        {
+            s.tenant_warned = true;
+            return Some(self.content(&s, BudgetState::Warning, BudgetScope::Tenant));
+        }
+        None
     }
 
     /// A call ended without a reply: give its reservation back.
     pub(super) fn release(&self, ticket: Option<Ticket>) {
-        if let Some(Ticket(id)) = ticket {
-            self.lock().reserved.remove(&id);
+        let mut s = self.lock();
+        self.unhold(&mut s, ticket);
+    }
+
+    /// Give back the reservation of `ticket`, the run's and the tenant's.
+    fn unhold(&self, s: &mut State, ticket: Option<Ticket>) {
+        let Some(Ticket(id)) = ticket else {
+            return;
+        };
+        if let (Some(hold), Some(t)) = (s.reserved.remove(&id), &self.tenant) {
+            t.gauge.unreserve(hold);
         }
     }
 
     /// The content of the `BUDGET` observation at the limit, as the meter stands.
     pub(super) fn exceeded(&self) -> BudgetContent {
-        self.content(&self.lock(), BudgetState::Exceeded)
+        let s = self.lock();
+        self.content(&s, BudgetState::Exceeded, s.shut_by)
     }
 }
 
-/// What people approved for this run's budget so far (tokens, dollars), and whether one
-/// rejected a raise (the run then fails).
-pub(super) fn decisions(suspensions: &[Suspension], run_id: uuid::Uuid) -> ((u64, f64), bool) {
+impl Drop for Meter {
+    /// A run that stops with calls in flight (a shutdown, a cancel) gives their holds on the
+    /// tenant's day back: they are the process's, and the process goes on.
+    fn drop(&mut self) {
+        let Some(t) = &self.tenant else {
+            return;
+        };
+        let s = self.lock();
+        for hold in s.reserved.values() {
+            t.gauge.unreserve(*hold);
+        }
+    }
+}
+
+/// What people approved for this run's budget so far (tokens, dollars), and whose budget a
+/// person refused to raise, if one did (the run then fails).
+pub(super) fn decisions(
+    suspensions: &[Suspension],
+    run_id: uuid::Uuid,
+) -> ((u64, f64), Option<BudgetScope>) {
     let mut raised = (0u64, 0.0f64);
-    let mut rejected = false;
+    let mut rejected = None;
     for s in suspensions
         .iter()
         .filter(|s| s.run_id == run_id && s.kind == SuspensionKind::Budget)
@@ -263,21 +369,36 @@ pub(super) fn decisions(suspensions: &[Suspension], run_id: uuid::Uuid) -> ((u64
                     raised.1 += r.usd.unwrap_or(0.0);
                 }
             }
-            _ => rejected = true,
+            _ => {
+                let scope = s.tool_call.arguments.get("scope").cloned();
+                rejected = Some(
+                    scope
+                        .and_then(|v| serde_json::from_value(v).ok())
+                        .unwrap_or_default(),
+                );
+            }
         }
     }
     (raised, rejected)
 }
 
-/// The run failed for its budget.
+/// The run failed for its budget (or its tenant's daily budget).
 pub(super) fn exceeded_error(c: &BudgetContent) -> ErrorInfo {
     ErrorInfo {
         code: "budget_exceeded".into(),
-        message: format!("the run's budget is spent: {}", describe(c)),
+        message: format!("{} is spent: {}", whose(c.scope), describe(c)),
     }
 }
 
-fn describe(c: &BudgetContent) -> String {
+/// Whose budget `scope` names, in words.
+fn whose(scope: BudgetScope) -> &'static str {
+    match scope {
+        BudgetScope::Run => "the run's budget",
+        BudgetScope::Tenant => "the tenant's daily budget",
+    }
+}
+
+pub(super) fn describe(c: &BudgetContent) -> String {
     let mut parts = vec![];
     if let Some(l) = c.limit_tokens {
         parts.push(format!("{} of {l} tokens", c.spent_tokens));
@@ -289,165 +410,4 @@ fn describe(c: &BudgetContent) -> String {
         parts.push(format!("{} tokens", c.spent_tokens));
     }
     parts.join(", ")
-}
-
-impl Ctx<'_> {
-    /// Pass the meter before a model call for `key` (an item id; `""` for the run's own plan and
-    /// synthesis). Refused: the `BUDGET` observation at the limit is staged (once), and the halt
-    /// says what the run does: suspend ([`Halt::OverBudget`]) or fail.
-    pub(super) fn admit(&mut self, key: &str, req: &ChatRequest) -> Result<(), Halt> {
-        if !self.env.budget.limited() {
-            return Ok(());
-        }
-        match self.env.budget.admit(estimate(req)) {
-            Ok(ticket) => {
-                if let Some(t) = ticket {
-                    self.tickets.insert(key.to_owned(), t);
-                }
-                Ok(())
-            }
-            Err(Refused { first }) => {
-                if let Some(c) = &first {
-                    let o = self.emit(None, "Budget reached", c);
-                    self.pending.observe(o);
-                }
-                Err(match self.env.budget.on_exceed() {
-                    OnExceed::Suspend => Halt::OverBudget,
-                    OnExceed::Fail => Halt::Fail(exceeded_error(&self.env.budget.exceeded()), None),
-                })
-            }
-        }
-    }
-
-    /// The model call for `key` failed: its reservation goes back.
-    pub(super) fn unadmit(&mut self, key: &str) {
-        let t = self.tickets.remove(key);
-        self.env.budget.release(t);
-    }
-
-    /// Count a model call's usage for `key` (the item at `item`, if any): priced, added to the
-    /// run's and the item's usage and to the meter (unless `metered` already counted it, as a
-    /// flowchart call's stages do), with the `BUDGET` warning staged when it crossed 80 %.
-    pub(super) fn spend(&mut self, key: &str, usage: &Usage, metered: bool) -> Usage {
-        let used = if metered {
-            *usage
-        } else {
-            self.env.budget.price(usage)
-        };
-        let ticket = self.tickets.remove(key);
-        let warning = if metered {
-            self.env.budget.release(ticket);
-            self.env.budget.warning()
-        } else {
-            self.env.budget.settle(ticket, &used)
-        };
-        self.usage.add(&used);
-        if let Some(i) = self.item_idx(key) {
-            self.items[i].usage.add(&used);
-        }
-        if let Some(c) = warning {
-            let o = self.emit(None, "Budget at 80 %", &c);
-            self.pending.observe(o);
-        }
-        used
-    }
-}
-
-impl Engine {
-    /// The next model call would pass the budget and the run waits for a person: a `budget`
-    /// suspension (or the one already pending), with every other suspension it waits on, and
-    /// the run suspended.
-    pub(super) async fn suspend_for_budget(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
-        let content = ctx.env.budget.exceeded();
-        let mut b = ctx.batch();
-        let pending = ctx
-            .suspensions
-            .iter()
-            .find(|s| {
-                s.run_id == ctx.run.run_id
-                    && s.kind == SuspensionKind::Budget
-                    && s.status == SuspensionStatus::Pending
-            })
-            .map(|s| s.suspension_id);
-        let budget_id = match pending {
-            Some(id) => id,
-            None => {
-                let now = Utc::now();
-                let ttl = ctx
-                    .env
-                    .cfg
-                    .suspension_ttl_seconds
-                    .unwrap_or(self.settings.suspension_ttl_seconds);
-                let id = new_id();
-                let call = ToolCallRecord {
-                    id: format!("budget:{id}"),
-                    name: "budget".into(),
-                    arguments: json!(content),
-                };
-                let question = format!(
-                    "The run's next model call would pass its budget ({}). Approve with raiseBy to go on, or reject to fail the run.",
-                    describe(&content)
-                );
-                let s = Suspension {
-                    suspension_id: id,
-                    thread_id: ctx.env.thread_id.clone(),
-                    tenant: ctx.env.tenant.clone(),
-                    run_id: ctx.run.run_id,
-                    item_id: ItemId::from_stored(BUDGET_ITEM.into()),
-                    kind: SuspensionKind::Budget,
-                    tool_call: call.clone(),
-                    allowed_decisions: vec![Decision::Approve, Decision::Reject],
-                    question: Some(question.clone()),
-                    input_schema: None,
-                    iteration_state: serde_json::Value::Null,
-                    partial_tool_results: vec![],
-                    status: SuspensionStatus::Pending,
-                    decision: None,
-                    created_at: now,
-                    resolved_at: None,
-                    expires_at: (ttl > 0).then(|| {
-                        let secs = ttl.min(crate::model::MAX_SUSPENSION_TTL_SECONDS) as i64;
-                        now.checked_add_signed(chrono::Duration::seconds(secs))
-                            .unwrap_or(chrono::DateTime::<Utc>::MAX_UTC)
-                    }),
-                };
-                b.op(Op::InsertSuspension(Box::new(s.clone())));
-                b.observe(ctx.emit(
-                    None,
-                    "Waiting for a person: budget",
-                    &AgentSuspendedContent {
-                        suspension_id: id,
-                        item_id: s.item_id.clone(),
-                        kind: SuspensionKind::Budget,
-                        tool_call: call,
-                        allowed_decisions: s.allowed_decisions.clone(),
-                        question: Some(question),
-                        input_schema: None,
-                        expires_at: s.expires_at,
-                    },
-                ));
-                ctx.suspensions.push(s);
-                id
-            }
-        };
-        let mut waiting = super::scheduler::waiting_suspensions(ctx);
-        waiting.push(budget_id);
-        ctx.state.current_step_id = None;
-        b.op(Op::SetAgentState(ctx.state.clone()));
-        b.observe(ctx.emit(
-            None,
-            format!("Waiting for {} decision(s)", waiting.len()),
-            &RunSuspendedContent {
-                suspension_ids: waiting.clone(),
-                usage: ctx.usage,
-            },
-        ));
-        b.op(Op::UpdateRun(RunUpdate {
-            status: Some(RunStatus::Suspended),
-            usage: Some(ctx.usage),
-            unless_decided: waiting,
-            ..Default::default()
-        }));
-        ctx.commit(b).await
-    }
 }

@@ -1,18 +1,19 @@
-//! Human in the loop: suspending the run on a call that needs a person (approval or input), and
-//! turning a person's decision (or an expiry or cancellation) into the call's result.
+//! Human in the loop: suspending the run on a call that needs a person (approval or input),
+//! turning a person's decision (or an expiry or cancellation) into the call's result, and the
+//! run waiting for its people (what it waits on, the decisions it takes in, its suspension).
 
-use crate::model::payloads::AgentSuspendedContent;
+use crate::model::payloads::{AgentSuspendedContent, RunSuspendedContent};
 use chrono::Utc;
 use serde_json::{Value, json};
 
 use super::changes::{Op, RunUpdate};
 use crate::model::{
-    Decision, ItemStatus, MessageRole, ResumeDecision, Suspension, SuspensionKind,
+    Decision, ItemStatus, MessageRole, ResumeDecision, RunStatus, Suspension, SuspensionKind,
     SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
 };
 
 use super::Engine;
-use super::journal::Ctx;
+use super::journal::{Ctx, Halt};
 use super::tool_calls::CallStep;
 
 impl Engine {
@@ -177,4 +178,64 @@ impl Engine {
         ctx.stage(b);
         ctx.suspensions.push(suspension);
     }
+}
+
+/// The pending suspensions of this run that its waiting items wait on.
+pub(super) fn waiting_suspensions(ctx: &Ctx<'_>) -> Vec<uuid::Uuid> {
+    ctx.suspensions
+        .iter()
+        .filter(|s| s.status == SuspensionStatus::Pending && s.run_id == ctx.run.run_id)
+        .filter(|s| {
+            ctx.item_idx(s.item_id.as_str())
+                .is_some_and(|i| ctx.items[i].status == ItemStatus::Waiting)
+        })
+        .map(|s| s.suspension_id)
+        .collect()
+}
+
+/// Read which of `waiting` were decided since the run loaded them and take the decisions in;
+/// `true` when there was one (its item can go on).
+pub(super) async fn take_decisions(
+    ctx: &mut Ctx<'_>,
+    waiting: &[uuid::Uuid],
+) -> Result<bool, Halt> {
+    let decided = ctx.env.journal.decided(waiting).await.map_err(Halt::from)?;
+    let any = !decided.is_empty();
+    for d in decided {
+        if let Some(s) = ctx
+            .suspensions
+            .iter_mut()
+            .find(|s| s.suspension_id == d.suspension_id)
+        {
+            *s = d;
+        }
+    }
+    Ok(any)
+}
+
+/// Nothing can proceed until a person decides on `waiting`: commit `b` with the run suspended
+/// on them. Should one of them have been decided while this run was busy, the store queues the
+/// run again instead.
+pub(super) async fn commit_waiting(
+    ctx: &mut Ctx<'_>,
+    mut b: super::changes::Batch,
+    waiting: Vec<uuid::Uuid>,
+) -> Result<(), Halt> {
+    ctx.state.current_step_id = None;
+    b.op(Op::SetAgentState(ctx.state.clone()));
+    b.observe(ctx.emit(
+        None,
+        format!("Waiting for {} decision(s)", waiting.len()),
+        &RunSuspendedContent {
+            suspension_ids: waiting.clone(),
+            usage: ctx.usage,
+        },
+    ));
+    b.op(Op::UpdateRun(RunUpdate {
+        status: Some(RunStatus::Suspended),
+        usage: Some(ctx.usage),
+        unless_decided: waiting,
+        ..Default::default()
+    }));
+    ctx.commit(b).await
 }

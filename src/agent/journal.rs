@@ -116,6 +116,18 @@ pub trait Journal: Send + Sync {
         Ok(vec![])
     }
 
+    /// What the run's tenant spent on its models since `since` (tokens, dollars): the
+    /// committed usage of its runs created since then (its daily budget). The default: nothing.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when it cannot be read.
+    async fn tenant_spend(
+        &self,
+        _since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(u64, f64), EngineError> {
+        Ok((0, 0.0))
+    }
+
     /// Where the run's streamed model text goes. The default: nowhere.
     fn token_out(&self) -> Option<Arc<dyn TokenOut>> {
         None
@@ -291,6 +303,7 @@ impl Ctx<'_> {
         mut req: crate::llm::ChatRequest,
     ) -> Result<serde_json::Value, Halt> {
         req.tokens = self.tap(None, req.phase);
+        self.refresh_tenant_spend().await?;
         self.admit("", &req)?;
         self.flush().await?;
         let reply = self

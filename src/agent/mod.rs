@@ -32,12 +32,14 @@
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts, their labels, and schemas).
 
 mod budget;
+mod budget_gate;
 mod calls;
 pub mod changes;
 mod compaction;
 mod context;
 mod endings;
 mod executor;
+mod failures;
 mod hitl;
 mod journal;
 pub mod plan;
@@ -47,6 +49,7 @@ mod scheduler;
 mod steering;
 mod synthesizer;
 mod teams;
+mod tenant_budget;
 #[cfg(test)]
 mod tests;
 mod tool_calls;
@@ -114,6 +117,8 @@ pub struct EngineSettings {
     pub tool_result_max_bytes: usize,
     /// What each model costs (`PES_MODEL_PRICES`): a run's `costUsd` and its dollar budget.
     pub prices: Arc<crate::model::Prices>,
+    /// What each tenant may spend per UTC day (`PES_TENANT_BUDGETS`).
+    pub tenant_budgets: Arc<crate::model::TenantBudgets>,
 }
 
 impl Default for EngineSettings {
@@ -137,6 +142,7 @@ impl Default for EngineSettings {
             require_approval: Vec::new(),
             tool_result_max_bytes: 262_144,
             prices: Arc::new(crate::model::Prices::default()),
+            tenant_budgets: Arc::new(crate::model::TenantBudgets::default()),
         }
     }
 }
@@ -204,6 +210,8 @@ pub struct Engine {
     remote_agents: Option<Arc<crate::a2a::client::agents::RemoteAgents>>,
     /// Where tool calls are counted.
     metrics: crate::telemetry::metrics::Metrics,
+    /// What each tenant with a daily budget spent today, as this process knows it.
+    gauges: Arc<tenant_budget::Gauges>,
 }
 
 impl Engine {
@@ -219,6 +227,7 @@ impl Engine {
             settings,
             remote_agents: None,
             metrics: crate::telemetry::metrics::Metrics::new(),
+            gauges: Arc::default(),
         }
     }
 
@@ -310,8 +319,14 @@ impl Engine {
             .clone()
             .filter(|m| !m.trim().is_empty())
             .or_else(|| llm.default_model().map(str::to_owned));
+        let tenant_limit = self
+            .settings
+            .tenant_budgets
+            .of(&input.run.tenant)
+            .map(|b| tenant_budget::TenantLimit::new(b, self.gauges.of(&input.run.tenant)));
         let meter = Arc::new(budget::Meter::new(
             cfg.budget.as_ref(),
+            tenant_limit,
             self.settings.prices.clone(),
             model,
             &input.run.usage,
@@ -344,14 +359,23 @@ impl Engine {
             // Which of it the planner already took in (a run that goes on after a pause).
             ctx.reload_steering().await.map_err(halt_to_error)?;
         }
-        let driven = if rejected {
-            // A person refused to raise the budget: the run ends here.
-            Err(Halt::Fail(
-                budget::exceeded_error(&ctx.env.budget.exceeded()),
-                None,
-            ))
-        } else {
-            self.drive_inner(&mut ctx).await
+        let driven = match ctx.refresh_tenant_spend().await {
+            Err(h) => Err(h),
+            Ok(()) => {
+                if ctx.run.phase != RunPhase::New {
+                    ctx.env.budget.tenant_reported();
+                }
+                if let Some(scope) = rejected {
+                    // A person refused to raise the budget: the run ends here.
+                    ctx.env.budget.shut(scope);
+                    Err(Halt::Fail(
+                        budget::exceeded_error(&ctx.env.budget.exceeded()),
+                        None,
+                    ))
+                } else {
+                    self.drive_inner(&mut ctx).await
+                }
+            }
         };
         match driven {
             Ok(end) => Ok(end),

@@ -1,7 +1,8 @@
 //! Scheduling: the plan executes as a graph. Every item whose dependencies completed is *ready*;
 //! up to `maxParallelItems` items are in flight at once, each with its own ReAct loop and journal.
-//! A failed item cancels its dependents (transitively, with the reason) while independent
-//! branches go on; an item waiting for a person stops nobody else.
+//! A failed item cancels its dependents (transitively, with the reason: `failures.rs`) while
+//! independent branches go on; an item waiting for a person stops nobody else (`hitl.rs`), and
+//! a model call the budget refuses stops new work until a person raises it (`budget_gate.rs`).
 //!
 //! The loop owns the run's state alone: each in-flight item asks for its next step (a model call,
 //! a tool call, a compaction), the loop starts that step's I/O, and when the I/O returns, the loop
@@ -9,25 +10,23 @@
 //! one place, in one order, and commits exactly as in a one-item run: before every model call and
 //! every tool with side effects, and right after every tool result.
 
-use crate::model::payloads::{ErrorContent, ErrorPhase, RunSuspendedContent};
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde_json::Value;
 use tracing::{Instrument, Span};
 
-use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatResponse, LlmError};
-use crate::model::{ErrorInfo, ItemStatus, RunStatus, SuspensionStatus, ToolResultStatus};
+use crate::model::{ItemStatus, ToolResultStatus};
 use crate::telemetry::spans;
 
 use super::calls::{Outcome, Watching, kind_of};
 use super::executor::Next;
+use super::hitl::{commit_waiting, take_decisions, waiting_suspensions};
 use super::journal::{Ctx, Halt, llm_halt};
 use super::{Engine, FLUSH_SLOW_TOOL_AFTER, RunEnd};
 
@@ -43,51 +42,7 @@ pub(super) enum Io {
     Call(crate::model::ToolCallRecord, Outcome),
 }
 
-/// The pending suspensions of this run that its waiting items wait on.
-pub(super) fn waiting_suspensions(ctx: &Ctx<'_>) -> Vec<uuid::Uuid> {
-    ctx.suspensions
-        .iter()
-        .filter(|s| s.status == SuspensionStatus::Pending && s.run_id == ctx.run.run_id)
-        .filter(|s| {
-            ctx.item_idx(s.item_id.as_str())
-                .is_some_and(|i| ctx.items[i].status == ItemStatus::Waiting)
-        })
-        .map(|s| s.suspension_id)
-        .collect()
-}
-
-/// Read which of `waiting` were decided since the run loaded them and take the decisions in;
-/// `true` when there was one (its item can go on).
-async fn take_decisions(ctx: &mut Ctx<'_>, waiting: &[uuid::Uuid]) -> Result<bool, Halt> {
-    let decided = ctx.env.journal.decided(waiting).await.map_err(Halt::from)?;
-    let any = !decided.is_empty();
-    for d in decided {
-        if let Some(s) = ctx
-            .suspensions
-            .iter_mut()
-            .find(|s| s.suspension_id == d.suspension_id)
-        {
-            *s = d;
-        }
-    }
-    Ok(any)
-}
-
 type InFlight<'f> = Pin<Box<dyn Future<Output = (String, Io)> + Send + 'f>>;
-
-/// Whether the run's budget refuses item `id`'s model call `req` (suspend mode; `fail` mode
-/// fails the run here).
-fn budget_refuses(
-    ctx: &mut Ctx<'_>,
-    id: &str,
-    req: &crate::llm::ChatRequest,
-) -> Result<bool, Halt> {
-    match ctx.admit(id, req) {
-        Ok(()) => Ok(false),
-        Err(Halt::OverBudget) => Ok(true),
-        Err(other) => Err(other),
-    }
-}
 
 /// The span of item `id` in this attempt, made the first time the item has I/O: under its team
 /// item's span when it belongs to a team, else under the attempt's.
@@ -170,6 +125,8 @@ impl Engine {
                     self.refine_for_steering(ctx).await?;
                 }
                 if !draining {
+                    // The tenant's daily spend, read again when stale (a budgeted tenant only).
+                    ctx.refresh_tenant_spend().await?;
                     let started = self.launch(ctx, &mut busy, limit, &mut over_budget)?;
                     let needs_commit = started.iter().any(|(_, s)| s.needs_commit(self));
                     let idle_wait = started.is_empty() && !inflight.is_empty();
@@ -273,26 +230,9 @@ impl Engine {
             if take_decisions(ctx, &waiting).await? {
                 continue 'run;
             }
-            // Nothing can proceed until a person decides. Should one of these suspensions have been
-            // decided while this run was busy, the store queues the run again instead.
-            let mut b = ctx.batch();
-            ctx.state.current_step_id = None;
-            b.op(Op::SetAgentState(ctx.state.clone()));
-            b.observe(ctx.emit(
-                None,
-                format!("Waiting for {} decision(s)", waiting.len()),
-                &RunSuspendedContent {
-                    suspension_ids: waiting.clone(),
-                    usage: ctx.usage,
-                },
-            ));
-            b.op(Op::UpdateRun(RunUpdate {
-                status: Some(RunStatus::Suspended),
-                usage: Some(ctx.usage),
-                unless_decided: waiting,
-                ..Default::default()
-            }));
-            ctx.commit(b).await?;
+            // Nothing can proceed until a person decides.
+            let b = ctx.batch();
+            commit_waiting(ctx, b, waiting).await?;
             return Ok(Some(RunEnd::Suspended));
         }
     }
@@ -324,7 +264,7 @@ impl Engine {
                         idle.insert(id);
                     }
                     Next::Ask(r) | Next::Compact(r) | Next::PlanTeam(r)
-                        if *over_budget || budget_refuses(ctx, &id, &r)? =>
+                        if *over_budget || ctx.refuses(&id, &r)? =>
                     {
                         // Past the budget: the call waits for a raise (the run suspends once
                         // what is in flight is in).
@@ -505,132 +445,6 @@ impl Engine {
                 self.suspend(ctx, item, &at, kind);
                 Ok(())
             }
-        }
-    }
-
-    /// Mark an item failed and cancel every item that depends on it, directly or not (staged).
-    pub(super) fn fail_item(
-        &self,
-        ctx: &mut Ctx<'_>,
-        item_id: &str,
-        err: ErrorInfo,
-        answer: Option<String>,
-    ) {
-        let idx = ctx.item_idx(item_id).expect("item exists");
-        let it = &mut ctx.items[idx];
-        let previous = it.status;
-        it.status = ItemStatus::Failed;
-        it.error = Some(err.clone());
-        if let Some(a) = answer {
-            it.thoughts.push(a);
-        }
-        it.completed_at = Some(Utc::now());
-        it.updated_at = Utc::now();
-        self.item_left(ctx);
-        let mut b = ctx.batch();
-        b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
-        b.observe(ctx.emit(
-            Some(item_id),
-            err.code.clone(),
-            &ErrorContent {
-                phase: ErrorPhase::Execute,
-                code: err.code.clone(),
-                message: err.message.clone(),
-                item_id: Some(ctx.items[idx].id.clone()),
-            },
-        ));
-        b.observe(ctx.status_change(&ctx.items[idx], previous));
-        b.op(Op::UpdateRun(RunUpdate {
-            usage: Some(ctx.usage),
-            ..Default::default()
-        }));
-        ctx.stage(b);
-        self.cancel_dependents(ctx, item_id);
-    }
-
-    /// Cancel the pending items that depend on `failed`, directly or through other items.
-    fn cancel_dependents(&self, ctx: &mut Ctx<'_>, failed: &str) {
-        let mut doomed: Vec<String> = vec![failed.to_owned()];
-        let mut b = ctx.batch();
-        while let Some(gone) = doomed.pop() {
-            for i in 0..ctx.items.len() {
-                let it = &ctx.items[i];
-                let depends = it.dependencies.iter().any(|d| d.as_str() == gone);
-                let in_gone_team = it
-                    .parent_item_id
-                    .as_ref()
-                    .is_some_and(|p| p.as_str() == gone);
-                if it.status != ItemStatus::Pending || !(depends || in_gone_team) {
-                    continue;
-                }
-                let now = Utc::now();
-                let it = &mut ctx.items[i];
-                it.status = ItemStatus::Cancelled;
-                it.error = Some(ErrorInfo {
-                    code: "dependency_failed".into(),
-                    message: if in_gone_team && gone == failed {
-                        format!("cancelled: its team `{failed}` failed")
-                    } else if in_gone_team {
-                        format!(
-                            "cancelled: its team `{gone}` was cancelled because `{failed}` failed"
-                        )
-                    } else if gone == failed {
-                        format!("cancelled: its dependency `{failed}` failed")
-                    } else {
-                        format!(
-                            "cancelled: its dependency `{gone}` was cancelled because `{failed}` failed"
-                        )
-                    },
-                });
-                it.updated_at = now;
-                it.completed_at = Some(now);
-                doomed.push(it.id.to_string());
-                b.op(Op::UpsertItem(Box::new(ctx.items[i].clone())));
-                b.observe(ctx.status_change(&ctx.items[i], ItemStatus::Pending));
-            }
-        }
-        ctx.stage(b);
-    }
-
-    /// An item stopped being in progress: `currentStepId` moves to the most recently started
-    /// item still in progress.
-    pub(super) fn item_left(&self, ctx: &mut Ctx<'_>) {
-        ctx.state.current_step_id = ctx
-            .items
-            .iter()
-            .filter(|i| i.status == ItemStatus::InProgress)
-            .max_by_key(|i| i.started_at)
-            .map(|i| i.id.to_string());
-    }
-
-    /// Once no item can run: every item still pending has a dependency that did not complete, so
-    /// it is cancelled with that reason (staged in `b`, committed with the synthesis step).
-    pub(super) fn cancel_unreachable(&self, ctx: &mut Ctx<'_>, b: &mut super::changes::Batch) {
-        for i in 0..ctx.items.len() {
-            if ctx.items[i].status != ItemStatus::Pending {
-                continue;
-            }
-            let blocker = ctx.items[i]
-                .dependencies
-                .iter()
-                .find(|d| {
-                    !ctx.items
-                        .iter()
-                        .any(|o| &o.id == *d && o.status == ItemStatus::Completed)
-                })
-                .map(|d| d.to_string())
-                .unwrap_or_default();
-            let now = Utc::now();
-            let it = &mut ctx.items[i];
-            it.status = ItemStatus::Cancelled;
-            it.error = Some(ErrorInfo {
-                code: "dependency_failed".into(),
-                message: format!("cancelled: its dependency `{blocker}` did not complete"),
-            });
-            it.updated_at = now;
-            it.completed_at = Some(now);
-            b.op(Op::UpsertItem(Box::new(ctx.items[i].clone())));
-            b.observe(ctx.status_change(&ctx.items[i], ItemStatus::Pending));
         }
     }
 }

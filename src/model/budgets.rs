@@ -162,6 +162,46 @@ impl Prices {
     }
 }
 
+/// `PES_TENANT_BUDGETS`: what each tenant may spend on its models per UTC day (tenant → budget;
+/// the entry `*` applies to every tenant not named, and a named entry without limits exempts its
+/// tenant from `*`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantBudgets(HashMap<String, Budget>);
+
+impl TenantBudgets {
+    /// Read the JSON object of `PES_TENANT_BUDGETS` (empty text: no tenant has a daily budget).
+    ///
+    /// # Errors
+    /// A message saying what does not parse or is out of range.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        let map: HashMap<String, Budget> = serde_json::from_str(text).map_err(|e| {
+            format!(
+                "PES_TENANT_BUDGETS is not a JSON object of tenant → {{maxTokens?, maxCostUsd?, onExceed?}}: {e}"
+            )
+        })?;
+        for (tenant, b) in &map {
+            b.validate(&format!("PES_TENANT_BUDGETS[\"{tenant}\"]"))?;
+        }
+        Ok(Self(map))
+    }
+
+    /// Whether any tenant has a daily budget.
+    pub fn is_empty(&self) -> bool {
+        !self.0.values().any(Budget::is_set)
+    }
+
+    /// The daily budget of `tenant` (its own entry, else `*`'s), if it caps anything.
+    pub fn of(&self, tenant: &str) -> Option<&Budget> {
+        self.0
+            .get(tenant)
+            .or_else(|| self.0.get("*"))
+            .filter(|b| b.is_set())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +221,24 @@ mod tests {
         assert!(Prices::parse(r#"{"m": {"input": -1, "output": 0}}"#).is_err());
         assert!(Prices::parse("[]").is_err());
         assert!(Prices::parse("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn tenant_budgets_parse_with_a_default() {
+        let b = TenantBudgets::parse(
+            r#"{"*": {"maxTokens": 1000}, "big": {"maxCostUsd": 5, "onExceed": "fail"}, "free": {}}"#,
+        )
+        .unwrap();
+        assert_eq!(b.of("any").unwrap().max_tokens, Some(1000));
+        assert_eq!(b.of("big").unwrap().on_exceed, Some(OnExceed::Fail));
+        assert!(
+            b.of("free").is_none(),
+            "an entry without limits exempts its tenant"
+        );
+        assert!(TenantBudgets::parse("").unwrap().is_empty());
+        assert!(TenantBudgets::parse(r#"{"*": {"maxTokens": 0}}"#).is_err());
+        assert!(TenantBudgets::parse(r#"{"*": {"maxTokens": 5, "other": 1}}"#).is_err());
+        assert!(TenantBudgets::parse(r#"{"*": 5}"#).is_err());
+        assert!(TenantBudgets::parse(r#"{"a": {"onExceed": "pause"}}"#).is_err());
     }
 }

@@ -7,7 +7,7 @@
 //! fields of its own, so their emitters build JSON and these types describe the common part.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -502,13 +502,28 @@ pub enum BudgetState {
     Exceeded,
 }
 
-/// `BUDGET`: the run's spend reached 80 % of its budget, or its limit (run-level). The limits are
-/// the run's as raised so far.
+/// Whose budget a `BUDGET` observation (or a `budget` suspension) is about.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetScope {
+    /// The run's own (set on the run, its thread or its assistant).
+    #[default]
+    Run,
+    /// The tenant's daily budget (`PES_TENANT_BUDGETS`), spent by all its runs since UTC
+    /// midnight.
+    Tenant,
+}
+
+/// `BUDGET`: the spend reached 80 % of a budget, or its limit (run-level). `scope` says whose:
+/// the run's (its spend and limits, as raised so far) or the tenant's daily budget (the tenant's
+/// spend today, and the limits as raised for this run).
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetContent {
     #[schema(inline)]
     pub state: BudgetState,
+    #[schema(inline)]
+    pub scope: BudgetScope,
     pub spent_tokens: u64,
     pub spent_usd: f64,
     /// The token limit, when the budget has one.

@@ -64,6 +64,7 @@ mod steering;
 mod suspensions;
 mod tables;
 mod tenant_runs;
+mod tenant_spend;
 mod threads;
 mod webhooks;
 

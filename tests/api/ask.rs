@@ -1,8 +1,8 @@
 //! `pes-server ask`, the terminal client, as a process (the built binary) against a running test
 //! server: it prints the tree and the answer and exits 0; answers a suspension from piped input
 //! (approve, reject); exits non-zero when the run fails, when a suspension cannot be answered,
-//! and after Ctrl-C cancels the run; survives a server restart without repeating a line; and
-//! writes no colour into a pipe.
+//! and after Ctrl-C cancels the run; survives a server restart without repeating a line; writes
+//! no colour into a pipe; and at a terminal steers the run (`/steer`) and shows what it spent.
 
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -84,12 +84,17 @@ impl Ask {
     }
 
     fn start(base: &str, query: &str, args: &[&str], input: Option<&str>) -> Ask {
+        Self::start_on(base, query, args, input, Stdio::piped())
+    }
+
+    /// [`Ask::start`] with `stdin` as its input (a terminal's, say).
+    fn start_on(base: &str, query: &str, args: &[&str], input: Option<&str>, stdin: Stdio) -> Ask {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pes-server"));
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .args(["ask", query, "--url", base])
             .args(args)
-            .stdin(Stdio::piped())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -529,3 +534,83 @@ async fn the_event_stream_follows_one_run(backend: Backend) {
 }
 
 crate::both_stores!(event_stream_of_one_run, the_event_stream_follows_one_run);
+
+/// A pseudo-terminal: its controlling side (what a person types into) and the terminal itself.
+fn pty() -> (std::fs::File, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty(3) writes two new descriptors, which are owned from here on.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both are fresh descriptors nothing else owns.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(master),
+            std::os::fd::OwnedFd::from_raw_fd(slave),
+        )
+    }
+}
+
+/// At a terminal, a person steers the run with `/steer <message>` while it works (the item's
+/// next model call reads it), and the run's spend, tokens and dollars, is shown when it ends.
+#[tokio::test]
+async fn ask_steers_at_a_terminal_and_shows_the_spend() {
+    use std::io::Write;
+    let llm = FakeLlm::start().await;
+    llm.set_usage(1000, 500);
+    llm.push(
+        "plan",
+        crate::fake_llm::plan(&[("a", "compute 2+2", &["calculator"], &[])]),
+    );
+    llm.push_item(
+        "a",
+        Reply::ToolCalls(vec![(
+            "calculator".into(),
+            serde_json::json!({"expression": "2+2"}),
+        )]),
+    );
+    llm.push_item("a", Reply::Text("4".into()));
+    llm.hold_if(|r| crate::fake_llm::item_of(r).as_deref() == Some("a"));
+    let app = spawn_with(Backend::Sqlite, Some(&llm), |c| {
+        c.model_prices = Some(r#"{"fake-model": {"input": 2, "output": 10}}"#.into());
+    })
+    .await;
+    let (mut keys, terminal) = pty();
+    let ask = Ask::start_on(&app.base, "what is 2+2?", &[], None, terminal.into());
+    llm.wait_for_request(|r| crate::fake_llm::item_of(r).as_deref() == Some("a"))
+        .await;
+    keys.write_all(b"/steer Answer in French\n").unwrap();
+    ask.err.wait_for("steered").await;
+    llm.release();
+    let (status, out, err) = ask.finish().await;
+    assert_eq!(status.code(), Some(0), "{out}\n{err}");
+    let of_a: Vec<serde_json::Value> = llm
+        .requests()
+        .into_iter()
+        .filter(|r| crate::fake_llm::item_of(r).as_deref() == Some("a"))
+        .collect();
+    assert_eq!(of_a.len(), 2);
+    assert!(
+        of_a[1].to_string().contains("Answer in French"),
+        "the item's next call reads the steering: {}",
+        of_a[1]
+    );
+    // 1,500 tokens a call, $0.007 each by the price table.
+    let calls = llm.calls();
+    let spent = format!(
+        "spent {} tokens, ${:.4}",
+        calls * 1500,
+        calls as f64 * 0.007
+    );
+    assert!(err.contains(&spent), "{spent:?} in:\n{err}");
+    drop(keys);
+    app.stop().await;
+}

@@ -2,7 +2,8 @@
 //! strict Content-Security-Policy; and, in a real headless Chromium, a person's whole path:
 //! create a thread, post a query, watch the tree fill, approve a suspension, read the answer; a
 //! decision someone else made first (409); a server restart in the middle (nothing shown twice);
-//! the API key prompt; the model's text as it is written, until it is committed.
+//! the API key prompt; the model's text as it is written, until it is committed; the run's spend
+//! and the steering box.
 
 use std::time::Duration;
 
@@ -840,6 +841,84 @@ async fn the_page_shows_the_model_writing_until_it_is_committed_and_nothing_twic
             .any(|m| m["level"] == "SEVERE" && m["source"] != "network"),
         "the page's scripts failed: {logs}"
     );
+    browser.quit().await;
+    app.stop().await;
+}
+
+/// The page shows what the run spent (tokens, and dollars by the price table, as
+/// `data-tokens`/`data-cost-usd`), and its text box steers the run while it works: the item's
+/// next model call reads the message.
+#[tokio::test]
+async fn the_page_shows_the_spend_and_steers_the_run() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let llm = FakeLlm::start().await;
+    llm.set_usage(1000, 500);
+    llm.push(
+        "plan",
+        crate::fake_llm::plan(&[("a", "compute 2+2", &["calculator"], &[])]),
+    );
+    llm.push_item(
+        "a",
+        Reply::ToolCalls(vec![("calculator".into(), json!({"expression": "2+2"}))]),
+    );
+    llm.push_item("a", Reply::Text("4".into()));
+    llm.hold_if(|r| crate::fake_llm::item_of(r).as_deref() == Some("a"));
+    let app = spawn_with(Backend::Sqlite, Some(&llm), |c| {
+        c.model_prices = Some(r#"{"fake-model": {"input": 2, "output": 10}}"#.into());
+    })
+    .await;
+    app.thread(json!({"threadId": "spend"})).await;
+    browser.goto(&app.url("/console?thread=spend")).await;
+    ask_from_the_page(&browser, "What is 2+2?").await;
+    llm.wait_for_request(|r| crate::fake_llm::item_of(r).as_deref() == Some("a"))
+        .await;
+    browser
+        .wait_for(
+            "the steering box of the running run",
+            "document.querySelector('#steer-form') && !document.querySelector('#steer-form').hidden",
+        )
+        .await;
+    browser.type_into("#steer", "Answer in French").await;
+    browser.click("#steer-form button[type=submit]").await;
+    app.wait_observation("spend", |o| {
+        o["type"] == "STEERING" && o["content"]["message"] == "Answer in French"
+    })
+    .await;
+    llm.release();
+    let calls = {
+        browser
+            .wait_for(
+                "the run completed",
+                "document.querySelector('li.obs[data-type=RUN_COMPLETED]')",
+            )
+            .await;
+        llm.calls()
+    };
+    let spent = browser
+        .wait_for(
+            "the run's spend",
+            &format!(
+                "(e => e && !e.hidden && e.dataset.tokens === '{}' && [e.dataset.tokens, e.dataset.costUsd, e.textContent])(document.querySelector('.spend'))",
+                calls * 1500
+            ),
+        )
+        .await;
+    let usd: f64 = spent[1].as_str().unwrap().parse().unwrap();
+    assert!((usd - calls as f64 * 0.007).abs() < 1e-9, "{spent}");
+    assert!(
+        spent[2].as_str().unwrap().contains(&format!("${:.4}", usd)),
+        "{spent}"
+    );
+    let of_a: Vec<Value> = llm
+        .requests()
+        .into_iter()
+        .filter(|r| crate::fake_llm::item_of(r).as_deref() == Some("a"))
+        .collect();
+    assert_eq!(of_a.len(), 2);
+    assert!(of_a[1].to_string().contains("Answer in French"));
+    browser.screenshot("spend-and-steer").await;
     browser.quit().await;
     app.stop().await;
 }

@@ -54,6 +54,7 @@ mod steering;
 mod store;
 mod teams;
 mod tenancy;
+mod tenant_budgets;
 mod tokens;
 mod tool_safety;
 mod tools;

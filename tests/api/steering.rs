@@ -286,3 +286,57 @@ async fn the_steer_strategy_steers_the_busy_thread(backend: Backend) {
     app.stop().await;
 }
 both_stores!(strategy, the_steer_strategy_steers_the_busy_thread);
+
+/// Two replicas on one Postgres: A drives the run, the steering is posted to B (which runs no
+/// agents); it reaches A through the store's signal while A's item waits on the model: A's
+/// planner refines at once (the other item is ready) and the item's next model call reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_posted_on_another_replica_reaches_the_run() {
+    let llm = FakeLlm::start().await;
+    let both = plan(&[
+        ("a", "compute 2+2", &["calculator"], &[]),
+        ("b", "explain it", &[], &[]),
+    ]);
+    llm.push("plan", both.clone());
+    llm.push("plan", both);
+    llm.push_item(
+        "a",
+        Reply::ToolCalls(vec![("calculator".into(), json!({"expression": "2+2"}))]),
+    );
+    llm.push_item("a", Reply::Text("4".into()));
+    llm.push_item("b", Reply::Text("four".into()));
+    llm.hold_if(|r| item_of(r).as_deref() == Some("a"));
+    let url = crate::helpers::database_url(Backend::Postgres).await;
+    let a = crate::helpers::spawn_config(crate::helpers::test_config(&url, Some(&llm))).await;
+    let mut on_b = crate::helpers::test_config(&url, Some(&llm));
+    on_b.worker_concurrency = 0;
+    let b = crate::helpers::spawn_config(on_b).await;
+
+    // One item at a time: `b` is ready while `a` waits on the model.
+    let t = a.thread(json!({"config": {"maxParallelItems": 1}})).await;
+    let rid = start(&a, &t, "what is 2+2?").await;
+    llm.wait_for_request(|r| item_of(r).as_deref() == Some("a"))
+        .await;
+    let (s, body) = steer(&b, &t, &rid, STEER).await;
+    assert_eq!(s, 202, "{body}");
+    assert_eq!(body["status"], "running", "A drives it: {body}");
+    // A took it in while `a` was still held: its planner's refinement turn reads it.
+    llm.wait_for_request(|r| phase_of(r) == "plan" && mentions(r, STEER))
+        .await;
+    llm.release();
+    let run = finished(&a, &t, &rid).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let reqs = llm.requests();
+    let of_a: Vec<&Value> = reqs
+        .iter()
+        .filter(|r| item_of(r).as_deref() == Some("a"))
+        .collect();
+    assert_eq!(of_a.len(), 2);
+    assert!(!mentions(of_a[0], STEER));
+    assert!(
+        mentions(of_a[1], STEER),
+        "a's next model call on A reads it"
+    );
+    a.stop().await;
+    b.stop().await;
+}

@@ -13,7 +13,7 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::history::{COMMIT_COLUMNS, PastError, commit_end};
+use super::history::{COMMIT_COLUMNS, PastError, commit_end, latest_items_from};
 use super::rows;
 use super::sql::{Conn, Dialect, q};
 use super::sql_store::SqlStore;
@@ -345,22 +345,17 @@ impl SqlStore {
         }
         let cols = ITEM_COLUMNS.join(", ");
         let picked: Vec<String> = ITEM_COLUMNS.iter().map(|c| format!("v.{c}")).collect();
-        tx.exec(
-            q(format!(
-                "INSERT INTO todo_items (tenant, thread_id, {cols}) \
-                 SELECT v.tenant, v.thread_id, {picked} FROM todo_item_versions v JOIN ( \
-                   SELECT item_id, max(seq) AS seq FROM todo_item_versions \
-                   WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 GROUP BY item_id) m \
-                 ON v.tenant = $1 AND v.thread_id = $2 AND v.item_id = m.item_id \
-                   AND v.seq = m.seq \
-                 WHERE NOT v.deleted",
-                picked = picked.join(", ")
-            ))
-            .bind(tenant)
-            .bind(fork.as_str())
-            .bind(asked),
-        )
-        .await?;
+        let (latest, args) = latest_items_from(&mut tx, tenant, fork, asked, 4).await?;
+        let copy = q(format!(
+            "INSERT INTO todo_items (tenant, thread_id, {cols}) \
+             SELECT v.tenant, v.thread_id, {picked} FROM {latest} v",
+            picked = picked.join(", "),
+        ))
+        .bind(tenant)
+        .bind(fork.as_str())
+        .bind(asked);
+        tx.exec(args.into_iter().fold(copy, super::sql::Q::bind))
+            .await?;
 
         // The runs, as they were after their last commit by the cut, and their suspensions: a
         // decision taken after the cut is not taken on the fork.

@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::rows;
-use super::sql::{Conn, q};
+use super::sql::{Arg, Conn, Dialect, q};
 use super::sql_store::SqlStore;
 use super::tables::{ITEM_COLUMNS, STATE_COLUMNS};
 use super::{AgentSnapshot, Op, StoreError, StoreResult};
@@ -187,12 +187,120 @@ pub(crate) async fn commit_end(
     Ok(row.map(|r| r.int("seq")).transpose()?.unwrap_or(seq))
 }
 
-/// The newest version of each item at or before `$3`, deletions left out, in plan order.
-pub(crate) const ITEMS_AT: &str = "SELECT v.* FROM todo_item_versions v JOIN ( \
-      SELECT item_id, max(seq) AS seq FROM todo_item_versions \
-      WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 GROUP BY item_id) m \
-    ON v.tenant = $1 AND v.thread_id = $2 AND v.item_id = m.item_id AND v.seq = m.seq \
-    WHERE NOT v.deleted ORDER BY v.position, v.item_id";
+/// SQLite: the newest version of each item of thread `$2` at or before `$3` (deletions
+/// included: the caller leaves them out), in one pass over the primary key; `max()` takes the
+/// row's other columns from the row it picks.
+const LATEST_ITEMS_SQLITE: &str = "SELECT *, max(seq) AS newest FROM todo_item_versions \
+    WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 GROUP BY item_id";
+
+/// Postgres, step one: the key of the newest version of each item at or before `$3`, from the
+/// narrow key columns only (a sort of whole versions spilled to disk at 10,000 observations).
+const LATEST_KEYS_PG: &str = "SELECT DISTINCT ON (item_id) item_id, seq, deleted \
+    FROM todo_item_versions WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 \
+    ORDER BY item_id, seq DESC";
+
+/// Postgres, step two: the versions with the keys `$3`/`$4` (parallel arrays), each found by
+/// its primary key. Two statements rather than one join, so that the plan cannot depend on
+/// statistics: as one statement, a generic plan on a table not yet analyzed joined every item
+/// with every version of the thread (seconds at 10,000 observations).
+const ITEMS_BY_KEY_PG: &str = "SELECT v.* FROM UNNEST($3::text[], $4::text[]) AS k(item_id, seq) \
+    JOIN todo_item_versions v ON v.tenant = $1 AND v.thread_id = $2 \
+      AND v.item_id = k.item_id AND v.seq = k.seq::bigint";
+
+/// The items of a thread right after commit `end`, in no particular order: the newest version
+/// of each at or before it, deleted ones left out. (`forks.rs` copies the same rows, picked by
+/// [`latest_items_from`].)
+pub(crate) async fn items_at(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    end: i64,
+) -> StoreResult<Vec<super::sql::Row>> {
+    let key = |sql: &'static str| q(sql).bind(tenant).bind(thread_id.as_str());
+    match conn.dialect() {
+        Dialect::Sqlite => {
+            let rows = conn
+                .all(
+                    q(format!(
+                        "SELECT * FROM ({LATEST_ITEMS_SQLITE}) v WHERE NOT v.deleted"
+                    ))
+                    .bind(tenant)
+                    .bind(thread_id.as_str())
+                    .bind(end),
+                )
+                .await?;
+            Ok(rows)
+        }
+        Dialect::Postgres => {
+            let (ids, seqs) = live_keys(conn, tenant, thread_id, end).await?;
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            conn.all(
+                key(ITEMS_BY_KEY_PG)
+                    .bind(Arg::Texts(ids))
+                    .bind(Arg::Texts(seqs)),
+            )
+            .await
+        }
+    }
+}
+
+/// Postgres: the keys (item ids, seqs as text) of the live items right after `end`.
+async fn live_keys(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    end: i64,
+) -> StoreResult<(Vec<String>, Vec<String>)> {
+    let keys = conn
+        .all(
+            q(LATEST_KEYS_PG)
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(end),
+        )
+        .await?;
+    let mut ids = Vec::with_capacity(keys.len());
+    let mut seqs = Vec::with_capacity(keys.len());
+    for k in &keys {
+        if !k.boolean("deleted")? {
+            ids.push(k.text("item_id")?);
+            seqs.push(k.int("seq")?.to_string());
+        }
+    }
+    Ok((ids, seqs))
+}
+
+/// A `FROM` source of the live item versions of thread `$2` at or before `$3` for an
+/// `INSERT … SELECT` (forks), with what it needs bound after `$3`: on Postgres the keys of
+/// [`live_keys`] as `$4`/`$5` … numbered from `first`.
+pub(crate) async fn latest_items_from(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    end: i64,
+    first: usize,
+) -> StoreResult<(String, Vec<Arg>)> {
+    Ok(match conn.dialect() {
+        Dialect::Sqlite => (
+            format!("(SELECT * FROM ({LATEST_ITEMS_SQLITE}) l WHERE NOT l.deleted)"),
+            Vec::new(),
+        ),
+        Dialect::Postgres => {
+            let (ids, seqs) = live_keys(conn, tenant, thread_id, end).await?;
+            (
+                format!(
+                    "(SELECT x.* FROM UNNEST(${first}::text[], ${}::text[]) AS k(item_id, seq) \
+                     JOIN todo_item_versions x ON x.tenant = $1 AND x.thread_id = $2 \
+                       AND x.item_id = k.item_id AND x.seq = k.seq::bigint AND x.seq <= $3)",
+                    first + 1
+                ),
+                vec![Arg::Texts(ids), Arg::Texts(seqs)],
+            )
+        }
+    })
+}
 
 /// The agent state row at or before `$3`.
 pub(crate) const STATE_AT: &str = "SELECT * FROM agent_state_versions \
@@ -216,7 +324,13 @@ pub(crate) async fn snapshot_at(
         Some(row) => rows::agent_state_from_row(&row)?,
         None => AgentStateRow::default(),
     };
-    let items = conn.all(key(ITEMS_AT)).await?;
+    let mut items = items_at(conn, tenant, thread_id, end)
+        .await?
+        .iter()
+        .map(rows::item_from_row)
+        .collect::<StoreResult<Vec<_>>>()?;
+    // In plan order, as the present state is.
+    items.sort_by(|a, b| (a.position, a.id.as_str()).cmp(&(b.position, b.id.as_str())));
     let pending = conn.all(key(PENDING_AT)).await?;
     let pending_suspension = match pending.first() {
         Some(row) => {
@@ -231,10 +345,7 @@ pub(crate) async fn snapshot_at(
     };
     Ok(AgentSnapshot {
         state,
-        items: items
-            .iter()
-            .map(rows::item_from_row)
-            .collect::<StoreResult<_>>()?,
+        items,
         pending_suspension,
     })
 }

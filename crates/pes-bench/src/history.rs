@@ -23,6 +23,9 @@ pub(crate) struct HistoryReport {
     reads: Vec<Duration>,
     /// The largest state read (bytes of JSON), to show the reads were not of empty states.
     largest_state: usize,
+    /// The same number of reads of the present state (`GET …/state`), sorted: what a past
+    /// read costs beyond reading the state at all.
+    present: Vec<Duration>,
 }
 
 /// Grow the thread, then read past states.
@@ -73,7 +76,17 @@ pub(crate) async fn history_mode(args: &Args, server: &Server) -> Result<History
         largest_state = largest_state.max(st.to_string().len());
     }
     reads.sort_unstable();
+    let mut present = Vec::with_capacity(args.reads);
+    for _ in 0..args.reads {
+        let sent = Instant::now();
+        server
+            .get_json(&format!("/v1/threads/{thread}/state"))
+            .await?;
+        present.push(sent.elapsed());
+    }
+    present.sort_unstable();
     Ok(HistoryReport {
+        present,
         observations: last,
         runs,
         build,
@@ -93,8 +106,7 @@ async fn last_seq(server: &Server, thread: &str) -> Result<i64> {
 
 impl HistoryReport {
     fn pct(&self, p: f64) -> Duration {
-        let i = ((self.reads.len() as f64 - 1.0) * p).round() as usize;
-        self.reads[i.min(self.reads.len() - 1)]
+        pct(&self.reads, p)
     }
 
     pub(crate) fn print(&self, header: &str) {
@@ -113,6 +125,12 @@ impl HistoryReport {
             ms(self.pct(0.99)),
             ms(*self.reads.last().unwrap_or(&Duration::ZERO))
         );
+        println!(
+            "present-state read {} reads: p50 {:.1} ms, p99 {:.1} ms (the same route without atSeq)",
+            self.present.len(),
+            ms(pct(&self.present, 0.5)),
+            ms(pct(&self.present, 0.99))
+        );
         println!("largest state     {} bytes of JSON", self.largest_state);
     }
 
@@ -125,6 +143,17 @@ impl HistoryReport {
             "p50Ms": ms(self.pct(0.5)),
             "p99Ms": ms(self.pct(0.99)),
             "maxMs": ms(*self.reads.last().unwrap_or(&Duration::ZERO)),
+            "presentP50Ms": ms(pct(&self.present, 0.5)),
+            "presentP99Ms": ms(pct(&self.present, 0.99)),
         })
     }
+}
+
+/// The `p` quantile of sorted durations.
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
 }

@@ -20,7 +20,7 @@ use super::sql_store::SqlStore;
 use super::tables::{ITEM_COLUMNS, STATE_COLUMNS};
 use super::threads::lock_thread;
 use super::{Signal, StoreError};
-use crate::model::{Run, Thread, ThreadId, Usage, new_id};
+use crate::model::{Run, Thread, ThreadId, new_id};
 
 /// What to fork.
 #[derive(Debug, Clone)]
@@ -374,10 +374,16 @@ impl SqlStore {
                     .bind(cut),
                 )
                 .await?;
-            let (phase, usage) = match left {
-                Some(r) => (r.text("phase")?, r.json("usage")?),
-                None => ("new".to_owned(), rows::to_json(&Usage::default())?),
+            // No commit of the run recorded its phase: the run predates history (its thread's
+            // one point is the upgrade, the present), so its row as it is now is as it was.
+            let left = match left {
+                Some(r) => r,
+                None => {
+                    tx.one(q("SELECT phase, usage FROM runs WHERE run_id = $1").bind(*run))
+                        .await?
+                }
             };
+            let (phase, usage) = (left.text("phase")?, left.json("usage")?);
             let pending = tx
                 .opt(
                     q(

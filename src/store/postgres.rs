@@ -573,13 +573,13 @@ pub(crate) fn one_statement(
 /// observations shares the previous commit's seq and replaces its version.
 fn versions_from(table: &str, columns: &[&str], from: &str, deleted: &str) -> String {
     let cols = columns.join(", ");
-    let (dcol, dval, key) = if deleted.is_empty() {
-        (String::new(), String::new(), "tenant, thread_id, seq")
+    let (dcol, dval, key): (String, String, &[&str]) = if deleted.is_empty() {
+        (String::new(), String::new(), &["seq"])
     } else {
         (
             ", deleted".to_owned(),
             format!(", {deleted}"),
-            "tenant, thread_id, item_id, seq",
+            &["item_id", "seq"],
         )
     };
     let set: Vec<String> = columns
@@ -592,6 +592,7 @@ fn versions_from(table: &str, columns: &[&str], from: &str, deleted: &str) -> St
         .filter(|c| !key.contains(*c))
         .map(|c| format!("{c} = EXCLUDED.{c}"))
         .collect();
+    let key = format!("tenant, thread_id, {}", key.join(", "));
     format!(
         "INSERT INTO {table} (tenant, thread_id, seq, {cols}{dcol}) \
          SELECT $12, $13, (SELECT last_seq FROM t), {cols}{dval} FROM {from} \

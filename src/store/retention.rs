@@ -48,6 +48,25 @@ pub struct Footprint {
     pub bytes: u64,
 }
 
+/// The columns of an item (and of its versions) whose size counts in a thread's footprint.
+const ITEM_TEXT: &[&str] = &[
+    "item_id",
+    "description",
+    "dependencies",
+    "required_tools",
+    "expected_outcome",
+    "tool_calls",
+    "actual_tool_calls",
+    "tool_results",
+    "thoughts",
+    "result",
+    "error",
+    "usage",
+    "conversation",
+    "tool_allowlist",
+    "compacted_output",
+];
+
 /// What a thread stores, by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ThreadStorage {
@@ -271,27 +290,7 @@ impl SqlStore {
                     "tool_calls",
                 ],
             ),
-            kind(
-                "items",
-                "todo_items",
-                &[
-                    "item_id",
-                    "description",
-                    "dependencies",
-                    "required_tools",
-                    "expected_outcome",
-                    "tool_calls",
-                    "actual_tool_calls",
-                    "tool_results",
-                    "thoughts",
-                    "result",
-                    "error",
-                    "usage",
-                    "conversation",
-                    "tool_allowlist",
-                    "compacted_output",
-                ],
-            ),
+            kind("items", "todo_items", ITEM_TEXT),
             kind(
                 "runs",
                 "runs",
@@ -310,27 +309,7 @@ impl SqlStore {
                 "agent_state_versions",
                 &["intent", "title", "plan", "current_step_id"],
             ),
-            kind(
-                "history",
-                "todo_item_versions",
-                &[
-                    "item_id",
-                    "description",
-                    "dependencies",
-                    "required_tools",
-                    "expected_outcome",
-                    "tool_calls",
-                    "actual_tool_calls",
-                    "tool_results",
-                    "thoughts",
-                    "result",
-                    "error",
-                    "usage",
-                    "conversation",
-                    "tool_allowlist",
-                    "compacted_output",
-                ],
-            ),
+            kind("history", "todo_item_versions", ITEM_TEXT),
         ]
         .join(" UNION ALL ");
         let rows = self

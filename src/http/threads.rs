@@ -413,7 +413,7 @@ pub async fn get_state(
         None => (
             state
                 .store
-                .agent_snapshot(&tenant, &id)
+                .state_snapshot(&tenant, &id)
                 .await?
                 .ok_or_else(ApiError::thread_not_found)?,
             None,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
-use super::history::{self, COMMIT_COLUMNS, copy_items, copy_state};
+use super::history::{self, copy_items, copy_state};
 use super::rows;
 use super::sql::{Conn, Raw, q};
 use super::sql_store::{Db, SqlStore};
@@ -52,9 +52,7 @@ pub(crate) async fn append_observations(
         .ok_or(StoreError::ThreadNotFound)?;
     let (last, now) = (row.int("last_seq")?, row.ts("now")?);
     insert_observations(conn, tenant, thread_id, last - n + 1, now, &new).await?;
-    let last_type = new.last().map_or("", |o| o.kind.as_str());
-    let run_id = new.iter().find_map(|o| o.run_id);
-    history::record_append(conn, tenant, thread_id, last, run_id, last_type, now).await?;
+    history::record_append(conn, tenant, thread_id, last).await?;
     Ok(rows::committed(
         tenant,
         thread_id,
@@ -187,7 +185,6 @@ impl SqlStore {
                 .is_some(),
             update: &update,
             changed: history::changes_state(&ops),
-            last_type: observations.last().map_or("", |o| o.kind.as_str()),
             n: count(&observations)?,
             ops: &ops,
             observations: &observations,
@@ -289,24 +286,6 @@ impl SqlStore {
         for op in c.ops {
             apply_op(&mut tx, tenant, thread_id, last_seq, op).await?;
         }
-        if n > 0 {
-            // The commit's row, after the fence statement: the run's phase and usage as it left
-            // them.
-            tx.exec(
-                q(format!(
-                    "INSERT INTO commits ({COMMIT_COLUMNS}) SELECT $1, $2, $3, run_id, $4, \
-                       phase, usage, $5, $6 FROM runs WHERE run_id = $7"
-                ))
-                .bind(tenant)
-                .bind(thread_id.as_str())
-                .bind(last_seq)
-                .bind(c.last_type)
-                .bind(c.changed)
-                .bind(now)
-                .bind(fence.run_id),
-            )
-            .await?;
-        }
         if c.announces {
             // After the ops: a suspension this batch inserted is the one the event is about.
             let cond = format!("w.run_id = $1 AND {ANNOUNCED}");
@@ -326,6 +305,19 @@ impl SqlStore {
             c.observations,
         )
         .await?;
+        if n > 0 {
+            // The commit's end, after the fence statement: the run's phase and usage as it
+            // left them.
+            history::mark_commit_end(
+                &mut tx,
+                tenant,
+                thread_id,
+                last_seq,
+                c.changed,
+                Some(fence.run_id),
+            )
+            .await?;
+        }
         tx.commit().await?;
         Ok((cancel_requested, last_seq, now))
     }

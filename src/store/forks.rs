@@ -13,7 +13,7 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::history::{COMMIT_COLUMNS, PastError, commit_end, latest_items_from};
+use super::history::{PastError, commit_end, latest_items_from};
 use super::rows;
 use super::sql::{Conn, Dialect, q};
 use super::sql_store::SqlStore;
@@ -263,6 +263,9 @@ impl SqlStore {
             "title",
             "content",
             "created_at",
+            "commit_changed",
+            "commit_phase",
+            "commit_usage",
         ];
         let texts = [("parent_id", false), ("content", true)];
         let log_key = (tenant, source, asked, fork, asked);
@@ -276,6 +279,23 @@ impl SqlStore {
             log_key,
         )
         .await?;
+        if cut > asked {
+            // Cut inside a commit: on the fork, the commit ends at its last observation there.
+            tx.exec(
+                q(
+                    "UPDATE observations SET (commit_changed, commit_phase, commit_usage) = \
+                     (SELECT s.commit_changed, s.commit_phase, s.commit_usage \
+                      FROM observations s WHERE s.tenant = $1 AND s.thread_id = $2 AND s.seq = $3) \
+                   WHERE tenant = $1 AND thread_id = $4 AND seq = $5",
+                )
+                .bind(tenant)
+                .bind(source.as_str())
+                .bind(cut)
+                .bind(fork.as_str())
+                .bind(asked),
+            )
+            .await?;
+        }
         let messages = [
             "id",
             "tenant",
@@ -292,8 +312,6 @@ impl SqlStore {
         ];
         let at = "COALESCE(seq, 0)";
         copy_rows(&mut tx, "messages", &messages, at, &[], &renames, key).await?;
-        let commits: Vec<&str> = COMMIT_COLUMNS.split(", ").collect();
-        copy_rows(&mut tx, "commits", &commits, "seq", &[], &renames, key).await?;
         let mut state = vec!["tenant", "thread_id", "seq"];
         state.extend_from_slice(STATE_COLUMNS);
         copy_rows(
@@ -364,9 +382,10 @@ impl SqlStore {
             let left = tx
                 .opt(
                     q(
-                        "SELECT phase, usage FROM commits WHERE tenant = $1 AND thread_id = $2 \
-                       AND run_id = $3 AND seq <= $4 AND phase IS NOT NULL \
-                       ORDER BY seq DESC LIMIT 1",
+                        "SELECT commit_phase AS phase, commit_usage AS usage FROM observations \
+                         WHERE tenant = $1 AND thread_id = $2 AND run_id = $3 AND seq <= $4 \
+                           AND commit_phase IS NOT NULL \
+                         ORDER BY seq DESC LIMIT 1",
                     )
                     .bind(tenant)
                     .bind(source.as_str())

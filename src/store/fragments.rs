@@ -116,8 +116,6 @@ pub(crate) struct Commit<'a> {
     pub announces: bool,
     /// The batch changes §2's state: its commit is a point of the thread's history.
     pub changed: bool,
-    /// The type of the batch's last observation (empty when it has none).
-    pub last_type: &'a str,
     /// How many observations, hence seqs.
     pub n: i64,
     pub ops: &'a [Op],

@@ -1,11 +1,16 @@
 //! Thread history (DESIGN §7.2): what every commit records so that any past state can be read,
-//! and reading it. Every commit that hands out seqs writes one `commits` row (its last seq, its
-//! run, that run's phase and usage after it, and whether it changed the state); every write of a
-//! state row also writes a version of that row keyed by the same seq (`agent_state_versions`,
+//! and reading it. Every commit that hands out seqs marks its last observation as its end
+//! (`observations.commit_changed`: whether it changed the state; `commit_phase`/`commit_usage`:
+//! its run's phase and usage after it, what a fork continues from); every write of a state row
+//! also writes a version of that row keyed by the same seq (`agent_state_versions`,
 //! `todo_item_versions`, a deleted item as a tombstone); a message carries the seq of the commit
 //! that wrote it, a suspension the seqs that made and ended it. A past state is then the newest
 //! version of each row at or before the commit that holds the asked-for seq: a few index probes
 //! whatever the length of the thread, with no replay.
+//!
+//! Why the commit's end is marked on its observation rather than in a table of commits: the
+//! observation is written anyway, and a row more per commit cost W3 throughput (DESIGN §7.2
+//! allows history 5 %); the history tables hold no foreign key for the same reason.
 //!
 //! Why versions and not snapshots or a change log: a snapshot per commit writes every item at
 //! every commit (a plan of forty items, forty rows per commit), and a log of changes needs
@@ -22,7 +27,7 @@ use uuid::Uuid;
 use super::rows;
 use super::sql::{Arg, Conn, Dialect, q};
 use super::sql_store::SqlStore;
-use super::tables::{ITEM_COLUMNS, STATE_COLUMNS};
+use super::tables::{ITEM_COLUMNS, STATE_COLUMNS, item_view_columns};
 use super::{AgentSnapshot, Op, StoreError, StoreResult};
 use crate::model::{AgentStateRow, SuspensionStatus, ThreadId};
 
@@ -82,27 +87,47 @@ pub(crate) fn copy_state(tenant: &str, thread: &str, seq: &str, gate: &str) -> S
     )
 }
 
-/// The columns of a `commits` row, in the order the commit paths write them.
-pub(crate) const COMMIT_COLUMNS: &str =
-    "tenant, thread_id, seq, run_id, type, phase, usage, changed, created_at";
-
 /// The bare `TRUE`/`FALSE` of a flag, for SQL both dialects read.
 pub(crate) fn flag(b: bool) -> &'static str {
     if b { "TRUE" } else { "FALSE" }
 }
 
+/// Mark observation `last` as the end of its commit (inside the commit's transaction, after the
+/// observation was inserted): `changed` says whether the commit changed the state; the phase
+/// and usage are those of `run` as the commit left it (none for a commit outside the engine).
+pub(crate) async fn mark_commit_end(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    last: i64,
+    changed: bool,
+    run: Option<Uuid>,
+) -> StoreResult<()> {
+    conn.exec(
+        q("UPDATE observations SET commit_changed = $4, \
+             commit_phase = (SELECT phase FROM runs WHERE run_id = $5), \
+             commit_usage = (SELECT usage FROM runs WHERE run_id = $5) \
+           WHERE tenant = $1 AND thread_id = $2 AND seq = $3")
+        .bind(tenant)
+        .bind(thread_id.as_str())
+        .bind(last)
+        .bind(changed)
+        .bind(run),
+    )
+    .await?;
+    Ok(())
+}
+
 /// The history bookkeeping of a commit made outside the engine's batches (a cancel, a decision,
 /// an expiry, a steering message, runs displaced by a new one), inside its transaction, after
-/// the seqs `..=last` were reserved: the suspensions this transaction ended get `last` as the
-/// seq that ended them, and the commit gets its row (changed when it ended one).
+/// the seqs `..=last` were reserved and their observations inserted: the suspensions this
+/// transaction ended get `last` as the seq that ended them, and `last` is marked as the
+/// commit's end (changed when it ended one).
 pub(crate) async fn record_append(
     conn: &mut Conn,
     tenant: &str,
     thread_id: &ThreadId,
     last: i64,
-    run_id: Option<Uuid>,
-    last_type: &str,
-    now: DateTime<Utc>,
 ) -> StoreResult<()> {
     let ended = conn
         .exec(
@@ -115,20 +140,27 @@ pub(crate) async fn record_append(
             .bind(last),
         )
         .await?;
-    conn.exec(
-        q(format!(
-            "INSERT INTO commits ({COMMIT_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, NULL, NULL, $6, $7)"
-        ))
-        .bind(tenant)
-        .bind(thread_id.as_str())
-        .bind(last)
-        .bind(run_id)
-        .bind(last_type)
-        .bind(ended > 0)
-        .bind(now),
-    )
-    .await?;
+    mark_commit_end(conn, tenant, thread_id, last, ended > 0, None).await
+}
+
+/// Delete a thread's history rows, in the transaction that deletes the thread: on Postgres the
+/// history tables hold no foreign key to `threads` (a referential check on every commit cost
+/// W3 throughput), so the thread's delete does not cascade to them.
+pub(crate) async fn delete_history(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+) -> StoreResult<()> {
+    for table in ["agent_state_versions", "todo_item_versions"] {
+        conn.exec(
+            q(format!(
+                "DELETE FROM {table} WHERE tenant = $1 AND thread_id = $2"
+            ))
+            .bind(tenant)
+            .bind(thread_id.as_str()),
+        )
+        .await?;
+    }
     Ok(())
 }
 
@@ -162,7 +194,7 @@ pub enum PastError {
 }
 
 /// The last seq of the commit that holds observation `seq`: a commit is atomic, so every seq
-/// inside it reads the state after it. A seq no commit row covers (threads from before history
+/// inside it reads the state after it. A seq no commit end covers (threads from before history
 /// began, or 0) is its own end.
 pub(crate) async fn commit_end(
     conn: &mut Conn,
@@ -176,8 +208,8 @@ pub(crate) async fn commit_end(
     let row = conn
         .opt(
             q(
-                "SELECT seq FROM commits WHERE tenant = $1 AND thread_id = $2 AND seq >= $3 \
-               ORDER BY seq LIMIT 1",
+                "SELECT seq FROM observations WHERE tenant = $1 AND thread_id = $2 \
+                 AND seq >= $3 AND commit_changed IS NOT NULL ORDER BY seq LIMIT 1",
             )
             .bind(tenant)
             .bind(thread_id.as_str())
@@ -187,43 +219,59 @@ pub(crate) async fn commit_end(
     Ok(row.map(|r| r.int("seq")).transpose()?.unwrap_or(seq))
 }
 
-/// SQLite: the newest version of each item of thread `$2` at or before `$3` (deletions
-/// included: the caller leaves them out), in one pass over the primary key; `max()` takes the
-/// row's other columns from the row it picks.
-const LATEST_ITEMS_SQLITE: &str = "SELECT *, max(seq) AS newest FROM todo_item_versions \
-    WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 GROUP BY item_id";
+/// SQLite: the live items of thread `$2` right after `$3`, read with `{columns}` from `x`: the
+/// key of the newest version of each item at or before `$3`, from the primary key's index alone
+/// (it holds every key column), then each of those versions by its key, tombstones left out.
+/// (Picking the newest of whole rows read every version's every column, conversations
+/// included.)
+fn newest_items_sqlite(columns: &str) -> String {
+    format!(
+        "SELECT {columns} FROM (SELECT item_id, max(seq) AS seq FROM todo_item_versions \
+           WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 GROUP BY item_id) k \
+         JOIN todo_item_versions x ON x.tenant = $1 AND x.thread_id = $2 \
+           AND x.item_id = k.item_id AND x.seq = k.seq \
+         WHERE NOT x.deleted"
+    )
+}
 
 /// Postgres, step one: the key of the newest version of each item at or before `$3`, from the
-/// narrow key columns only (a sort of whole versions spilled to disk at 10,000 observations).
-const LATEST_KEYS_PG: &str = "SELECT DISTINCT ON (item_id) item_id, seq, deleted \
+/// key columns only (a sort of whole versions spilled to disk at 10,000 observations), which the
+/// primary key holds (an index-only scan once the table is vacuumed); tombstones are among
+/// them, left out by step two.
+const LATEST_KEYS_PG: &str = "SELECT DISTINCT ON (item_id) item_id, seq \
     FROM todo_item_versions WHERE tenant = $1 AND thread_id = $2 AND seq <= $3 \
     ORDER BY item_id, seq DESC";
 
-/// Postgres, step two: the versions with the keys `$3`/`$4` (parallel arrays), each found by
-/// its primary key. Two statements rather than one join, so that the plan cannot depend on
-/// statistics: as one statement, a generic plan on a table not yet analyzed joined every item
-/// with every version of the thread (seconds at 10,000 observations).
-const ITEMS_BY_KEY_PG: &str = "SELECT v.* FROM UNNEST($3::text[], $4::text[]) AS k(item_id, seq) \
-    JOIN todo_item_versions v ON v.tenant = $1 AND v.thread_id = $2 \
-      AND v.item_id = k.item_id AND v.seq = k.seq::bigint";
+/// Postgres, step two: the live versions (not tombstones) with the keys `$3`/`$4` (parallel
+/// arrays), each found by its primary key, read with `{columns}`. Two statements rather than one
+/// join, so that the plan cannot depend on statistics: as one statement, a generic plan on a
+/// table not yet analyzed joined every item with every version of the thread (seconds at 10,000
+/// observations).
+fn items_by_key_pg(columns: &str) -> String {
+    format!(
+        "SELECT {columns} FROM UNNEST($3::text[], $4::text[]) AS k(item_id, seq) \
+         JOIN todo_item_versions v ON v.tenant = $1 AND v.thread_id = $2 \
+           AND v.item_id = k.item_id AND v.seq = k.seq::bigint AND NOT v.deleted"
+    )
+}
 
-/// The items of a thread right after commit `end`, in no particular order: the newest version
-/// of each at or before it, deleted ones left out. (`forks.rs` copies the same rows, picked by
-/// [`latest_items_from`].)
+/// The items of a thread right after commit `end` as the state view shows them (without their
+/// conversations), in no particular order: the newest version of each at or before it, deleted
+/// ones left out. (`forks.rs` copies the same rows whole, picked by [`latest_items_from`].)
 pub(crate) async fn items_at(
     conn: &mut Conn,
     tenant: &str,
     thread_id: &ThreadId,
     end: i64,
 ) -> StoreResult<Vec<super::sql::Row>> {
-    let key = |sql: &'static str| q(sql).bind(tenant).bind(thread_id.as_str());
     match conn.dialect() {
         Dialect::Sqlite => {
             let rows = conn
                 .all(
-                    q(format!(
-                        "SELECT * FROM ({LATEST_ITEMS_SQLITE}) v WHERE NOT v.deleted"
-                    ))
+                    q(newest_items_sqlite(&item_view_columns(
+                        Dialect::Sqlite,
+                        "x",
+                    )))
                     .bind(tenant)
                     .bind(thread_id.as_str())
                     .bind(end),
@@ -232,12 +280,15 @@ pub(crate) async fn items_at(
             Ok(rows)
         }
         Dialect::Postgres => {
-            let (ids, seqs) = live_keys(conn, tenant, thread_id, end).await?;
+            let (ids, seqs) = newest_keys(conn, tenant, thread_id, end).await?;
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
+            let columns = item_view_columns(Dialect::Postgres, "v");
             conn.all(
-                key(ITEMS_BY_KEY_PG)
+                q(items_by_key_pg(&columns))
+                    .bind(tenant)
+                    .bind(thread_id.as_str())
                     .bind(Arg::Texts(ids))
                     .bind(Arg::Texts(seqs)),
             )
@@ -246,8 +297,9 @@ pub(crate) async fn items_at(
     }
 }
 
-/// Postgres: the keys (item ids, seqs as text) of the live items right after `end`.
-async fn live_keys(
+/// Postgres: the keys (item ids, seqs as text) of the newest version of each item at or before
+/// `end`, tombstones included (their readers leave them out).
+async fn newest_keys(
     conn: &mut Conn,
     tenant: &str,
     thread_id: &ThreadId,
@@ -264,17 +316,15 @@ async fn live_keys(
     let mut ids = Vec::with_capacity(keys.len());
     let mut seqs = Vec::with_capacity(keys.len());
     for k in &keys {
-        if !k.boolean("deleted")? {
-            ids.push(k.text("item_id")?);
-            seqs.push(k.int("seq")?.to_string());
-        }
+        ids.push(k.text("item_id")?);
+        seqs.push(k.int("seq")?.to_string());
     }
     Ok((ids, seqs))
 }
 
 /// A `FROM` source of the live item versions of thread `$2` at or before `$3` for an
 /// `INSERT … SELECT` (forks), with what it needs bound after `$3`: on Postgres the keys of
-/// [`live_keys`] as `$4`/`$5` … numbered from `first`.
+/// [`newest_keys`] as `$4`/`$5` … numbered from `first`.
 pub(crate) async fn latest_items_from(
     conn: &mut Conn,
     tenant: &str,
@@ -283,17 +333,15 @@ pub(crate) async fn latest_items_from(
     first: usize,
 ) -> StoreResult<(String, Vec<Arg>)> {
     Ok(match conn.dialect() {
-        Dialect::Sqlite => (
-            format!("(SELECT * FROM ({LATEST_ITEMS_SQLITE}) l WHERE NOT l.deleted)"),
-            Vec::new(),
-        ),
+        Dialect::Sqlite => (format!("({})", newest_items_sqlite("x.*")), Vec::new()),
         Dialect::Postgres => {
-            let (ids, seqs) = live_keys(conn, tenant, thread_id, end).await?;
+            let (ids, seqs) = newest_keys(conn, tenant, thread_id, end).await?;
             (
                 format!(
                     "(SELECT x.* FROM UNNEST(${first}::text[], ${}::text[]) AS k(item_id, seq) \
                      JOIN todo_item_versions x ON x.tenant = $1 AND x.thread_id = $2 \
-                       AND x.item_id = k.item_id AND x.seq = k.seq::bigint AND x.seq <= $3)",
+                       AND x.item_id = k.item_id AND x.seq = k.seq::bigint AND x.seq <= $3 \
+                       AND NOT x.deleted)",
                     first + 1
                 ),
                 vec![Arg::Texts(ids), Arg::Texts(seqs)],
@@ -400,8 +448,8 @@ impl SqlStore {
             .read()
             .await?
             .all(
-                q("SELECT seq, run_id, type, created_at FROM commits \
-                   WHERE tenant = $1 AND thread_id = $2 AND changed AND seq < $3 \
+                q("SELECT seq, run_id, type, created_at FROM observations \
+                   WHERE tenant = $1 AND thread_id = $2 AND commit_changed AND seq < $3 \
                    ORDER BY seq DESC LIMIT $4")
                 .bind(tenant)
                 .bind(thread_id.as_str())

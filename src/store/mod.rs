@@ -207,6 +207,15 @@ pub struct ObservationQuery {
     pub run_id: Option<Uuid>,
 }
 
+/// How much of each todo item a snapshot reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ItemDetail {
+    /// Every column: what the engine continues a run from.
+    Full,
+    /// What the state view shows: the items' ReAct conversations are left out (read as empty).
+    View,
+}
+
 // The change set the engine commits is the engine's vocabulary: the store applies it.
 pub use crate::agent::changes::{AgentSnapshot, Batch, Op, RunUpdate};
 

@@ -30,7 +30,7 @@ use serde_json::Value;
 
 use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
-use super::history::{COMMIT_COLUMNS, flag};
+use super::history::flag;
 use super::rows;
 use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
 use super::sql_store::{Db, SqlStore};
@@ -437,7 +437,8 @@ pub(crate) fn one_statement(
             sql.push_str(&format!(", h_{name} AS ({copy})", name = table.name));
         }
     };
-    let state_copy = versions_from("agent_state_versions", STATE_COLUMNS, "w_agent_state", "");
+    let shares_seq = usize::from(c.n == 0);
+    let state_copy = &COPIES.state[shares_seq];
     if let Some((s, sets)) = state {
         let mut cols = state_cols(s);
         cols.retain(|(c, _)| *c != "version");
@@ -448,21 +449,21 @@ pub(crate) fn one_statement(
             &AGENT_STATE,
             vec![cols],
             &[],
-            Some(&state_copy),
+            Some(state_copy),
         );
     }
     let items = items
         .into_iter()
         .map(|(_, item)| item_cols(item))
         .collect::<StoreResult<Vec<_>>>()?;
-    let item_copy = versions_from("todo_item_versions", ITEM_COLUMNS, "w_todo_items", "FALSE");
+    let item_copy = &COPIES.items[shares_seq];
     rows_of(
         &mut sql,
         &mut extra,
         &TODO_ITEMS,
         items,
         &[],
-        Some(&item_copy),
+        Some(item_copy),
     );
     rows_of(
         &mut sql,
@@ -478,15 +479,7 @@ pub(crate) fn one_statement(
             ", w_deleted AS (DELETE FROM todo_items WHERE tenant = $12 AND thread_id = $13 \
                AND item_id = ANY({p}) AND EXISTS (SELECT 1 FROM f) RETURNING *), \
              h_deleted AS ({})",
-            versions_from("todo_item_versions", ITEM_COLUMNS, "w_deleted", "TRUE")
-        ));
-    }
-    if c.n > 0 {
-        let kind = param(&mut extra, c.last_type.into());
-        sql.push_str(&format!(
-            ", h_commit AS (INSERT INTO commits ({COMMIT_COLUMNS}) \
-               SELECT $12, $13, {SEQ}, $1, {kind}, f.phase, f.usage, {changed}, now() FROM f)",
-            changed = flag(c.changed)
+            COPIES.tombstones[shares_seq]
         ));
     }
     let mut notify_observations = String::from("NULL");
@@ -532,16 +525,22 @@ pub(crate) fn one_statement(
                 obs.iter().map(|o| o.content.clone()).collect(),
             ))),
         );
+        // The commit's last observation marks its end (see `history.rs`).
         sql.push_str(&format!(
             ", w_observations AS (INSERT INTO observations \
-               (tenant, thread_id, seq, id, run_id, parent_id, type, title, content, created_at) \
+               (tenant, thread_id, seq, id, run_id, parent_id, type, title, content, created_at, \
+                commit_changed, commit_phase, commit_usage) \
                SELECT $12, $13, (SELECT last_seq FROM t) - $14 + u.ord, u.id, u.run_id, \
                  CASE WHEN u.has_parent = 'y' THEN u.parent_id END, u.type, u.title, \
-                 {contents}::jsonb -> (u.ord::int - 1), now() \
+                 {contents}::jsonb -> (u.ord::int - 1), now(), \
+                 CASE WHEN u.ord = $14 THEN {changed} END, \
+                 CASE WHEN u.ord = $14 THEN (SELECT phase FROM f) END, \
+                 CASE WHEN u.ord = $14 THEN (SELECT usage FROM f) END \
                FROM UNNEST({ids}::uuid[], {run_ids}::uuid[], {parents}::text[], \
                  {has_parent}::text[], {types}::text[], {titles}::text[]) WITH ORDINALITY \
                  AS u(id, run_id, parent_id, has_parent, type, title, ord) \
-               WHERE EXISTS (SELECT 1 FROM f))"
+               WHERE EXISTS (SELECT 1 FROM f))",
+            changed = flag(c.changed)
         ));
         let from = param(&mut extra, origin.into());
         notify_observations = format!(
@@ -567,11 +566,38 @@ pub(crate) fn one_statement(
     Ok(Some(extra.into_iter().fold(stmt, Q::bind)))
 }
 
+/// The CTE bodies that copy a commit's written rows into their versions, built once: indexed by
+/// whether the commit shares the previous commit's seq (see [`versions_from`]).
+struct Copies {
+    state: [String; 2],
+    items: [String; 2],
+    tombstones: [String; 2],
+}
+
+static COPIES: std::sync::LazyLock<Copies> = std::sync::LazyLock::new(|| {
+    let both = |table, columns, from, deleted| {
+        [false, true].map(|shares| versions_from(table, columns, from, deleted, shares))
+    };
+    Copies {
+        state: both("agent_state_versions", STATE_COLUMNS, "w_agent_state", ""),
+        items: both("todo_item_versions", ITEM_COLUMNS, "w_todo_items", "FALSE"),
+        tombstones: both("todo_item_versions", ITEM_COLUMNS, "w_deleted", "TRUE"),
+    }
+});
+
 /// A CTE body that copies the rows a write CTE `from` returned into their versions table at the
 /// commit's seq (`deleted`: `TRUE` for tombstones, empty for the state, which has none). The
-/// batch merges repeated writes of a row, so each is copied once; a commit without
-/// observations shares the previous commit's seq and replaces its version.
-fn versions_from(table: &str, columns: &[&str], from: &str, deleted: &str) -> String {
+/// batch merges repeated writes of a row, so each is copied once, and a commit with
+/// observations has a seq of its own: a plain insert. A commit without observations
+/// (`shares_seq`) shares the previous commit's seq and replaces its versions (an upsert, which
+/// costs a speculative insertion: not paid on the common path).
+fn versions_from(
+    table: &str,
+    columns: &[&str],
+    from: &str,
+    deleted: &str,
+    shares_seq: bool,
+) -> String {
     let cols = columns.join(", ");
     let (dcol, dval, key): (String, String, &[&str]) = if deleted.is_empty() {
         (String::new(), String::new(), &["seq"])
@@ -593,10 +619,13 @@ fn versions_from(table: &str, columns: &[&str], from: &str, deleted: &str) -> St
         .map(|c| format!("{c} = EXCLUDED.{c}"))
         .collect();
     let key = format!("tenant, thread_id, {}", key.join(", "));
+    let conflict = if shares_seq {
+        format!(" ON CONFLICT ({key}) DO UPDATE SET {}", set.join(", "))
+    } else {
+        String::new()
+    };
     format!(
         "INSERT INTO {table} (tenant, thread_id, seq, {cols}{dcol}) \
-         SELECT $12, $13, (SELECT last_seq FROM t), {cols}{dval} FROM {from} \
-         ON CONFLICT ({key}) DO UPDATE SET {set}",
-        set = set.join(", ")
+         SELECT $12, $13, (SELECT last_seq FROM t), {cols}{dval} FROM {from}{conflict}"
     )
 }

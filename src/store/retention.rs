@@ -237,6 +237,7 @@ impl SqlStore {
         if active_run(&mut tx, tenant, thread_id).await? {
             return Ok(false);
         }
+        super::history::delete_history(&mut tx, tenant, thread_id).await?;
         let deleted = tx
             .exec(
                 q("DELETE FROM threads WHERE tenant = $1 AND thread_id = $2")
@@ -303,7 +304,6 @@ impl SqlStore {
                     "idempotency_key",
                 ],
             ),
-            kind("history", "commits", &["type", "usage"]),
             kind(
                 "history",
                 "agent_state_versions",

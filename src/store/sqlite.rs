@@ -24,7 +24,7 @@ use sqlx::sqlite::{
 
 use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
-use super::history::{COMMIT_COLUMNS, copy_items, copy_state, flag};
+use super::history::{copy_items, copy_state, flag};
 use super::rows;
 use super::sql::{Arg, Conn, Q, id_text, q};
 use super::sql_store::{Db, SqlStore};
@@ -347,21 +347,8 @@ pub(crate) fn one_call(
         }
     }
     if c.n > 0 {
-        // Before the run's update (which must come last): the phase and usage it leaves are
-        // its new values, or the row's where it keeps them.
-        let kind = param(&mut extra, c.last_type.into());
         let at = param(&mut extra, created_at.into());
-        sql.push_str(&format!(
-            "INSERT INTO commits ({COMMIT_COLUMNS}) \
-             SELECT $12, $13, {SEQ}, run_id, {kind}, COALESCE($5, phase), COALESCE($6, usage), \
-               {changed}, {at} FROM runs \
-             WHERE run_id = $1 AND attempt = $2 AND status = 'running' \
-               AND tenant = $12 AND thread_id = $13;",
-            changed = flag(c.changed)
-        ));
-    }
-    if c.n > 0 {
-        let at = param(&mut extra, created_at.into());
+        let last = c.observations.len();
         for (k, o) in (1..).zip(c.observations) {
             let values = [
                 format!(
@@ -375,11 +362,23 @@ pub(crate) fn one_call(
                 param(&mut extra, o.title.as_str().into()),
                 param(&mut extra, o.content.clone().into()),
             ];
+            // The commit's last observation marks its end (see `history.rs`), with the phase
+            // and usage the run leaves: its new values, or the row's where it keeps them (its
+            // update comes last).
+            let end = if k == last {
+                format!(
+                    "{changed}, (SELECT COALESCE($5, phase) FROM runs WHERE run_id = $1), \
+                     (SELECT COALESCE($6, usage) FROM runs WHERE run_id = $1)",
+                    changed = flag(c.changed)
+                )
+            } else {
+                "NULL, NULL, NULL".to_owned()
+            };
             sql.push_str(&format!(
                 "INSERT INTO observations \
                    (tenant, thread_id, seq, id, run_id, parent_id, type, title, content, \
-                    created_at) \
-                 SELECT $12, $13, {}, {at} WHERE {HELD};",
+                    created_at, commit_changed, commit_phase, commit_usage) \
+                 SELECT $12, $13, {}, {at}, {end} WHERE {HELD};",
                 values.join(", ")
             ));
         }

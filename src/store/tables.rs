@@ -4,7 +4,7 @@
 
 use super::StoreResult;
 use super::rows;
-use super::sql::{Arg, Conn, q};
+use super::sql::{Arg, Conn, Dialect, q};
 use crate::model::{AgentStateRow, ItemId, Message, Suspension, ThreadId, TodoItem};
 
 /// A table the engine's ops write: its key (an upsert replaces every other column, but for
@@ -188,6 +188,22 @@ pub(crate) const ITEM_COLUMNS: &[&str] = &[
     "tool_allowlist",
     "compacted_output",
 ];
+
+/// The select list of an item for a reader that shows the state (`GET …/state`, now or in the
+/// past): every column of [`ITEM_COLUMNS`] read from `alias`, but the item's ReAct
+/// `conversation`, which the state view leaves out, read as empty (on a long thread the
+/// conversations are about a quarter of its items' bytes, decoded only to be dropped).
+pub(crate) fn item_view_columns(d: Dialect, alias: &str) -> String {
+    ITEM_COLUMNS
+        .iter()
+        .map(|c| match (*c, d) {
+            ("conversation", Dialect::Postgres) => "'[]'::jsonb AS conversation".to_owned(),
+            ("conversation", Dialect::Sqlite) => "'[]' AS conversation".to_owned(),
+            _ => format!("{alias}.{c}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// The columns of `agent_state` after `(tenant, thread_id)`, as its versions copy them.
 pub(crate) const STATE_COLUMNS: &[&str] =

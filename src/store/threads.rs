@@ -4,9 +4,11 @@
 
 use serde_json::Value;
 
+use super::ItemDetail;
 use super::rows;
 use super::sql::{Arg, Conn, Q, Row, q};
 use super::sql_store::SqlStore;
+use super::tables::item_view_columns;
 use super::{
     AgentSnapshot, ObservationQuery, PageCursor, Signal, StoreError, StoreResult, ThreadPatch,
 };
@@ -236,6 +238,7 @@ impl SqlStore {
     /// Delete the thread and everything it owns; false when it did not exist.
     pub async fn delete_thread(&self, tenant: &str, thread_id: &ThreadId) -> StoreResult<bool> {
         let mut tx = self.write().await?;
+        super::history::delete_history(&mut tx, tenant, thread_id).await?;
         let deleted = tx
             .exec(
                 q("DELETE FROM threads WHERE tenant = $1 AND thread_id = $2")
@@ -255,12 +258,34 @@ impl SqlStore {
         Ok(deleted)
     }
 
-    /// What the engine reads of a thread: its agent state, todo items and pending suspension,
-    /// from one snapshot; `None` when the thread does not exist.
+    /// What the engine reads of a thread: its agent state, todo items (with their ReAct
+    /// conversations, which a run continues from) and pending suspension, from one snapshot;
+    /// `None` when the thread does not exist.
     pub async fn agent_snapshot(
         &self,
         tenant: &str,
         thread_id: &ThreadId,
+    ) -> StoreResult<Option<AgentSnapshot>> {
+        self.snapshot_with(tenant, thread_id, ItemDetail::Full)
+            .await
+    }
+
+    /// What the state view shows of a thread now: [`Self::agent_snapshot`] without the items'
+    /// conversations (the view leaves them out).
+    pub async fn state_snapshot(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+    ) -> StoreResult<Option<AgentSnapshot>> {
+        self.snapshot_with(tenant, thread_id, ItemDetail::View)
+            .await
+    }
+
+    async fn snapshot_with(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        detail: ItemDetail,
     ) -> StoreResult<Option<AgentSnapshot>> {
         // One snapshot for the three reads.
         let mut tx = self.snapshot().await?;
@@ -273,11 +298,19 @@ impl SqlStore {
         else {
             return Ok(None);
         };
+        let columns = match detail {
+            ItemDetail::Full => "i.*".to_owned(),
+            ItemDetail::View => item_view_columns(tx.dialect(), "i"),
+        };
         let items = tx
-            .all(key(
-                "SELECT * FROM todo_items WHERE tenant = $1 AND thread_id = $2 \
-                 ORDER BY position, item_id",
-            ))
+            .all(
+                q(format!(
+                    "SELECT {columns} FROM todo_items i WHERE tenant = $1 AND thread_id = $2 \
+                     ORDER BY position, item_id"
+                ))
+                .bind(tenant)
+                .bind(thread_id.as_str()),
+            )
             .await?;
         let pending = tx
             .opt(key(

@@ -114,6 +114,41 @@ async fn storage_counts_grow_with_a_run_and_are_per_tenant(backend: Backend) {
     assert_problem(s, &body, 404, "thread_not_found");
     let (s, body) = app.get_as("ka", "/v1/threads/has%20space/storage").await;
     assert_problem(s, &body, 404, "thread_not_found");
+
+    // A deleted thread takes its history with it (the version tables hold no foreign key on
+    // Postgres): a new thread under the same id starts with none, and its past holds nothing
+    // of the old one's.
+    let r = app
+        .client
+        .delete(app.url(&format!("/v1/threads/{t}")))
+        .bearer_auth("ka")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let again = thread_as(&app, "ka", json!({"threadId": t})).await;
+    assert_eq!(again, t);
+    let (_, fresh) = app.get_as("ka", &path).await;
+    assert_eq!(footprint(&fresh, "history"), (0, 0), "{fresh}");
+    assert_eq!(footprint(&fresh, "observations"), (0, 0), "{fresh}");
+    let (s, points) = app.get_as("ka", &format!("/v1/threads/{t}/history")).await;
+    assert_eq!(s, 200, "{points}");
+    assert_eq!(points["items"], json!([]), "{points}");
+    post_as(
+        &app,
+        "ka",
+        &format!("/v1/threads/{t}/runs/wait"),
+        json!({"query": "what is 2+2?"}),
+    )
+    .await;
+    let (_, after) = app.get_as("ka", &path).await;
+    let (_, early) = app
+        .get_as("ka", &format!("/v1/threads/{t}/state?atSeq=1"))
+        .await;
+    // One run's history, not two: the old thread's versions are gone, so the state after the
+    // first observation has no item yet.
+    assert_eq!(footprint(&after, "history").0, footprint(&one, "history").0);
+    assert_eq!(early["todoList"], json!([]), "{early}");
     app.stop().await;
 }
 both_stores!(storage, storage_counts_grow_with_a_run_and_are_per_tenant);

@@ -3,8 +3,10 @@
 //! follow-ups (each a run of the fake model's 3-item workload) until its log holds
 //! `--observations` observations, then reads `GET /v1/threads/{id}/state?atSeq=N` at `--reads`
 //! seqs spread over the whole log (early, middle and late points alike), one after another, and
-//! prints the latency percentiles. The cost of recording history on every commit is W3's
-//! before and after (`--mode runs` on the two builds), not this mode's.
+//! prints the latency percentiles: each read timed from the request sent to the last byte of
+//! its body received (the bench parses the JSON after the clock stops). The cost of recording
+//! history on every commit is W3's before and after (`--mode runs` on the two builds), not this
+//! mode's.
 
 use std::time::{Duration, Instant};
 
@@ -62,11 +64,10 @@ pub(crate) async fn history_mode(args: &Args, server: &Server) -> Result<History
     for k in 0..args.reads {
         // Spread over the log, with a stride that visits early, middle and late seqs in turn.
         let at = 1 + (k as i64 * 7919) % last;
-        let sent = Instant::now();
-        let st: Value = server
-            .get_json(&format!("/v1/threads/{thread}/state?atSeq={at}"))
+        let (st, took) = server
+            .get_timed(&format!("/v1/threads/{thread}/state?atSeq={at}"))
             .await?;
-        reads.push(sent.elapsed());
+        reads.push(took);
         if st["atSeq"].as_i64().is_none_or(|a| a < at) {
             bail!(
                 "the state at {at} came back without its seq: {}",
@@ -78,11 +79,10 @@ pub(crate) async fn history_mode(args: &Args, server: &Server) -> Result<History
     reads.sort_unstable();
     let mut present = Vec::with_capacity(args.reads);
     for _ in 0..args.reads {
-        let sent = Instant::now();
-        server
-            .get_json(&format!("/v1/threads/{thread}/state"))
+        let (_, took) = server
+            .get_timed(&format!("/v1/threads/{thread}/state"))
             .await?;
-        present.push(sent.elapsed());
+        present.push(took);
     }
     present.sort_unstable();
     Ok(HistoryReport {

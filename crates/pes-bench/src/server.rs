@@ -171,6 +171,35 @@ impl Server {
         json_body(resp, path).await
     }
 
+    /// `GET path`, timed from the request sent to the last byte of the body received; the body
+    /// is parsed after the clock stops (a read's latency is the service's, not the time the
+    /// bench's own JSON parser takes over a megabyte).
+    pub(crate) async fn get_timed(&self, path: &str) -> Result<(Value, Duration)> {
+        let sent = std::time::Instant::now();
+        let resp = self
+            .http
+            .get(self.url(path))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .with_context(|| format!("GET {path}"))?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .with_context(|| format!("GET {path}: body"))?;
+        let took = sent.elapsed();
+        let text = String::from_utf8_lossy(&bytes);
+        ensure!(
+            status.is_success(),
+            "GET {path} answered {status}: {}",
+            truncate(&text, 300)
+        );
+        let body = serde_json::from_slice(&bytes)
+            .with_context(|| format!("GET {path}: not JSON: {}", truncate(&text, 300)))?;
+        Ok((body, took))
+    }
+
     pub(crate) async fn post_json(
         &self,
         path: &str,

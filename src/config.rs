@@ -204,6 +204,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub tenant_max_streams: u64,
 
+    /// Threads one tenant may hold (forks included; deleted and expired ones do not count);
+    /// creating or forking one past it is refused with 429 `quota_exceeded`. A fork copies its
+    /// source's log and history, so this bounds what a tenant can fill the disk with for free.
+    #[arg(long, env = "PES_TENANT_MAX_THREADS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub tenant_max_threads: u64,
+
     /// Flowcharts one tenant may store; creating one past it is refused with 429
     /// `quota_exceeded`.
     #[arg(long, env = "PES_TENANT_MAX_FLOWCHARTS", default_value_t = 1000,

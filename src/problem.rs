@@ -178,6 +178,13 @@ impl From<StoreError> for ApiError {
                 detail: "a thread with this id already exists".into(),
             },
             StoreError::ThreadNotFound => Self::thread_not_found(),
+            StoreError::ThreadQuota { max } => Self::QuotaExceeded {
+                detail: format!(
+                    "the tenant has {max} threads, its quota (PES_TENANT_MAX_THREADS; forks \
+                     count): delete threads, or let them expire, first"
+                ),
+                retry_after_seconds: 60,
+            },
             StoreError::RunNotFound => Self::run_not_found(),
             StoreError::SuspensionNotFound => Self::suspension_not_found(),
             StoreError::AssistantExists => Self::Conflict {

@@ -195,6 +195,7 @@ impl SqlStore {
             );
         }
         let fork = &req.thread_id;
+        super::threads::thread_quota(&mut tx, tenant, self.max_threads).await?;
         let thread = tx
             .one(
                 q(

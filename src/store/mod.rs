@@ -103,6 +103,9 @@ pub enum StoreError {
     /// `multitaskStrategy: reject` and the thread has a queued, running or suspended run.
     #[error("the thread already has an active run ({active_run})")]
     ThreadBusy { active_run: Uuid },
+    /// The tenant holds as many threads as `PES_TENANT_MAX_THREADS` allows; nothing was made.
+    #[error("the tenant has {max} threads, its quota")]
+    ThreadQuota { max: u64 },
     /// The fenced run is no longer ours (its attempt moved on, it ended, or it was deleted).
     #[error("the run's lease was lost")]
     LeaseLost,

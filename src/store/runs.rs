@@ -102,6 +102,7 @@ impl SqlStore {
         let (tenant, thread_id) = (new.tenant.as_str(), &new.thread_id);
         let mut locked = lock_thread_for_run(&mut tx, tenant, thread_id).await?;
         if locked.is_none() && new.create_thread {
+            super::threads::thread_quota(&mut tx, tenant, self.max_threads).await?;
             // Concurrent creators wait on the primary key; the loser inserts nothing.
             tx.exec(
                 q(

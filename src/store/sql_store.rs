@@ -41,6 +41,8 @@ pub struct SqlStore {
     /// Poked when a commit of this process may have written a webhook delivery, so the
     /// delivery loop sends it at once rather than at its next look (see `webhooks.rs`).
     pub(crate) outbox: Arc<tokio::sync::Notify>,
+    /// The threads one tenant may hold (`PES_TENANT_MAX_THREADS`; see `threads::thread_quota`).
+    pub(crate) max_threads: u64,
 }
 
 impl SqlStore {
@@ -51,7 +53,16 @@ impl SqlStore {
             group: Arc::default(),
             served: Arc::default(),
             outbox: Arc::default(),
+            max_threads: u64::MAX,
         }
+    }
+
+    /// At most `max` threads per tenant: creating or forking one past it fails with
+    /// [`StoreError::ThreadQuota`] (unlimited until set).
+    #[must_use]
+    pub fn with_max_threads(mut self, max: u64) -> Self {
+        self.max_threads = max;
+        self
     }
 
     fn conn(&self, link: Link) -> Conn {

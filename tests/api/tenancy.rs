@@ -209,6 +209,60 @@ async fn quotas_refuse_one_tenant_and_leave_the_other_alone(backend: Backend) {
 }
 both_stores!(quotas, quotas_refuse_one_tenant_and_leave_the_other_alone);
 
+/// `PES_TENANT_MAX_THREADS`: every way of making a thread counts (create, a run that creates its
+/// thread, a fork, which copies its source's log), a refused one makes nothing, another tenant
+/// is not affected, and a deleted thread frees its place.
+async fn the_thread_quota_counts_forks_and_every_way_of_making_a_thread(backend: Backend) {
+    let app = spawn_with(backend, None, |c| {
+        c.api_keys = Some("ka:acme,kb:globex".into());
+        c.worker_concurrency = 0;
+        c.tenant_max_threads = 2;
+    })
+    .await;
+    let r = post_as(&app, "ka", "/v1/threads", json!({"threadId": "t1"})).await;
+    assert_eq!(r.status().as_u16(), 201);
+    let run = json!({"query": "What is 2+2?", "ifNotExists": "create"});
+    let r = post_as(&app, "ka", "/v1/threads/t2/runs", run.clone()).await;
+    assert_eq!(r.status().as_u16(), 202);
+    // The third thread, made any way, is refused and made nothing.
+    let refused = [
+        post_as(&app, "ka", "/v1/threads", json!({"threadId": "t3"})).await,
+        post_as(&app, "ka", "/v1/threads/t3/runs", run.clone()).await,
+        post_as(&app, "ka", "/v1/threads/t1/fork", json!({"threadId": "t3"})).await,
+    ];
+    for r in refused {
+        assert_quota(&r);
+        let (_, problem) = read(r).await;
+        assert_eq!(problem["code"], "quota_exceeded", "{problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("PES_TENANT_MAX_THREADS"), "{problem}");
+    }
+    let (s, _) = app.get_as("ka", "/v1/threads/t3").await;
+    assert_eq!(s, 404);
+    // A run on a thread that exists is not a new thread.
+    let r = post_as(&app, "ka", "/v1/threads/t1/runs", run.clone()).await;
+    assert_eq!(r.status().as_u16(), 202);
+    // Another tenant has its own.
+    let r = post_as(&app, "kb", "/v1/threads", json!({"threadId": "t3"})).await;
+    assert_eq!(r.status().as_u16(), 201);
+    // A deleted thread frees its place: the fork goes through.
+    let r = app
+        .client
+        .delete(app.url("/v1/threads/t2"))
+        .bearer_auth("ka")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = post_as(&app, "ka", "/v1/threads/t1/fork", json!({"threadId": "t3"})).await;
+    assert_eq!(r.status().as_u16(), 201, "{:?}", r.text().await);
+    app.stop().await;
+}
+both_stores!(
+    thread_quota,
+    the_thread_quota_counts_forks_and_every_way_of_making_a_thread
+);
+
 fn ts(v: &Value) -> DateTime<Utc> {
     v.as_str().unwrap().parse().unwrap()
 }

@@ -66,14 +66,16 @@ pub(super) const QUOTA_EXCEEDED: Shared = (
     "QuotaExceeded",
     "429",
     "The tenant holds as much as its quota allows: queued and running runs \
-     (`PES_TENANT_MAX_ACTIVE_RUNS`), open event streams (`PES_TENANT_MAX_STREAMS`), flowcharts \
+     (`PES_TENANT_MAX_ACTIVE_RUNS`), threads, forks included (`PES_TENANT_MAX_THREADS`), open \
+     event streams (`PES_TENANT_MAX_STREAMS`), flowcharts \
      (`PES_TENANT_MAX_FLOWCHARTS`), assistants (`PES_TENANT_MAX_ASSISTANTS`) or memory store \
      items (`PES_TENANT_MAX_STORE_ITEMS`); `detail` names \
      which (`quota_exceeded`). `Retry-After` says when to try again.",
 );
 
 /// The routes that start something a tenant quota counts (method, path).
-pub(super) const QUOTA_ROUTES: [(&str, &str); 10] = [
+pub(super) const QUOTA_ROUTES: [(&str, &str); 11] = [
+    ("post", "/v1/threads"),
     ("post", "/v1/threads/{threadId}/runs"),
     ("post", "/v1/threads/{threadId}/fork"),
     ("post", "/v1/ag-ui"),

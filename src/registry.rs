@@ -3,8 +3,9 @@
 //! a run at once. The worker fills it; [`crate::commands::RunCommands`] and the replica listener
 //! reach runs through it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -29,12 +30,41 @@ struct LocalRun {
     steered: Arc<Notify>,
 }
 
+/// How long a cancel for a run not driven here is kept for the run, should this process be
+/// about to drive it.
+const EARLY_CANCEL_TTL: Duration = Duration::from_secs(60);
+/// At most this many such cancels are kept (the oldest go first).
+const EARLY_CANCELS: usize = 1024;
+
 /// The runs this process drives right now, so a command (a cancel, an interrupt, a decision)
 /// reaches the run at once instead of at its next heartbeat or look at the store. Filled by the
 /// worker; reached through [`crate::commands::RunCommands`] and the replica listener.
 #[derive(Clone, Default)]
 pub struct RunRegistry {
-    inner: Arc<Mutex<HashMap<Uuid, LocalRun>>>,
+    inner: Arc<Mutex<Runs>>,
+}
+
+#[derive(Default)]
+struct Runs {
+    driven: HashMap<Uuid, LocalRun>,
+    /// Cancels that found no run here, newest last: a worker claims a run (reading its
+    /// `cancel_requested`), loads it, and only then registers it; a cancel committed in between
+    /// signals a run nobody here knows yet. [`RunRegistry::insert`] takes it from this list, so
+    /// the run stops at once rather than at its next heartbeat.
+    early_cancels: VecDeque<(Uuid, Instant)>,
+}
+
+impl std::ops::Deref for Runs {
+    type Target = HashMap<Uuid, LocalRun>;
+    fn deref(&self) -> &Self::Target {
+        &self.driven
+    }
+}
+
+impl std::ops::DerefMut for Runs {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.driven
+    }
 }
 
 impl RunRegistry {
@@ -57,7 +87,19 @@ impl RunRegistry {
             decided: decided.clone(),
             steered: steered.clone(),
         };
-        self.lock().insert(run.run_id, local);
+        let mut runs = self.lock();
+        let now = Instant::now();
+        runs.early_cancels
+            .retain(|(_, at)| now.duration_since(*at) < EARLY_CANCEL_TTL);
+        if let Some(k) = runs
+            .early_cancels
+            .iter()
+            .position(|(id, _)| *id == run.run_id)
+        {
+            runs.early_cancels.remove(k);
+            local.cancel.cancel();
+        }
+        runs.insert(run.run_id, local);
         (decided, steered, lost)
     }
 
@@ -94,18 +136,27 @@ impl RunRegistry {
         self.lock().remove(&run_id);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, LocalRun>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Runs> {
         self.inner.lock().expect("registry lock")
     }
 
     /// Cancel a run driven here; false when this process does not drive it.
+    /// A cancel for a run not driven here is kept a minute, for a run this process has claimed
+    /// but not registered yet (see [`Runs::early_cancels`]).
     pub fn cancel(&self, run_id: Uuid) -> bool {
-        match self.lock().get(&run_id) {
+        let mut runs = self.lock();
+        match runs.get(&run_id) {
             Some(r) => {
                 r.cancel.cancel();
                 true
             }
-            None => false,
+            None => {
+                if runs.early_cancels.len() >= EARLY_CANCELS {
+                    runs.early_cancels.pop_front();
+                }
+                runs.early_cancels.push_back((run_id, Instant::now()));
+                false
+            }
         }
     }
 
@@ -156,5 +207,67 @@ impl RunRegistry {
     /// No run is driven here.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{AgentConfig, MultitaskStrategy, RunPhase, RunStatus, Usage, new_id};
+
+    fn run() -> Run {
+        Run {
+            run_id: new_id(),
+            thread_id: ThreadId::from_stored("t".into()),
+            tenant: "default".into(),
+            status: RunStatus::Running,
+            query: "q".into(),
+            config: AgentConfig::default(),
+            assistant: None,
+            multitask_strategy: MultitaskStrategy::Enqueue,
+            idempotency_key: None,
+            created_at: chrono::Utc::now(),
+            started_at: None,
+            ended_at: None,
+            usage: Usage::default(),
+            error: None,
+            final_response: None,
+            suspension: None,
+            attempt: 1,
+            cron_id: None,
+            phase: RunPhase::New,
+            cancel_requested: false,
+            start_seq: 0,
+            trace_context: None,
+        }
+    }
+
+    /// A cancel signalled while the worker was still loading the run it had claimed stops the
+    /// run as soon as it is registered; a run no cancel named starts uncancelled.
+    #[test]
+    fn a_cancel_that_came_before_the_run_was_registered_is_kept_for_it() {
+        let registry = RunRegistry::default();
+        let (early, other) = (run(), run());
+        assert!(!registry.cancel(early.run_id), "not driven here yet");
+        let token = CancellationToken::new();
+        registry.insert(&early, token.clone());
+        assert!(token.is_cancelled());
+        let token = CancellationToken::new();
+        registry.insert(&other, token.clone());
+        assert!(!token.is_cancelled());
+        // Taken once: the run's next attempt here is not cancelled by it again.
+        registry.remove(early.run_id);
+        let token = CancellationToken::new();
+        registry.insert(&early, token.clone());
+        assert!(!token.is_cancelled());
+        // Bounded: the oldest of too many unknown runs' cancels go first.
+        let first = run();
+        registry.cancel(first.run_id);
+        for _ in 0..EARLY_CANCELS {
+            registry.cancel(new_id());
+        }
+        let token = CancellationToken::new();
+        registry.insert(&first, token.clone());
+        assert!(!token.is_cancelled());
     }
 }

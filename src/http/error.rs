@@ -73,6 +73,14 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from(seconds),
             );
         }
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is left unread, so the connection cannot carry another
+            // request: say so, or a client reuses it and its next request fails half-sent.
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

@@ -54,19 +54,6 @@ struct Runs {
     early_cancels: VecDeque<(Uuid, Instant)>,
 }
 
-impl std::ops::Deref for Runs {
-    type Target = HashMap<Uuid, LocalRun>;
-    fn deref(&self) -> &Self::Target {
-        &self.driven
-    }
-}
-
-impl std::ops::DerefMut for Runs {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.driven
-    }
-}
-
 impl RunRegistry {
     /// Register a run driven here; the answer is the notifications its journal awaits decisions
     /// and steering on, and the token the heartbeat fires should the lease be lost.
@@ -99,13 +86,14 @@ impl RunRegistry {
             runs.early_cancels.remove(k);
             local.cancel.cancel();
         }
-        runs.insert(run.run_id, local);
+        runs.driven.insert(run.run_id, local);
         (decided, steered, lost)
     }
 
     /// The leases of the runs driven here.
     pub(crate) fn fences(&self) -> Vec<Fence> {
         self.lock()
+            .driven
             .iter()
             .map(|(id, r)| Fence {
                 run_id: *id,
@@ -120,7 +108,7 @@ impl RunRegistry {
         let alive: HashMap<Uuid, bool> = alive.iter().copied().collect();
         let runs = self.lock();
         for fence in asked {
-            let Some(run) = runs.get(&fence.run_id) else {
+            let Some(run) = runs.driven.get(&fence.run_id) else {
                 continue;
             };
             match alive.get(&fence.run_id) {
@@ -133,7 +121,7 @@ impl RunRegistry {
     }
 
     pub(crate) fn remove(&self, run_id: Uuid) {
-        self.lock().remove(&run_id);
+        self.lock().driven.remove(&run_id);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Runs> {
@@ -145,7 +133,7 @@ impl RunRegistry {
     /// but not registered yet (see [`Runs::early_cancels`]).
     pub fn cancel(&self, run_id: Uuid) -> bool {
         let mut runs = self.lock();
-        match runs.get(&run_id) {
+        match runs.driven.get(&run_id) {
             Some(r) => {
                 r.cancel.cancel();
                 true
@@ -165,7 +153,7 @@ impl RunRegistry {
     pub fn cancel_thread(&self, tenant: &str, thread_id: &ThreadId, except: Uuid) -> usize {
         let map = self.lock();
         let mut n = 0;
-        for (id, r) in map.iter() {
+        for (id, r) in map.driven.iter() {
             if *id != except && r.tenant == tenant && &r.thread_id == thread_id {
                 r.cancel.cancel();
                 n += 1;
@@ -177,7 +165,7 @@ impl RunRegistry {
     /// One of a run's suspensions was decided while it runs: tell the run, if this process
     /// drives it (false otherwise). A run not waiting for it yet finds it when it next waits.
     pub fn decided(&self, run_id: Uuid) -> bool {
-        match self.lock().get(&run_id) {
+        match self.lock().driven.get(&run_id) {
             Some(r) => {
                 // `notify_one` keeps a permit when nobody waits right now, so a decision that
                 // arrives between two waits is not missed.
@@ -191,7 +179,7 @@ impl RunRegistry {
     /// Runs driven by this process right now.
     /// A person steered a run: tell the run, if this process drives it. False when it does not.
     pub fn steered(&self, run_id: Uuid) -> bool {
-        match self.lock().get(&run_id) {
+        match self.lock().driven.get(&run_id) {
             Some(r) => {
                 r.steered.notify_one();
                 true
@@ -201,7 +189,7 @@ impl RunRegistry {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().driven.len()
     }
 
     /// No run is driven here.

@@ -435,14 +435,8 @@ async fn forks_of_finished_threads_and_bad_input(backend: Backend) {
         .get_as("ka", &format!("/v1/threads/{t}/observations?limit=1000"))
         .await;
     assert_eq!(log_after["items"], log["items"]);
-    let r = app
-        .client
-        .delete(app.url(&format!("/v1/threads/{t}")))
-        .bearer_auth("ka")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204);
+    let (s, _) = app.delete_as("ka", &format!("/v1/threads/{t}")).await;
+    assert_eq!(s, 204);
     let (s, _) = app
         .get_as("ka", &format!("/v1/threads/{w}/state?atSeq=1"))
         .await;

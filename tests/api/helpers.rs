@@ -142,6 +142,18 @@ impl TestApp {
         read(r).await
     }
 
+    /// `DELETE path` as `key`'s tenant.
+    pub async fn delete_as(&self, key: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .client
+            .delete(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        read(r).await
+    }
+
     /// Create a thread and return its id.
     pub async fn thread(&self, body: Value) -> String {
         let (status, t) = self.post("/v1/threads", body).await;

@@ -161,14 +161,7 @@ impl Server {
     }
 
     pub(crate) async fn get_json(&self, path: &str) -> Result<Value> {
-        let resp = self
-            .http
-            .get(self.url(path))
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await
-            .with_context(|| format!("GET {path}"))?;
-        json_body(resp, path).await
+        Ok(self.get_timed(path).await?.0)
     }
 
     /// `GET path`, timed from the request sent to the last byte of the body received; the body

@@ -118,14 +118,8 @@ async fn storage_counts_grow_with_a_run_and_are_per_tenant(backend: Backend) {
     // A deleted thread takes its history with it (the version tables hold no foreign key on
     // Postgres): a new thread under the same id starts with none, and its past holds nothing
     // of the old one's.
-    let r = app
-        .client
-        .delete(app.url(&format!("/v1/threads/{t}")))
-        .bearer_auth("ka")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
+    let (s, _) = app.delete_as("ka", &format!("/v1/threads/{t}")).await;
+    assert_eq!(s, 204);
     let again = thread_as(&app, "ka", json!({"threadId": t})).await;
     assert_eq!(again, t);
     let (_, fresh) = app.get_as("ka", &path).await;

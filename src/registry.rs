@@ -209,6 +209,7 @@ mod tests {
             thread_id: ThreadId::from_stored("t".into()),
             tenant: "default".into(),
             status: RunStatus::Running,
+            kind: crate::model::RunKind::Agent,
             query: "q".into(),
             config: AgentConfig::default(),
             assistant: None,
@@ -227,6 +228,7 @@ mod tests {
             cancel_requested: false,
             start_seq: 0,
             trace_context: None,
+            flowchart: None,
         }
     }
 

@@ -117,6 +117,11 @@ impl Engine {
                     CallStep::Wait => return Ok(Next::Idle),
                 }
             }
+            if ctx.is_flowchart_item(&ctx.items[idx]) {
+                // A flowchart run's call is answered: the run ends with its result, and no
+                // model is asked about it.
+                return Ok(Next::Idle);
+            }
             let item = ctx.items[idx].clone();
             if iterations_since_last_prompt(&item) >= max_iterations {
                 self.fail_item(

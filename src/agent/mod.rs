@@ -28,6 +28,8 @@
 //!   scheduler starts and takes in every kind the same way.
 //! - `hitl.rs`: suspending an item on a call that needs a person, and applying their decision.
 //! - `synthesizer.rs`: cancelling what can no longer run, and the final answer.
+//! - `flowchart_run.rs`: a run of `kind: "flowchart"`: one item that makes one flowchart call,
+//!   in place of planning, and its output as the answer, in place of synthesis.
 //! - `endings.rs`: committing a run that failed or was cancelled.
 //! - `plan.rs` (plan validation and merge) and `prompts.rs` (prompts, their labels, and schemas).
 
@@ -40,6 +42,7 @@ mod context;
 mod endings;
 mod executor;
 mod failures;
+mod flowchart_run;
 mod hitl;
 mod journal;
 pub mod plan;
@@ -63,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::llm::LlmProvider;
-use crate::model::{Message, MessageRole, Run, RunPhase, Suspension, Thread, new_id};
+use crate::model::{Message, MessageRole, Run, RunKind, RunPhase, Suspension, Thread, new_id};
 use crate::telemetry::spans;
 use crate::tools::ToolRegistry;
 use changes::{AgentSnapshot, Batch, Op, RunUpdate};
@@ -413,13 +416,23 @@ impl Engine {
         if ctx.run.phase == RunPhase::New {
             self.start(ctx).await?;
         }
+        let flowchart = ctx.run.kind == RunKind::Flowchart;
         if ctx.run.phase == RunPhase::Planning {
-            self.plan(ctx).instrument(spans::plan()).await?;
+            if flowchart {
+                self.start_flowchart(ctx).await?;
+            } else {
+                self.plan(ctx).instrument(spans::plan()).await?;
+            }
         }
         if ctx.run.phase == RunPhase::Executing {
             ctx.check_signals()?;
             if let Some(end) = self.execute_plan(ctx).await? {
                 return Ok(end);
+            }
+            if flowchart {
+                // Its output is the answer: no synthesis.
+                self.finish_flowchart(ctx).await?;
+                return Ok(RunEnd::Completed);
             }
             self.begin_synthesis(ctx).await?;
         }

@@ -254,7 +254,7 @@ impl Engine {
             let active: Vec<String> = ctx
                 .items
                 .iter()
-                .filter(|i| self.needs_attention(i))
+                .filter(|i| self.needs_attention(i) && ctx.works_on(i))
                 .map(|i| i.id.to_string())
                 .filter(|id| !busy.contains(id) && !idle.contains(id))
                 .collect();
@@ -306,11 +306,12 @@ impl Engine {
             || (it.status == ItemStatus::Completed && it.compacted_output.is_none())
     }
 
-    /// The first pending item (in plan order) whose dependencies all completed and can be read,
-    /// and whose team (if it has one) is in progress.
+    /// The first pending item (in plan order) the run works on whose dependencies all completed
+    /// and can be read, and whose team (if it has one) is in progress.
     pub(super) fn ready_item(&self, ctx: &Ctx<'_>) -> Option<usize> {
         ctx.items.iter().position(|it| {
             it.status == ItemStatus::Pending
+                && ctx.works_on(it)
                 && it.parent_item_id.as_ref().is_none_or(|p| {
                     ctx.items
                         .iter()

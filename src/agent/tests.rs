@@ -188,6 +188,7 @@ impl MemJournal {
             thread_id,
             tenant: "default".into(),
             status: RunStatus::Queued,
+            kind: crate::model::RunKind::Agent,
             query: query.into(),
             config: AgentConfig::default(),
             assistant: None,
@@ -206,6 +207,7 @@ impl MemJournal {
             cancel_requested: false,
             start_seq: 0,
             trace_context: None,
+            flowchart: None,
         };
         Self {
             rows: Arc::new(Mutex::new(Rows {

@@ -27,6 +27,7 @@ mod assistants;
 mod cases;
 pub mod crons;
 mod decisions;
+mod flowchart_runs;
 pub mod memory;
 mod policy;
 pub mod replicas;
@@ -48,6 +49,7 @@ use crate::store::{
 pub use assistants::AssistantInput;
 pub use cases::UseCases;
 pub use decisions::{DecisionRequest, already_decided};
+pub use flowchart_runs::FlowchartRunRequest;
 pub use policy::check_policy_floor;
 pub use retention::{PruneRequest, Pruned};
 pub use runs::RunRequest;
@@ -127,7 +129,8 @@ impl RunCommands {
                         observations: steered.observations,
                     });
                 }
-                // It ended meanwhile: the query runs on its own.
+                // It ended meanwhile, or it is a flowchart run (no steering): the query runs
+                // on its own.
                 Err(
                     crate::store::StoreError::Conflict(_) | crate::store::StoreError::RunNotFound,
                 ) => {}

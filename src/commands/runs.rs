@@ -40,6 +40,9 @@ pub struct RunRequest {
     pub webhook: Option<WebhookSpec>,
     /// The cron whose tick posts this run.
     pub cron_id: Option<Uuid>,
+    /// Makes a `flowchart` run of this flowchart and input (see
+    /// [`UseCases::run_flowchart`], which checks them); `None`: an `agent` run.
+    pub flowchart: Option<crate::model::FlowchartCall>,
 }
 
 impl UseCases {
@@ -134,6 +137,7 @@ impl UseCases {
                 trace_context: request.trace.map(|t| t.to_stored()),
                 assistant,
                 cron_id: request.cron_id,
+                flowchart: request.flowchart,
             })
             .await
             .map_err(|e| match e {

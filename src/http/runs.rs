@@ -95,6 +95,7 @@ async fn enqueue(
         assistant_version: body.assistant_version,
         webhook: body.webhook,
         cron_id: None,
+        flowchart: None,
     };
     state.cases.enqueue(tenant, thread_id, request).await
 }

@@ -305,10 +305,15 @@ pub struct FinalResponseSource {
 /// `FINAL_RESPONSE`: the run's answer (also the run's `finalResponse`).
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct FinalResponseContent {
+    /// The answer's text (a `flowchart` run's: its output, a JSON text unless it is a string).
     pub response: String,
     pub sources: Vec<FinalResponseSource>,
     /// Follow-up questions the model suggests.
     pub suggestions: Vec<String>,
+    /// A `flowchart` run only: the flowchart's output, as the JSON it returned (absent on an
+    /// `agent` run's answer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
 }
 
 /// Where an error happened.

@@ -161,6 +161,26 @@ string_enum! {
     }
 }
 
+string_enum! {
+    /// What a run does. An `agent` run plans the query, executes its items and synthesizes an
+    /// answer; a `flowchart` run (`POST /v1/flowcharts/{name}/runs`, or a flowchart tool of the
+    /// MCP server) runs one flowchart with the given input, and its output is the run's answer.
+    #[derive(Default)]
+    RunKind {
+        #[default]
+        Agent => "agent",
+        Flowchart => "flowchart",
+    }
+}
+
+/// What a `flowchart` run runs: the flowchart (by name, in the version current when its call
+/// starts) and the input, already checked against the flowchart's input schema at enqueue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowchartCall {
+    pub name: String,
+    pub input: Value,
+}
+
 /// A run of a query on a thread.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -170,7 +190,15 @@ pub struct Run {
     #[serde(skip)]
     pub tenant: String,
     pub status: RunStatus,
+    /// `agent` (planned, executed and synthesized by the model) or `flowchart` (one flowchart
+    /// run with its input: no model call unless the flowchart has `llm` stages).
+    #[serde(default)]
+    pub kind: RunKind,
+    /// The run's query (a `flowchart` run's says which flowchart and input it runs).
     pub query: String,
+    /// A `flowchart` run's flowchart and input (internal: the query shows them).
+    #[serde(skip)]
+    pub flowchart: Option<FlowchartCall>,
     /// Per-run overrides of the thread's config.
     pub config: AgentConfig,
     /// The assistant version the run uses, fixed when it was enqueued (the thread's or the

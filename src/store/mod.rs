@@ -163,6 +163,8 @@ pub struct NewRun {
     pub trace_context: Option<String>,
     /// The cron whose tick makes this run.
     pub cron_id: Option<Uuid>,
+    /// A `flowchart` run's flowchart and input; `None` makes an `agent` run.
+    pub flowchart: Option<crate::model::FlowchartCall>,
 }
 
 /// What [`SqlStore::create_run`] did.

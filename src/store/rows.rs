@@ -239,7 +239,9 @@ pub(crate) fn run_from_row(r: &Row) -> StoreResult<Run> {
         thread_id: ThreadId::from_stored(r.text("thread_id")?),
         tenant: r.text("tenant")?,
         status: r.enumeration("status")?,
+        kind: r.enumeration("kind")?,
         query: r.text("query")?,
+        flowchart: r.opt_typed("flowchart")?,
         config: r.typed("config")?,
         assistant: match (r.opt_text("assistant_id")?, r.opt_int("assistant_version")?) {
             (Some(id), Some(version)) => Some(AssistantRef {

@@ -14,7 +14,7 @@ use super::threads::{lock_thread, map_rows};
 use super::webhooks::{outbox_insert, resolve_for_run};
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
 use crate::model::{
-    AssistantPin, MultitaskStrategy, Run, RunStatus, Suspension, ThreadId, Usage, new_id,
+    AssistantPin, MultitaskStrategy, Run, RunKind, RunStatus, Suspension, ThreadId, Usage, new_id,
 };
 
 /// Cancel the queued or suspended runs among `$1` (the store cancels those itself).
@@ -216,6 +216,12 @@ impl SqlStore {
             }
         }
         let start_seq = observations.last().map_or(last_seq, |o| o.seq);
+        let kind = if new.flowchart.is_some() {
+            RunKind::Flowchart
+        } else {
+            RunKind::Agent
+        };
+        let flowchart = rows::opt_json(new.flowchart.as_ref())?;
         // {clock}: taken after the thread lock, so runs of a thread sort in the order they were
         // enqueued.
         let row = tx
@@ -224,9 +230,9 @@ impl SqlStore {
                     "INSERT INTO runs (run_id, tenant, thread_id, status, query, config, \
                      multitask_strategy, idempotency_key, created_at, usage, attempt, phase, \
                      cancel_requested, start_seq, trace_context, assistant_id, \
-                     assistant_version, webhook, cron_id) \
+                     assistant_version, webhook, cron_id, kind, flowchart) \
                    VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, {clock}, $8, 0, 'new', FALSE, \
-                     $9, $10, $11, $12, $13, $14) RETURNING *",
+                     $9, $10, $11, $12, $13, $14, $15, $16) RETURNING *",
                 )
                 .bind(run_id)
                 .bind(tenant)
@@ -241,7 +247,9 @@ impl SqlStore {
                 .bind(assistant.as_ref().map(|a| a.assistant_id.as_str()))
                 .bind(Arg::Int(assistant.as_ref().map(|a| a.version)))
                 .bind(Arg::Json(webhook))
-                .bind(Arg::Text(new.cron_id.map(|id| id.to_string()))),
+                .bind(Arg::Text(new.cron_id.map(|id| id.to_string())))
+                .bind(kind.as_str())
+                .bind(Arg::Json(flowchart)),
             )
             .await?;
         tx.notify(&Signal::RunReady).await?;

@@ -11,7 +11,7 @@ use super::sql_store::SqlStore;
 use super::tables::{MESSAGES, message_cols_at};
 use super::threads::lock_thread;
 use super::{Signal, StoreError, StoreResult};
-use crate::model::{Message, NewObservation, Observation, Run, RunStatus, ThreadId};
+use crate::model::{Message, NewObservation, Observation, Run, RunKind, RunStatus, ThreadId};
 
 /// A run that was steered, and the observation that says so.
 #[derive(Debug, Clone)]
@@ -83,6 +83,13 @@ impl SqlStore {
                 "run already {}: a finished run takes no steering",
                 run.status
             )));
+        }
+        if run.kind == RunKind::Flowchart {
+            // A fixed procedure has no planner to read it: a `steer` query on its thread runs on
+            // its own after it instead (see `RunCommands::enqueue`).
+            return Err(StoreError::Conflict(
+                "a flowchart run takes no steering: it runs a fixed procedure".into(),
+            ));
         }
         let observations =
             append_observations(&mut tx, tenant, thread_id, vec![observation]).await?;

@@ -26,11 +26,12 @@ use crate::model::{
 
 /// The run columns a snapshot keeps, and whether each holds JSON (SQLite keeps JSON as text,
 /// which `json()` turns back into JSON inside the snapshot).
-const SNAPSHOT_COLUMNS: [(&str, bool); 22] = [
+const SNAPSHOT_COLUMNS: [(&str, bool); 23] = [
     ("run_id", false),
     ("tenant", false),
     ("thread_id", false),
     ("status", false),
+    ("kind", false),
     ("query", false),
     ("config", true),
     ("assistant_id", false),
@@ -164,7 +165,13 @@ fn run_from_snapshot(v: &Value) -> StoreResult<Run> {
         thread_id: ThreadId::from_stored(need("thread_id")?),
         tenant: need("tenant")?,
         status: parse("status", need("status")?)?,
+        // A snapshot made before runs had kinds is an agent run's.
+        kind: text("kind")
+            .map(|s| parse("kind", s))
+            .transpose()?
+            .unwrap_or_default(),
         query: need("query")?,
+        flowchart: None,
         config: serde_json::from_value(typed("config")?).map_err(|e| bad(&e.to_string()))?,
         assistant: match (text("assistant_id"), int("assistant_version")) {
             (Some(id), Some(version)) => Some(AssistantRef {

@@ -19,6 +19,7 @@ mod console;
 mod contract;
 mod crons;
 mod db;
+mod direct_flowchart_runs;
 mod durability;
 mod fake_llm;
 mod flowchart_runs;

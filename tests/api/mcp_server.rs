@@ -4,7 +4,8 @@
 //! handshake. The client lists `ask`, `resume` and the tenant's flowcharts; `ask` answers with
 //! the run's progress as notifications; a run needing approval returns its suspension, which
 //! `resume` completes (or, with elicitation, the input-required round trip does in one call); a
-//! flowchart runs as a tool of its own. Keys and tenants as on `/v1`; what the transport refuses
+//! flowchart is a tool of its own that runs the flowchart itself (no model call) and answers
+//! with its output, or with its suspension. Keys and tenants as on `/v1`; what the transport refuses
 //! is a problem. Without the venv the SDK-driven tests say so loudly and pass, except where
 //! `PES_PYVENV` or `CI` is set.
 
@@ -16,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::both_stores;
-use crate::fake_llm::{FakeLlm, Reply, phase_of, plan};
+use crate::fake_llm::{FakeLlm, phase_of};
 use crate::helpers::{Backend, TestApp, spawn_with};
 
 fn python() -> Option<PathBuf> {
@@ -482,24 +483,22 @@ both_stores!(
 
 async fn a_flowchart_is_a_tool_of_its_own(backend: Backend) {
     let Some(py) = python() else { return };
+    // A model that never calls a tool: the flowchart runs anyway, by itself.
     let llm = FakeLlm::start().await;
     let app = spawn_with(backend, Some(&llm), |_| {}).await;
     put_flowchart(&app, None, "triage", triage()).await;
-    llm.push("plan", plan(&[("f1", "Run the triage", &["triage"], &[])]));
-    llm.push_item(
-        "f1",
-        Reply::ToolCalls(vec![("triage".into(), json!({"amount": 40}))]),
-    );
-    let (result, _, _) = call(&py, &app, "triage", json!({"amount": 40}), &[], None).await;
+    let (result, progress, _) =
+        call(&py, &app, "triage", json!({"amount": 40}), &["--progress"], None).await;
     assert_eq!(result["isError"], false, "{result}");
+    let output = json!({"decision": "approved", "amount": 40});
+    let text: Value = serde_json::from_str(result["text"].as_str().unwrap())
+        .unwrap_or_else(|_| panic!("the text is the output's JSON: {result}"));
+    assert_eq!(text, output);
     let s = &result["structured"];
-    assert_eq!(s["status"], "completed");
-    assert_eq!(
-        s["result"],
-        json!({"decision": "approved", "amount": 40}),
-        "{s}"
-    );
-    // It ran on a thread of its own, with only that tool enabled, its stages in the log.
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["result"], output, "{s}");
+    assert_eq!(llm.calls(), 0, "no model request: {:?}", llm.requests());
+    // It ran as a flowchart run on a thread of its own, its stages in the log and in progress.
     let thread = s["threadId"].as_str().unwrap();
     let (_, run) = app
         .get(&format!(
@@ -507,15 +506,19 @@ async fn a_flowchart_is_a_tool_of_its_own(backend: Backend) {
             s["runId"].as_str().unwrap()
         ))
         .await;
-    assert_eq!(run["config"]["tools"], json!(["triage"]));
+    assert_eq!(run["kind"], "flowchart", "{run}");
+    assert_eq!(run["finalResponse"]["output"], output);
     let log = app.observations(thread).await;
     assert!(
         log.iter().any(|o| o["type"] == "FLOWCHART_STEP"),
         "stages are observable"
     );
-    // The model's plan is the planner's: the request it got names the flowchart and the arguments.
-    let plan_request = llm.requests_of("plan").pop().unwrap().to_string();
-    assert!(plan_request.contains("triage") && plan_request.contains("amount"));
+    let messages: Vec<&str> = progress
+        .iter()
+        .map(|p| p["message"].as_str().unwrap())
+        .collect();
+    assert!(messages.iter().any(|m| m.starts_with("FLOWCHART_STEP")), "{messages:?}");
+    assert!(messages.last().unwrap().starts_with("RUN_COMPLETED"), "{messages:?}");
 
     // Arguments that do not fit its input schema are refused before any run.
     let (ok, lines) = sdk(
@@ -532,6 +535,62 @@ async fn a_flowchart_is_a_tool_of_its_own(backend: Backend) {
     assert_eq!(line(&lines, "error")["code"], -32602, "{lines:?}");
 }
 both_stores!(flowchart_tool, a_flowchart_is_a_tool_of_its_own);
+
+/// A stage that needs a person suspends the flowchart's run: the call answers with the
+/// suspension, as `ask` does, and `resume` finishes it with the flowchart's output.
+async fn a_flowchart_tool_waiting_for_a_person_returns_its_suspension(backend: Backend) {
+    let Some(py) = python() else { return };
+    let llm = FakeLlm::start().await;
+    let app = spawn_with(backend, Some(&llm), |c| {
+        c.require_approval = vec!["calculator".into()];
+    })
+    .await;
+    put_flowchart(
+        &app,
+        None,
+        "fee",
+        json!({
+            "description": "The fee of an amount.",
+            "inputSchema": {"type": "object", "properties": {"amount": {"type": "number"}},
+                            "required": ["amount"]},
+            "flowchart": {"start": "fee", "stages": {
+                "fee": {"kind": "tool", "tool": "calculator", "output": "fee", "next": "done",
+                        "args": {"expression": {"cat": [{"var": "args.amount"}, " * 0.02"]}}},
+                "done": {"kind": "end", "result": {"fee": {"var": "state.fee.result"}}}
+            }}
+        }),
+    )
+    .await;
+    let (result, _, _) = call(&py, &app, "fee", json!({"amount": 100}), &[], None).await;
+    assert_eq!(result["isError"], false, "{result}");
+    let s = &result["structured"];
+    assert_eq!(s["status"], "suspended", "{s}");
+    let named = &s["suspensions"][0];
+    assert_eq!(named["kind"], "approval");
+    assert_eq!(named["toolCall"]["name"], "calculator");
+    let id = named["suspensionId"].as_str().unwrap();
+    assert!(result["text"].as_str().unwrap().contains(id), "{result}");
+
+    let (result, _, _) = call(
+        &py,
+        &app,
+        "resume",
+        json!({"suspensionId": id, "decision": "approve"}),
+        &[],
+        None,
+    )
+    .await;
+    let s = &result["structured"];
+    assert_eq!(s["status"], "completed", "{result}");
+    assert_eq!(s["result"], json!({"fee": 2}), "{result}");
+    let text: Value = serde_json::from_str(result["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text, json!({"fee": 2}));
+    assert_eq!(llm.calls(), 0, "no model request");
+}
+both_stores!(
+    flowchart_tool_suspends,
+    a_flowchart_tool_waiting_for_a_person_returns_its_suspension
+);
 
 async fn keys_and_tenants_are_those_of_v1(backend: Backend) {
     let Some(py) = python() else { return };

@@ -177,6 +177,7 @@ async fn enqueue(store: &S, thread: &str) -> Run {
             trace_context: None,
             assistant: None,
             cron_id: None,
+            flowchart: None,
         })
         .await
         .unwrap()

@@ -60,6 +60,7 @@ fn new_run(tenant: &str, thread: &str, query: &str) -> NewRun {
         trace_context: None,
         assistant: None,
         cron_id: None,
+        flowchart: None,
     }
 }
 

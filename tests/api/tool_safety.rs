@@ -220,6 +220,7 @@ impl Harness {
                 trace_context: None,
                 assistant: None,
                 cron_id: None,
+                flowchart: None,
             })
             .await
             .unwrap();

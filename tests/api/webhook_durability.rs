@@ -120,6 +120,7 @@ async fn the_outbox_row_commits_with_the_runs_end_only(backend: Backend) {
                     assistant: None,
                     trace_context: None,
                     cron_id: None,
+                    flowchart: None,
                 })
                 .await
                 .unwrap()

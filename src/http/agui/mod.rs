@@ -328,6 +328,7 @@ fn run_request(
         assistant_version: None,
         webhook: None,
         cron_id: None,
+        flowchart: None,
     })
 }
 

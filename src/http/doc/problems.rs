@@ -74,7 +74,7 @@ pub(super) const QUOTA_EXCEEDED: Shared = (
 );
 
 /// The routes that start something a tenant quota counts (method, path).
-pub(super) const QUOTA_ROUTES: [(&str, &str); 11] = [
+pub(super) const QUOTA_ROUTES: [(&str, &str); 12] = [
     ("post", "/v1/threads"),
     ("post", "/v1/threads/{threadId}/runs"),
     ("post", "/v1/threads/{threadId}/fork"),
@@ -83,6 +83,7 @@ pub(super) const QUOTA_ROUTES: [(&str, &str); 11] = [
     ("get", "/v1/threads/{threadId}/events"),
     ("post", "/v1/suspensions/{suspensionId}/resume"),
     ("put", "/v1/flowcharts/{name}"),
+    ("post", "/v1/flowcharts/{name}/runs"),
     ("post", "/v1/assistants"),
     ("post", "/v1/crons"),
     ("put", "/v1/store/items"),

@@ -248,10 +248,10 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 19,
-        "threads POST/PATCH, thread fork, runs, runs/wait, resume, flowcharts PUT, assistants \
-         POST/PUT, assistant current, threads prune, ag-ui, crons POST/PATCH, store items PUT/DELETE, \
-         store search, store namespaces, steer"
+        bodies, 20,
+        "threads POST/PATCH, thread fork, runs, runs/wait, resume, flowcharts PUT, flowchart \
+         runs, assistants POST/PUT, assistant current, threads prune, ag-ui, crons POST/PATCH, \
+         store items PUT/DELETE, store search, store namespaces, steer"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
     assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");

@@ -18,8 +18,7 @@ use serde_json::{Value, json};
 use super::api_error;
 use crate::http::AppState;
 use crate::http::sse::{StreamItem, StreamSpec, observation_stream};
-use crate::model::{ObservationType, Run, RunStatus, Suspension};
-use crate::store::ObservationQuery;
+use crate::model::{Run, RunKind, RunStatus, Suspension};
 
 /// The `_meta` key a progress notification carries its observation under.
 pub const OBSERVATION_META: &str = "pes-server/observation";
@@ -124,45 +123,13 @@ pub fn suspension_json(s: &Suspension) -> Value {
     })
 }
 
-/// What a flowchart call returned in `run`: the output of its last successful execution.
+/// The tool result for `run` as it stands (`suspended`: its pending suspensions). A completed
+/// flowchart run's result is the flowchart's output: its JSON text as the content, and `result`
+/// in the structured content.
 ///
 /// # Errors
 /// The store fails.
-pub async fn flowchart_output(
-    state: &AppState,
-    run: &Run,
-    tool: &str,
-) -> Result<Option<Value>, McpError> {
-    let query = ObservationQuery {
-        after: run.start_seq,
-        limit: 0,
-        types: Some(vec![ObservationType::ToolExecution]),
-        parent_id: None,
-        run_id: Some(run.run_id),
-    };
-    let executions = state
-        .store
-        .list_observations(&run.tenant, &run.thread_id, &query)
-        .await
-        .map_err(|e| api_error(e.into()))?
-        .unwrap_or_default();
-    Ok(executions
-        .iter()
-        .rev()
-        .find(|o| o.content["name"] == tool && o.content["status"] == "success")
-        .map(|o| o.content["output"].clone()))
-}
-
-/// The tool result for `run` as it stands (`suspended`: its pending suspensions; `flowchart`:
-/// the flowchart a flowchart tool ran, whose output becomes `result`).
-///
-/// # Errors
-/// The store fails.
-pub async fn result_of(
-    state: &AppState,
-    run: &Run,
-    flowchart: Option<&str>,
-) -> Result<CallToolResult, McpError> {
+pub async fn result_of(state: &AppState, run: &Run) -> Result<CallToolResult, McpError> {
     let mut out = json!({
         "threadId": run.thread_id,
         "runId": run.run_id,
@@ -175,18 +142,14 @@ pub async fn result_of(
             out["answer"] = response.clone().into();
             out["sources"] = answer["sources"].clone();
             out["suggestions"] = answer["suggestions"].clone();
-            let mut is_error = false;
-            if let Some(tool) = flowchart {
-                match flowchart_output(state, run, tool).await? {
-                    Some(result) => out["result"] = result,
-                    None => {
-                        is_error = true;
-                        out["error"] = json!({"code": "flowchart_not_run",
-                            "message": format!("the agent answered without running `{tool}` successfully")});
-                    }
-                }
+            if run.kind == RunKind::Flowchart {
+                let output = answer.get("output").cloned().unwrap_or(Value::Null);
+                let text = output.to_string();
+                out["result"] = output;
+                (text, false)
+            } else {
+                (response, false)
             }
-            (response, is_error)
         }
         RunStatus::Suspended => {
             let pending = pending(state, run).await?;

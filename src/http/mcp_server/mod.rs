@@ -7,7 +7,9 @@
 //!
 //! Tools ([`tools`]): `ask` runs a query and answers with the final answer and the thread and
 //! run ids; `resume` decides a suspension; each of the tenant's flowcharts is a tool of its own,
-//! run by the agent on a new thread. A run that needs a person answers with its pending
+//! which runs the flowchart itself (a run of `kind: "flowchart"` on a new thread, through
+//! [`crate::commands::UseCases::run_flowchart`]: no model call unless it has `llm` stages) and
+//! answers with its output. A run that needs a person answers with its pending
 //! suspensions, or with the revision's input-required round trip where the client takes it
 //! ([`input`]). While a call waits, the run's observations arrive as progress notifications
 //! ([`calls`]). Every call is a door onto the use cases: [`crate::commands::UseCases::enqueue`],
@@ -36,8 +38,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::{ApiError, AppState, Problem, Tenant};
-use crate::commands::{DecisionRequest, RunRequest};
-use crate::flowchart::tool::FlowTool;
+use crate::commands::{DecisionRequest, FlowchartRunRequest, RunRequest};
 use crate::model::{AgentConfig, Run, SuspensionStatus, ThreadId, new_id};
 use crate::store::{Resolution, StoreError};
 pub use calls::OBSERVATION_META;
@@ -223,7 +224,7 @@ impl ServerHandler for McpServer {
         if let Some(state) = request.request_state.as_deref() {
             return self.answered(&ctx, &tenant, &request, state).await;
         }
-        let (run, after, flowchart) = match name.as_str() {
+        let (run, after) = match name.as_str() {
             "ask" => {
                 let a: tools::AskArgs = args(&request)?;
                 let thread_id = match a.thread_id {
@@ -234,21 +235,20 @@ impl ServerHandler for McpServer {
                 };
                 let run = self.enqueue(&tenant, thread_id, a.query, None).await?;
                 let after = run.start_seq;
-                (run, after, None)
+                (run, after)
             }
             "resume" => {
                 let a: tools::ResumeArgs = args(&request)?;
-                let (run, after) = self.resume(&tenant, a).await?;
-                (run, after, None)
+                self.resume(&tenant, a).await?
             }
             tool => {
                 let flowchart = tools::flowchart_name(tool);
                 let run = self.flowchart(&tenant, &request, flowchart).await?;
                 let after = run.start_seq;
-                (run, after, Some(flowchart.to_owned()))
+                (run, after)
             }
         };
-        self.finish(&ctx, &run, after, flowchart.as_deref()).await
+        self.finish(&ctx, &run, after).await
     }
 }
 
@@ -277,38 +277,30 @@ impl McpServer {
         Ok(run)
     }
 
-    /// Run a flowchart: validated against its input schema, then called by the agent (its only
-    /// enabled tool) on a new thread.
+    /// Run a flowchart: a run of `kind: "flowchart"` on a new thread, with the call's arguments
+    /// as its input (checked against the flowchart's input schema before the run exists).
     async fn flowchart(
         &self,
         tenant: &str,
         request: &CallToolRequestParams,
         name: &str,
     ) -> Result<Run, McpError> {
-        let record = self
-            .state
-            .store
-            .get_flowchart(tenant, name, None, false)
-            .await
-            .map_err(|e| api_error(e.into()))?
-            .ok_or_else(|| McpError::invalid_params(format!("no tool `{}`", request.name), None))?;
-        let args = Value::Object(request.arguments.clone().unwrap_or_default());
-        let tool = FlowTool::new(record)
-            .map_err(|e| McpError::internal_error(format!("the flowchart: {e}"), None))?;
-        tool.validate(&args).map_err(|e| {
-            McpError::invalid_params(format!("arguments of `{}`: {e}", request.name), None)
-        })?;
-        let query = format!(
-            "Call the tool `{name}` exactly once, with exactly these arguments, and answer with \
-             what it returns:\n{args}"
-        );
-        let config = AgentConfig {
-            tools: Some(vec![name.to_owned()]),
-            ..AgentConfig::default()
+        let run = FlowchartRunRequest {
+            name: name.to_owned(),
+            input: Value::Object(request.arguments.clone().unwrap_or_default()),
+            thread_id: None,
+            strategy: None,
+            trace: crate::telemetry::TraceContext::current(),
         };
-        let thread_id = ThreadId::parse(&new_id().to_string())
-            .map_err(|_| McpError::internal_error("a thread id", None))?;
-        self.enqueue(tenant, thread_id, query, Some(config)).await
+        match self.state.cases.run_flowchart(tenant.to_owned(), run).await {
+            Ok((run, _)) => Ok(run),
+            // The tool list is the tenant's flowcharts: one it does not have is no tool.
+            Err(ApiError::NotFound { .. }) => Err(McpError::invalid_params(
+                format!("no tool `{}`", request.name),
+                None,
+            )),
+            Err(e) => Err(api_error(e)),
+        }
     }
 
     /// Decide a suspension (`resume`): the run it resumed, and the `seq` its events follow.
@@ -385,7 +377,6 @@ impl McpServer {
         ctx: &RequestContext<RoleServer>,
         run: &Run,
         after: i64,
-        flowchart: Option<&str>,
     ) -> Result<CallToolResponse, McpError> {
         let Some(run) = calls::wait(&self.state, ctx, run, after).await? else {
             // The client went away: nothing to answer (the run goes on).
@@ -400,7 +391,7 @@ impl McpServer {
                 )?));
             }
         }
-        let result: CallToolResult = calls::result_of(&self.state, &run, flowchart).await?;
+        let result: CallToolResult = calls::result_of(&self.state, &run).await?;
         Ok(CallToolResponse::Complete(result))
     }
 
@@ -424,10 +415,6 @@ impl McpServer {
             .await
             .map_err(|e| api_error(e.into()))?
             .ok_or_else(bad_state)?;
-        let flowchart = match request.name.as_ref() {
-            "ask" | "resume" => None,
-            tool => Some(tools::flowchart_name(tool).to_owned()),
-        };
         let mut after = None;
         let mut current = run.clone();
         for (key, answer) in request.input_responses.iter().flatten() {
@@ -450,13 +437,10 @@ impl McpServer {
             }
         }
         match after {
-            Some(after) => {
-                self.finish(ctx, &current, after, flowchart.as_deref())
-                    .await
-            }
+            Some(after) => self.finish(ctx, &current, after).await,
             // Nothing decided (the person cancelled): the suspensions, named.
             None => Ok(CallToolResponse::Complete(
-                calls::result_of(&self.state, &current, flowchart.as_deref()).await?,
+                calls::result_of(&self.state, &current).await?,
             )),
         }
     }

@@ -37,7 +37,7 @@ fn output_schema(with_result: bool) -> Arc<JsonObject> {
         "error": {"type": "object", "description": "Why the run failed: `{code, message}`."}
     });
     if with_result {
-        properties["result"] = json!({"description": "What the flowchart returned (completed)."});
+        properties["result"] = json!({"description": "The flowchart's output (completed); the text content is its JSON."});
     }
     object(json!({
         "type": "object",
@@ -115,13 +115,14 @@ pub fn flowchart_name(tool: &str) -> &str {
     tool.strip_prefix(FLOWCHART_PREFIX).unwrap_or(tool)
 }
 
-/// A flowchart of the tenant as a tool: its description and input schema, run by the agent.
+/// A flowchart of the tenant as a tool: its description and input schema; a call runs the
+/// flowchart itself.
 pub fn flowchart(record: &FlowchartRecord) -> Tool {
     Tool::new(
         flowchart_tool_name(&record.name),
         format!(
-            "{} (the tenant's flowchart `{}`, version {}: run once by the agent on a new thread; \
-             returns its result)",
+            "{} (the tenant's flowchart `{}`, version {}: runs as a durable run on a new thread; \
+             returns its output)",
             record.spec.description, record.name, record.version
         ),
         object(record.spec.input_schema()),

@@ -49,6 +49,7 @@ mod prom;
 mod reclaim;
 mod reporting;
 mod retention;
+mod run_ends;
 mod startup;
 mod steering;
 mod store;

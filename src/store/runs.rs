@@ -7,14 +7,14 @@ use uuid::Uuid;
 
 use super::apply::append_observations;
 use super::assistants::{lock_thread_for_run, version_for_run};
+use super::history::{copy_items, mark_commit_end};
 use super::rows;
 use super::sql::{Arg, Conn, q};
 use super::sql_store::SqlStore;
+use super::tables::{TODO_ITEMS, item_cols};
 use super::threads::{lock_thread, map_rows};
 use super::webhooks::{outbox_insert, resolve_for_run};
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
-use super::history::{copy_items, mark_commit_end};
-use super::tables::{TODO_ITEMS, item_cols};
 use crate::model::payloads::ItemStatusChangeContent;
 use crate::model::{
     AssistantPin, ErrorInfo, ItemStatus, MultitaskStrategy, NewObservation, Observation, Run,
@@ -92,7 +92,10 @@ async fn cancel_waiting(
     conn.exec(q(sql).bind(ids.clone())).await?;
     let ended = end_items(conn, tenant, thread_id, &ids).await?;
     let mut obs: Vec<NewObservation> = ended.iter().map(item_cancelled).collect();
-    obs.extend(ids.iter().map(|id| rows::run_cancelled(*id, interrupted_by)));
+    obs.extend(
+        ids.iter()
+            .map(|id| rows::run_cancelled(*id, interrupted_by)),
+    );
     let observations = append_observations(conn, tenant, thread_id, obs).await?;
     if !ended.is_empty() {
         let last = observations.last().map_or(0, |o| o.seq);
@@ -121,9 +124,11 @@ async fn end_items(
 ) -> StoreResult<Vec<(TodoItem, ItemStatus)>> {
     let found = conn
         .all(
-            q("SELECT * FROM todo_items WHERE tenant = $1 AND thread_id = $2 \
+            q(
+                "SELECT * FROM todo_items WHERE tenant = $1 AND thread_id = $2 \
                AND {in run_id 3} AND status IN ('pending', 'in_progress', 'waiting') \
-               ORDER BY position")
+               ORDER BY position",
+            )
             .bind(tenant)
             .bind(thread_id.as_str())
             .bind(ids.to_vec()),

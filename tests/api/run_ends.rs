@@ -175,7 +175,10 @@ async fn a_running_run_ends_its_waiting_and_working_items(backend: Backend) {
     assert_eq!(sus["status"], "cancelled", "{sus}");
     app.stop().await;
 }
-both_stores!(running_cancel, a_running_run_ends_its_waiting_and_working_items);
+both_stores!(
+    running_cancel,
+    a_running_run_ends_its_waiting_and_working_items
+);
 
 /// A run approved (so queued again) and cancelled before it goes on: the call never runs, now or
 /// in the next run; a failed run ends its other items too.
@@ -189,7 +192,10 @@ async fn queued_again_and_failed_runs_end_their_items(backend: Backend) {
     let run = app.run_wait(&t, "what is 2+2?").await;
     assert_eq!(run["status"], "suspended", "{run}");
     let rid = run["runId"].as_str().unwrap().to_owned();
-    let sid = run["suspension"]["suspensionId"].as_str().unwrap().to_owned();
+    let sid = run["suspension"]["suspensionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     llm.hold();
     let (s, b) = app
         .post(
@@ -230,7 +236,10 @@ async fn queued_again_and_failed_runs_end_their_items(backend: Backend) {
         ]),
     );
     let (s, run) = app
-        .post(&format!("/v1/threads/{t2}/runs/wait"), json!({"query": "go"}))
+        .post(
+            &format!("/v1/threads/{t2}/runs/wait"),
+            json!({"query": "go"}),
+        )
         .await;
     assert_eq!(s, 200, "{run}");
     assert_eq!(run["status"], "failed", "{run}");
@@ -243,4 +252,7 @@ async fn queued_again_and_failed_runs_end_their_items(backend: Backend) {
     );
     app.stop().await;
 }
-both_stores!(queued_and_failed, queued_again_and_failed_runs_end_their_items);
+both_stores!(
+    queued_and_failed,
+    queued_again_and_failed_runs_end_their_items
+);

@@ -218,8 +218,11 @@ impl App {
         )
         .await?;
         store.migrate().await.context("applying migrations")?;
-        let store =
-            Arc::new(Arc::unwrap_or_clone(store).with_max_threads(config.tenant_max_threads));
+        let store = Arc::new(
+            Arc::unwrap_or_clone(store)
+                .with_max_threads(config.tenant_max_threads)
+                .with_max_steers(config.max_steers_per_run),
+        );
         let metrics = Metrics::new();
         let (providers, default_provider) = build_providers(&config)?;
         metrics.configure_models(providers.values().filter_map(|p| p.default_model()));

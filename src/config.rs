@@ -211,6 +211,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub tenant_max_threads: u64,
 
+    /// Steering messages one run takes (through `…/steer` or a query posted with
+    /// `multitaskStrategy: "steer"`); one past it is refused with 429 `quota_exceeded`. A model
+    /// call reads the last ten at most.
+    #[arg(long, env = "PES_MAX_STEERS_PER_RUN", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub max_steers_per_run: u64,
+
     /// Flowcharts one tenant may store; creating one past it is refused with 429
     /// `quota_exceeded`.
     #[arg(long, env = "PES_TENANT_MAX_FLOWCHARTS", default_value_t = 1000,

@@ -185,6 +185,13 @@ impl From<StoreError> for ApiError {
                 ),
                 retry_after_seconds: 60,
             },
+            StoreError::SteeringQuota { max } => Self::QuotaExceeded {
+                detail: format!(
+                    "the run has {max} steering messages, the most one run takes \
+                     (PES_MAX_STEERS_PER_RUN): post a new run instead"
+                ),
+                retry_after_seconds: 60,
+            },
             StoreError::RunNotFound => Self::run_not_found(),
             StoreError::SuspensionNotFound => Self::suspension_not_found(),
             StoreError::AssistantExists => Self::Conflict {

@@ -41,6 +41,10 @@ use uuid::Uuid;
 
 use crate::events::EventBus;
 use crate::model::{MultitaskStrategy, RunStatus, ThreadId};
+
+/// The longest steering message, in characters: one limit for `…/steer` and for a query posted
+/// with `multitaskStrategy: "steer"`, which becomes one.
+pub const MAX_STEERING_CHARS: usize = 8000;
 use crate::registry::RunRegistry;
 use crate::store::{
     CancelledRun, CreatedRun, Idle, NewRun, Resolution, ResolvedSuspension, SqlStore, StoreResult,

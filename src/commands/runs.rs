@@ -66,6 +66,16 @@ impl UseCases {
                 self.config.max_query_chars
             )));
         }
+        if request.strategy == Some(MultitaskStrategy::Steer)
+            && query.chars().count() > super::MAX_STEERING_CHARS
+        {
+            // The query may become a steering message: the one limit every steer has.
+            return Err(ApiError::Validation(format!(
+                "a query with multitaskStrategy `steer` steers the active run, and a steering \
+                 message is at most {} characters",
+                super::MAX_STEERING_CHARS
+            )));
+        }
         if let Some(k) = &request.idempotency_key
             && (k.is_empty() || k.chars().count() > 256)
         {

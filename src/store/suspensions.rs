@@ -39,6 +39,27 @@ impl SqlStore {
         map_rows(&found, rows::suspension_from_row).map(Some)
     }
 
+    /// A run's suspensions, any status, oldest first.
+    pub async fn run_suspensions(
+        &self,
+        tenant: &str,
+        run_id: Uuid,
+    ) -> StoreResult<Vec<Suspension>> {
+        let found = self
+            .read()
+            .await?
+            .all(
+                q(
+                    "SELECT * FROM suspensions WHERE tenant = $1 AND run_id = $2 \
+                   ORDER BY created_at, suspension_id",
+                )
+                .bind(tenant)
+                .bind(run_id),
+            )
+            .await?;
+        map_rows(&found, rows::suspension_from_row)
+    }
+
     /// A suspension by id, within `tenant`.
     pub async fn get_suspension(
         &self,

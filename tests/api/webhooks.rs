@@ -428,8 +428,13 @@ async fn webhook_targets_are_guarded(backend: Backend) {
     let d = delivery_when(&app, run["runId"].as_str().unwrap(), "failed").await;
     let error = d["lastError"].as_str().unwrap();
     assert!(
-        error.contains("loopback") && error.contains("PES_WEBHOOK_ALLOW"),
+        error.contains("`localhost` is not an allowed address")
+            && error.contains("PES_WEBHOOK_ALLOW"),
         "{error}"
+    );
+    assert!(
+        !error.contains("127.0.0.1") && !error.contains("loopback"),
+        "the refusal never says what the name resolved to: {error}"
     );
     assert_eq!(d["attempts"], 1, "a refusal is not retried");
     assert!(rx.seen().is_empty(), "nothing reached the private target");

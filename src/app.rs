@@ -301,6 +301,11 @@ impl App {
         };
         let prices = crate::model::Prices::parse(config.model_prices.as_deref().unwrap_or(""))
             .map_err(anyhow::Error::msg)?;
+        let allowed_models = crate::model::AllowedModels::new(
+            config.allowed_models.as_deref(),
+            providers.values().filter_map(|p| p.default_model()),
+            &prices,
+        );
         let tenant_budgets =
             crate::model::TenantBudgets::parse(config.tenant_budgets.as_deref().unwrap_or(""))
                 .map_err(anyhow::Error::msg)?;
@@ -331,6 +336,7 @@ impl App {
                 tool_result_max_bytes: usize::try_from(config.tool_result_max_bytes)
                     .unwrap_or(usize::MAX),
                 prices: Arc::new(prices),
+                allowed_models: Arc::new(allowed_models),
                 tenant_budgets: Arc::new(tenant_budgets),
                 require_approval: config
                     .require_approval

@@ -180,6 +180,12 @@ pub struct Config {
     #[arg(long, env = "PES_MODEL_PRICES")]
     pub model_prices: Option<String>,
 
+    /// The models a thread, run or assistant config may name, comma-separated (`*`: any). Unset:
+    /// each configured provider's model and every model priced in `PES_MODEL_PRICES`. Another is
+    /// refused with 422 `model_not_allowed`: tenants spend the operator's provider keys.
+    #[arg(long, env = "PES_ALLOWED_MODELS")]
+    pub allowed_models: Option<String>,
+
     /// What each tenant may spend on its models per UTC day, as a JSON object: tenant →
     /// `{"maxTokens"?, "maxCostUsd"?, "onExceed"?}` (`*` applies to every tenant not named; a
     /// named entry without limits exempts its tenant). The day's spend is read from the store,

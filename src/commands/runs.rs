@@ -118,6 +118,8 @@ impl UseCases {
                 &config,
             )
             .await?;
+        self.check_priced(&tenant, &thread_id, assistant.as_ref(), &config)
+            .await?;
         let max_active = self.config.tenant_max_active_runs;
         if self.active_runs(&tenant, max_active).await? >= max_active {
             return Err(ApiError::QuotaExceeded {

@@ -134,6 +134,21 @@ impl Prices {
         self.0.is_empty()
     }
 
+    /// Whether every model has a price (there is a `*` price).
+    pub fn prices_every_model(&self) -> bool {
+        self.0.contains_key("*")
+    }
+
+    /// Whether `model` has a price (its own, or `*`'s): a dollar limit can cap it.
+    pub fn prices(&self, model: &str) -> bool {
+        self.of(Some(model)).is_some()
+    }
+
+    /// The models with a price of their own.
+    pub fn named(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str).filter(|m| *m != "*")
+    }
+
     /// The price of `model` (its own, else `*`'s).
     pub fn of(&self, model: Option<&str>) -> Option<ModelPrice> {
         model
@@ -159,6 +174,80 @@ impl Prices {
     pub fn prompt_cost(&self, model: Option<&str>, tokens: u64) -> f64 {
         self.of(model)
             .map_or(0.0, |p| tokens as f64 * p.input / 1_000_000.0)
+    }
+}
+
+/// `PES_ALLOWED_MODELS`: the models a thread, run or assistant config may name. A tenant names
+/// models on the operator's provider keys, so by default it may name only the models the
+/// operator configured (each provider's model) and those it priced in `PES_MODEL_PRICES`; `*`
+/// allows any.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AllowedModels(Option<std::collections::BTreeSet<String>>);
+
+impl AllowedModels {
+    /// Any model may be named.
+    pub fn any() -> Self {
+        Self(None)
+    }
+
+    /// The allowed models: `setting` (comma-separated; `*` for any) when given, else the
+    /// `configured` models and the models `prices` names.
+    pub fn new<'a>(
+        setting: Option<&str>,
+        configured: impl IntoIterator<Item = &'a str>,
+        prices: &Prices,
+    ) -> Self {
+        let listed: Vec<&str> = setting
+            .into_iter()
+            .flat_map(|s| s.split(','))
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .collect();
+        if listed.contains(&"*") {
+            return Self::any();
+        }
+        let names: std::collections::BTreeSet<String> = if listed.is_empty() {
+            configured
+                .into_iter()
+                .map(str::to_owned)
+                .chain(prices.named().map(str::to_owned))
+                .collect()
+        } else {
+            listed.into_iter().map(str::to_owned).collect()
+        };
+        Self(Some(names))
+    }
+
+    /// Whether a config may name `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        self.0.as_ref().is_none_or(|names| names.contains(model))
+    }
+
+    /// The allowed models, sorted (`*` when any is).
+    pub fn describe(&self) -> String {
+        match &self.0 {
+            None => "*".into(),
+            Some(names) => names.iter().cloned().collect::<Vec<_>>().join(", "),
+        }
+    }
+
+    /// Whether some model a run may use has no price: any model may be named and not every one
+    /// is priced, or an allowed one (or a provider's default, in `defaults`) has none.
+    pub fn unpriced_possible<'a>(
+        &self,
+        prices: &Prices,
+        defaults: impl IntoIterator<Item = &'a str>,
+    ) -> bool {
+        if prices.prices_every_model() {
+            return false;
+        }
+        match &self.0 {
+            None => true,
+            Some(names) => {
+                names.iter().any(|m| !prices.prices(m))
+                    || defaults.into_iter().any(|m| !prices.prices(m))
+            }
+        }
     }
 }
 
@@ -205,6 +294,32 @@ impl TenantBudgets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_models_default_to_the_configured_and_priced_ones() {
+        let prices = Prices::parse(r#"{"gpt-a": {"input": 1, "output": 2}}"#).unwrap();
+        let by_default = AllowedModels::new(None, ["default-model"], &prices);
+        assert!(by_default.allows("gpt-a") && by_default.allows("default-model"));
+        assert!(!by_default.allows("anything-else"));
+        assert_eq!(by_default.describe(), "default-model, gpt-a");
+        assert!(
+            by_default.unpriced_possible(&prices, ["default-model"]),
+            "the configured model has no price"
+        );
+        let listed = AllowedModels::new(Some(" gpt-a , ,"), ["default-model"], &prices);
+        assert!(
+            !listed.allows("default-model"),
+            "a list replaces the default"
+        );
+        assert!(!listed.unpriced_possible(&prices, ["gpt-a"]));
+        let any = AllowedModels::new(Some("gpt-a,*"), [], &prices);
+        assert!(any.allows("whatever") && any.unpriced_possible(&prices, []));
+        let star = Prices::parse(r#"{"*": {"input": 1, "output": 2}}"#).unwrap();
+        assert!(
+            !any.unpriced_possible(&star, ["x"]),
+            "`*` prices every model"
+        );
+    }
 
     #[test]
     fn prices_parse_and_price_usage() {

@@ -40,6 +40,7 @@ mod mcp_transport;
 mod memory;
 mod memory_agent;
 mod metrics;
+mod models;
 mod openapi;
 mod otel;
 mod packaging;

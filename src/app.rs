@@ -211,6 +211,7 @@ impl App {
     /// be bound.
     pub async fn build(config: Config) -> anyhow::Result<App> {
         config.check_exposure()?;
+        config.check_keys()?;
         let store = connect_store_waiting(
             &config.database_url,
             config.database_max_connections,
@@ -415,6 +416,7 @@ impl App {
             commands,
             metrics,
             api_keys: Arc::new(api_keys),
+            operator_keys: Arc::new(config.parsed_operator_keys().into_iter().collect()),
             streams: crate::http::quota::StreamSlots::new(config.tenant_max_streams),
             config,
             cases,

@@ -1,11 +1,12 @@
 //! The HTTP API: one router per resource, assembled with its OpenAPI document by
 //! [`router`] (a pure factory: no I/O, so tests can `oneshot` it). Cross-cutting pieces live here:
-//! the shared [`AppState`], API-key authentication that resolves the tenant, the problem+json
-//! fallbacks for unknown routes and methods, and page cursors. [`serve`] owns the connections the
-//! router is served on (their caps and timeouts); [`console`] serves the web console, outside the
-//! API keys (its data calls carry them).
+//! the shared [`AppState`], API-key authentication that resolves the tenant (an operator key is
+//! refused there: [`admin`] has its own), the problem+json fallbacks for unknown routes and methods, and page cursors.
+//! [`serve`] owns the connections the router is served on (their caps and timeouts); [`console`]
+//! serves the web console, outside the API keys (its data calls carry them).
 
 pub mod a2a;
+pub mod admin;
 pub mod agui;
 pub mod assistants;
 pub mod console;
@@ -29,7 +30,7 @@ pub mod threads;
 pub mod tools;
 pub mod webhooks;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use axum::Router;
@@ -73,6 +74,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// API key → tenant; empty when authentication is off.
     pub api_keys: Arc<HashMap<String, String>>,
+    /// The operator's keys (`PES_OPERATOR_KEYS`): `/v1/admin/*` only.
+    pub operator_keys: Arc<HashSet<String>>,
     /// Open event streams per tenant (`PES_TENANT_MAX_STREAMS`).
     pub streams: quota::StreamSlots,
     /// The use cases every door shares (enqueue, wait, decide, config checks).
@@ -95,19 +98,29 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
     }
 }
 
-async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    if state.api_keys.is_empty() {
-        return next.run(req).await;
-    }
-    let key = req
-        .headers()
+/// The bearer key of a request, if it carries one.
+pub(crate) fn bearer_key(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
-        .map(str::trim);
+        .map(str::trim)
+}
+
+/// The tenant routes' authentication: the API key resolves the tenant (the default tenant when
+/// there are no keys). An operator key is refused here whatever else is configured: it acts for
+/// nobody's threads.
+async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let key = bearer_key(req.headers());
+    if key.is_some_and(|k| state.operator_keys.contains(k)) {
+        return ApiError::OperatorKeyOnTenantRoute.into_response();
+    }
+    if state.api_keys.is_empty() {
+        return next.run(req).await;
+    }
     match key.and_then(|k| state.api_keys.get(k)) {
         Some(tenant) => {
             req.extensions_mut().insert(Tenant(tenant.clone()));
@@ -269,6 +282,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut api) = OpenApiRouter::<AppState>::with_openapi(doc::ApiDoc::openapi())
         .merge(v1_routes())
+        .merge(admin::router())
         .merge(agui::router())
         .merge(guarded_routes())
         .merge(a2a::card_router())
@@ -283,8 +297,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The first segments of the `/v1` routes: a path that starts with one of them but not with
 /// `/v1` is most likely a `/v1` route without its prefix.
-const V1_RESOURCES: [&str; 10] = [
+const V1_RESOURCES: [&str; 11] = [
     "ag-ui",
+    "admin",
     "threads",
     "suspensions",
     "tools",
@@ -418,8 +433,16 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             authenticate,
         ));
+    // The operator's routes: their own keys, never a tenant's.
+    let admin = admin::router()
+        .layer(axum::middleware::from_fn(require_json_bodies))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            admin::authenticate_operator,
+        ));
     let (router, _) = OpenApiRouter::new()
         .merge(v1)
+        .merge(admin)
         .merge(a2a::card_router())
         .merge(health::router())
         .split_for_parts();

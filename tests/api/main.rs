@@ -41,6 +41,7 @@ mod memory;
 mod memory_agent;
 mod metrics;
 mod openapi;
+mod operators;
 mod otel;
 mod packaging;
 mod payloads;

@@ -102,12 +102,12 @@ pub(super) const SHARED: [Shared; 10] = [
     HEADERS_TOO_LARGE,
 ];
 
-pub(super) fn shared_response((_, status, description): Shared) -> Response {
+pub(super) fn shared_response((name, status, description): Shared) -> Response {
     let mut response = json!({
         "description": description,
         "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
     });
-    if status == "401" {
+    if status == "401" && name == "Unauthorized" {
         response["headers"] = json!({"WWW-Authenticate": {
             "description": "Always `Bearer`.",
             "schema": {"type": "string"},

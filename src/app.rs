@@ -370,6 +370,9 @@ impl App {
             }
             Some(_) => {}
         }
+        // After the bind: the default hosts name the address bound and the public URL.
+        let hosts =
+            crate::http::hosts::HostPolicy::from_config(&config).map_err(anyhow::Error::msg)?;
         // Read either way, so a bad PES_WEBHOOK_SECRET or PES_WEBHOOK_ALLOW stops the start.
         let webhooks =
             crate::webhooks::WebhookSettings::from_config(&config).map_err(anyhow::Error::msg)?;
@@ -417,6 +420,7 @@ impl App {
             metrics,
             api_keys: Arc::new(api_keys),
             operator_keys: Arc::new(config.parsed_operator_keys().into_iter().collect()),
+            hosts: Arc::new(hosts),
             streams: crate::http::quota::StreamSlots::new(config.tenant_max_streams),
             config,
             cases,

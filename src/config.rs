@@ -691,10 +691,26 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1024..=268_435_456))]
     pub mcp_max_body_bytes: u64,
 
-    /// `Host` values our MCP server answers (comma-separated host names or `host:port`), against
-    /// DNS rebinding; unset: any host (the API keys guard `/mcp` like `/v1`).
+    /// `Host` values every door answers (`/v1`, `/mcp`, `/a2a`, `/console`, `/docs`), against DNS
+    /// rebinding: comma-separated host names or addresses (any port), `host:port` (that port
+    /// only), or `*` (any host). Another `Host` is refused with 403 `host_refused`. Default: while
+    /// `PES_BIND` is a loopback address, `localhost`, `127.0.0.1` and `[::1]` (and the host of
+    /// `PES_PUBLIC_URL`, when set); otherwise any host. `/healthz`, `/readyz` and `/metrics`
+    /// answer any `Host` (a container probe names the pod's address).
+    #[arg(long, env = "PES_ALLOWED_HOSTS")]
+    pub allowed_hosts: Option<String>,
+
+    /// The former name of `PES_ALLOWED_HOSTS` (when both are set, `PES_ALLOWED_HOSTS` wins).
     #[arg(long, env = "PES_MCP_ALLOWED_HOSTS")]
     pub mcp_allowed_hosts: Option<String>,
+
+    /// Web origins (`scheme://host[:port]`, comma-separated) of other sites whose pages may call
+    /// the API from a browser (an AG-UI front end, say): their writes are taken, and their
+    /// requests get CORS headers (preflights answered). A write (POST, PUT, PATCH, DELETE) whose
+    /// `Origin` is neither one of these nor the service's own is refused with 403
+    /// `origin_refused`. Unset: only the service's own pages (the console).
+    #[arg(long, env = "PES_ALLOWED_ORIGINS")]
+    pub allowed_origins: Option<String>,
 
     /// How long an MCP tool call (`ask`, `resume`, a flowchart) waits for its run to end or to
     /// need a person, in seconds; then it answers that the run is still going (with its ids).
@@ -766,6 +782,21 @@ impl Config {
         split_list(self.operator_keys.as_deref())
     }
 
+    /// `PES_ALLOWED_HOSTS` (else its former name `PES_MCP_ALLOWED_HOSTS`), blanks left out;
+    /// `None` when neither is set.
+    pub fn allowed_hosts(&self) -> Option<Vec<String>> {
+        let set = self
+            .allowed_hosts
+            .as_deref()
+            .or(self.mcp_allowed_hosts.as_deref())?;
+        Some(split_list(Some(set)))
+    }
+
+    /// `PES_ALLOWED_ORIGINS`, blanks left out.
+    pub fn allowed_origins(&self) -> Vec<String> {
+        split_list(self.allowed_origins.as_deref())
+    }
+
     /// Parse from the process's environment only (no flags); for tests and embedding.
     pub fn from_env() -> Self {
         EnvOnly::parse_from(["pes-server"]).config.normalized()
@@ -783,6 +814,9 @@ impl Config {
             &mut self.anthropic_base_url,
             &mut self.api_keys,
             &mut self.operator_keys,
+            &mut self.allowed_hosts,
+            &mut self.mcp_allowed_hosts,
+            &mut self.allowed_origins,
             &mut self.public_url,
             &mut self.mcp_servers,
             &mut self.a2a_agents,
@@ -1084,6 +1118,18 @@ mod tests {
         c.operator_keys = Some("op1, k2".into());
         let e = c.check_keys().unwrap_err().to_string();
         assert!(e.contains("PES_OPERATOR_KEYS") && !e.contains("k2"), "{e}");
+    }
+
+    #[test]
+    fn allowed_hosts_take_the_former_name_too() {
+        let mut c = EnvOnly::parse_from(["pes-server"]).config;
+        c.allowed_hosts = None;
+        c.mcp_allowed_hosts = None;
+        assert_eq!(c.allowed_hosts(), None);
+        c.mcp_allowed_hosts = Some("a.example, ".into());
+        assert_eq!(c.allowed_hosts(), Some(vec!["a.example".to_owned()]));
+        c.allowed_hosts = Some("b.example:8080".into());
+        assert_eq!(c.allowed_hosts(), Some(vec!["b.example:8080".to_owned()]));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::Problem;
 use problems::{
-    HEADERS_TOO_LARGE, INVALID_BODY, INVALID_QUERY, MALFORMED_JSON, PAYLOAD_TOO_LARGE,
+    FORBIDDEN, HEADERS_TOO_LARGE, INVALID_BODY, INVALID_QUERY, MALFORMED_JSON, PAYLOAD_TOO_LARGE,
     QUOTA_EXCEEDED, QUOTA_ROUTES, REQUEST_TIMEOUT, SHARED, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE,
     URI_TOO_LONG, add, shared_response,
 };
@@ -83,8 +83,10 @@ Every error is an RFC 9457 problem (`application/problem+json`, the `Problem` sc
 `Authorization: Bearer <key>`, and so do `POST /a2a` (the A2A agent) and `POST /mcp` (the MCP \
 server), whose JSON-RPC errors are JSON-RPC error objects, not problems; the agent card, health, \
 metrics and documentation routes never do. The operator's routes (`/v1/admin/*`) take an operator \
-key (`PES_OPERATOR_KEYS`) instead, and a tenant's key is 403 `operator_only` there. \
-`POST /v1/ag-ui` speaks AG-UI 1.0 to front ends.",
+key (`PES_OPERATOR_KEYS`) instead, and a tenant's key is 403 `operator_only` there. Every route but \
+the probes refuses a `Host` outside `PES_ALLOWED_HOSTS` (403 `host_refused`) and a write from an \
+`Origin` the service does not allow (403 `origin_refused`). `POST /v1/ag-ui` speaks AG-UI 1.0 to \
+front ends.",
         license(name = "Apache-2.0")
     ),
     modifiers(&BearerAuth),
@@ -152,7 +154,12 @@ pub(super) fn add_shared_parts(api: &mut Document) {
             &mut item.patch,
             &mut item.trace,
         ];
+        // The probes answer any `Host` (see `super::hosts`).
+        let probe = matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics");
         for op in ops.into_iter().flatten() {
+            if !probe {
+                add(op, FORBIDDEN);
+            }
             if guarded {
                 add(op, UNAUTHORIZED);
             } else {

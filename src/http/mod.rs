@@ -1,7 +1,8 @@
 //! The HTTP API: one router per resource, assembled with its OpenAPI document by
 //! [`router`] (a pure factory: no I/O, so tests can `oneshot` it). Cross-cutting pieces live here:
 //! the shared [`AppState`], API-key authentication that resolves the tenant (an operator key is
-//! refused there: [`admin`] has its own), the problem+json fallbacks for unknown routes and methods, and page cursors.
+//! refused there: [`admin`] has its own), the host and origin check in front of every door
+//! ([`hosts`]), the problem+json fallbacks for unknown routes and methods, and page cursors.
 //! [`serve`] owns the connections the router is served on (their caps and timeouts); [`console`]
 //! serves the web console, outside the API keys (its data calls carry them).
 
@@ -16,6 +17,7 @@ pub mod error;
 pub mod flowcharts;
 pub mod health;
 pub mod history;
+pub mod hosts;
 pub mod mcp_server;
 pub mod memory;
 pub mod quota;
@@ -76,6 +78,8 @@ pub struct AppState {
     pub api_keys: Arc<HashMap<String, String>>,
     /// The operator's keys (`PES_OPERATOR_KEYS`): `/v1/admin/*` only.
     pub operator_keys: Arc<HashSet<String>>,
+    /// The hosts and origins every door answers (`PES_ALLOWED_HOSTS`, `PES_ALLOWED_ORIGINS`).
+    pub hosts: Arc<hosts::HostPolicy>,
     /// Open event streams per tenant (`PES_TENANT_MAX_STREAMS`).
     pub streams: quota::StreamSlots,
     /// The use cases every door shares (enqueue, wait, decide, config checks).
@@ -462,6 +466,12 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        // Every door, the console and the documentation included: a request under a host or
+        // (a write) from an origin the service does not answer goes no further.
+        .layer(axum::middleware::from_fn_with_state(
+            state.hosts.clone(),
+            hosts::guard,
+        ))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(request_span)

@@ -30,6 +30,7 @@ mod graph;
 mod helpers;
 mod history;
 mod hitl;
+mod hosts;
 mod http;
 mod http_tool;
 mod item_times;

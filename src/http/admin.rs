@@ -24,14 +24,11 @@ use crate::telemetry::TraceContext;
 /// The name of the operator key's security scheme in the OpenAPI document.
 pub const OPERATOR_SCHEME: &str = "operatorKey";
 
-/// The path every operator route starts with.
-pub const PREFIX: &str = "/v1/admin/";
-
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(tenant_spend))
-        .routes(routes!(raise_tenant_budget))
-        .routes(routes!(resume_suspension))
+        .routes(routes!(admin_tenant_spend))
+        .routes(routes!(admin_raise_tenant_budget))
+        .routes(routes!(admin_resume_suspension))
 }
 
 /// Let through only the operator (see the module doc).
@@ -73,7 +70,7 @@ pub(super) async fn authenticate_operator(
         (status = 403, description = "Not the operator: a tenant's key, or no operator keys configured (`operator_only`); or a refused `Host` or `Origin` (`host_refused`, `origin_refused`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "A tenant the service does not serve (`tenant_not_found`)", body = Problem, content_type = "application/problem+json")
     ))]
-pub async fn tenant_spend(
+pub async fn admin_tenant_spend(
     State(state): State<AppState>,
     AppPath(tenant): AppPath<String>,
 ) -> Result<AppJson<TenantSpend>, ApiError> {
@@ -117,7 +114,7 @@ pub struct TenantRaiseResult {
         (status = 404, description = "A tenant the service does not serve (`tenant_not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A raise that is missing, not a finite number, not whole (tokens), not above 0, or past its bound (`invalid_raise`)", body = Problem, content_type = "application/problem+json")
     ))]
-pub async fn raise_tenant_budget(
+pub async fn admin_raise_tenant_budget(
     State(state): State<AppState>,
     AppPath(tenant): AppPath<String>,
     RaiseJson(body): RaiseJson<RaiseRequest>,
@@ -172,7 +169,7 @@ pub struct OperatorResumeRequest {
         (status = 409, description = "Already resolved, expired or cancelled", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a suspension on a tenant's day (`not_on_tenant_budget`), a decision it does not take (`decision_not_allowed`), or a raise that is missing, not finite or past its bound (`invalid_raise`)", body = Problem, content_type = "application/problem+json")
     ))]
-pub async fn resume_suspension(
+pub async fn admin_resume_suspension(
     State(state): State<AppState>,
     AppPath(suspension_id): AppPath<String>,
     headers: HeaderMap,

@@ -157,8 +157,8 @@ where
 /// A body that carries a budget raise, read as [`AppJson`] reads a body, except that numbers
 /// JSON cannot carry (`NaN`, `Infinity`, a literal past the largest double) in a raise are 422
 /// `invalid_raise`, as any other number a raise does not take, rather than 400 `malformed_json`:
-/// clients that write such numbers (JavaScript's and Python's serializers do) learn what is wrong
-/// with the raise.
+/// a client whose serializer writes such numbers (Python's `json` does) learns what is wrong with
+/// the raise.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RaiseJson<T>(pub T);
 

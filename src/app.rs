@@ -211,6 +211,7 @@ impl App {
     /// be bound.
     pub async fn build(config: Config) -> anyhow::Result<App> {
         config.check_exposure()?;
+        config.check_keys()?;
         let store = connect_store_waiting(
             &config.database_url,
             config.database_max_connections,
@@ -378,6 +379,9 @@ impl App {
             }
             Some(_) => {}
         }
+        // After the bind: the default hosts name the address bound and the public URL.
+        let hosts =
+            crate::http::hosts::HostPolicy::from_config(&config).map_err(anyhow::Error::msg)?;
         // Read either way, so a bad PES_WEBHOOK_SECRET or PES_WEBHOOK_ALLOW stops the start.
         let webhooks =
             crate::webhooks::WebhookSettings::from_config(&config).map_err(anyhow::Error::msg)?;
@@ -424,6 +428,8 @@ impl App {
             commands,
             metrics,
             api_keys: Arc::new(api_keys),
+            operator_keys: Arc::new(config.parsed_operator_keys().into_iter().collect()),
+            hosts: Arc::new(hosts),
             streams: crate::http::quota::StreamSlots::new(config.tenant_max_streams),
             config,
             cases,

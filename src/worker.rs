@@ -168,9 +168,9 @@ impl Journal for WorkerJournal {
     async fn tenant_spend(
         &self,
         since: chrono::DateTime<chrono::Utc>,
-    ) -> Result<(u64, f64), EngineError> {
+    ) -> Result<crate::model::TenantDay, EngineError> {
         self.store
-            .tenant_spend(&self.tenant, since)
+            .tenant_day(&self.tenant, since)
             .await
             .map_err(|e| EngineError::Store(e.into()))
     }

@@ -257,6 +257,11 @@ impl Engine {
         &self.tools
     }
 
+    /// Each tenant's daily budget (`PES_TENANT_BUDGETS`), as the engine enforces it.
+    pub fn tenant_budgets(&self) -> &crate::model::TenantBudgets {
+        &self.settings.tenant_budgets
+    }
+
     /// How often a run waiting on people re-reads their decisions, should a push be lost.
     pub fn decision_poll(&self) -> std::time::Duration {
         self.settings.decision_poll
@@ -349,7 +354,7 @@ impl Engine {
             }
         }
         let run_id = input.run.run_id;
-        let (raised, rejected) = budget::decisions(&input.suspensions, run_id);
+        let decided = budget::decisions(&input.suspensions, run_id);
         let model = cfg
             .model
             .clone()
@@ -373,13 +378,19 @@ impl Engine {
             .tenant_budgets
             .of(&input.run.tenant)
             .map(|b| tenant_budget::TenantLimit::new(b, self.gauges.of(&input.run.tenant)));
+        if decided.tenant_approved
+            && let Some(t) = &tenant_limit
+        {
+            // The operator raised the day so that this run goes on: read the raise first.
+            t.gauge.expire();
+        }
         let meter = Arc::new(budget::Meter::new(
             cfg.budget.as_ref(),
             tenant_limit,
             self.settings.prices.clone(),
             model,
             &input.run.usage,
-            raised,
+            decided.raised,
         ));
         let mut ctx = Ctx {
             env: RunEnv {
@@ -425,7 +436,7 @@ impl Engine {
                         },
                         None,
                     ))
-                } else if let Some(scope) = rejected {
+                } else if let Some(scope) = decided.rejected {
                     // A person refused to raise the budget: the run ends here.
                     ctx.env.budget.shut(scope);
                     Err(Halt::Fail(

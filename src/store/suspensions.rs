@@ -7,9 +7,10 @@ use super::apply::append_observations;
 use super::rows;
 use super::sql::q;
 use super::sql_store::SqlStore;
+use super::tenant_spend::insert_tenant_raise;
 use super::threads::{lock_thread, map_rows};
 use super::{Resolution, ResolvedSuspension, Signal, StoreError, StoreResult};
-use crate::model::{RunStatus, Suspension, ThreadId};
+use crate::model::{RaiseBy, RunStatus, Suspension, ThreadId};
 
 impl SqlStore {
     /// Pending suspensions of a thread (all of them with `include_resolved`), oldest first;
@@ -93,6 +94,33 @@ impl SqlStore {
         suspension_id: Uuid,
         resolution: Resolution,
     ) -> StoreResult<ResolvedSuspension> {
+        self.resolve(tenant, suspension_id, resolution, None).await
+    }
+
+    /// Resolve a pending suspension as [`SqlStore::resolve_suspension`] does, and in the same
+    /// transaction raise its tenant's daily limits by `raise` (the operator's approval of a
+    /// suspension on the tenant's day): the raise is made exactly when the suspension moves.
+    ///
+    /// # Errors
+    /// As [`SqlStore::resolve_suspension`].
+    pub async fn resolve_suspension_raising(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        resolution: Resolution,
+        raise: RaiseBy,
+    ) -> StoreResult<ResolvedSuspension> {
+        self.resolve(tenant, suspension_id, resolution, Some(raise))
+            .await
+    }
+
+    async fn resolve(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        resolution: Resolution,
+        raise: Option<RaiseBy>,
+    ) -> StoreResult<ResolvedSuspension> {
         let Resolution {
             status,
             decision,
@@ -171,6 +199,9 @@ impl SqlStore {
                 "the suspension's run is {run_status}: it takes no more decisions"
             )));
         };
+        if let Some(raise) = raise {
+            insert_tenant_raise(&mut tx, tenant, raise, Some(suspension_id)).await?;
+        }
         let obs = vec![rows::agent_resumed(&suspension, &decision, expired)];
         let observations = append_observations(&mut tx, tenant, &thread_id, obs).await?;
         tx.notify(&Signal::RunReady).await?;

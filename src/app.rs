@@ -211,6 +211,7 @@ impl App {
     /// be bound.
     pub async fn build(config: Config) -> anyhow::Result<App> {
         config.check_exposure()?;
+        config.check_keys()?;
         let store = connect_store_waiting(
             &config.database_url,
             config.database_max_connections,
@@ -218,8 +219,11 @@ impl App {
         )
         .await?;
         store.migrate().await.context("applying migrations")?;
-        let store =
-            Arc::new(Arc::unwrap_or_clone(store).with_max_threads(config.tenant_max_threads));
+        let store = Arc::new(
+            Arc::unwrap_or_clone(store)
+                .with_max_threads(config.tenant_max_threads)
+                .with_max_steers(config.max_steers_per_run),
+        );
         let metrics = Metrics::new();
         let (providers, default_provider) = build_providers(&config)?;
         metrics.configure_models(providers.values().filter_map(|p| p.default_model()));
@@ -298,6 +302,11 @@ impl App {
         };
         let prices = crate::model::Prices::parse(config.model_prices.as_deref().unwrap_or(""))
             .map_err(anyhow::Error::msg)?;
+        let allowed_models = crate::model::AllowedModels::new(
+            config.allowed_models.as_deref(),
+            providers.values().filter_map(|p| p.default_model()),
+            &prices,
+        );
         let tenant_budgets =
             crate::model::TenantBudgets::parse(config.tenant_budgets.as_deref().unwrap_or(""))
                 .map_err(anyhow::Error::msg)?;
@@ -328,6 +337,7 @@ impl App {
                 tool_result_max_bytes: usize::try_from(config.tool_result_max_bytes)
                     .unwrap_or(usize::MAX),
                 prices: Arc::new(prices),
+                allowed_models: Arc::new(allowed_models),
                 tenant_budgets: Arc::new(tenant_budgets),
                 require_approval: config
                     .require_approval
@@ -369,6 +379,9 @@ impl App {
             }
             Some(_) => {}
         }
+        // After the bind: the default hosts name the address bound and the public URL.
+        let hosts =
+            crate::http::hosts::HostPolicy::from_config(&config).map_err(anyhow::Error::msg)?;
         // Read either way, so a bad PES_WEBHOOK_SECRET or PES_WEBHOOK_ALLOW stops the start.
         let webhooks =
             crate::webhooks::WebhookSettings::from_config(&config).map_err(anyhow::Error::msg)?;
@@ -415,6 +428,8 @@ impl App {
             commands,
             metrics,
             api_keys: Arc::new(api_keys),
+            operator_keys: Arc::new(config.parsed_operator_keys().into_iter().collect()),
+            hosts: Arc::new(hosts),
             streams: crate::http::quota::StreamSlots::new(config.tenant_max_streams),
             config,
             cases,

@@ -169,6 +169,27 @@ pub struct Config {
     #[arg(long, env = "PES_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
 
+    /// Comma-separated keys of the operator (the person who runs the service, above every
+    /// tenant): they act on `/v1/admin/*` only (a tenant's spend, raising its daily budget,
+    /// deciding a suspension on it), and are refused (401) on the tenant routes. A key must not
+    /// also be in `PES_API_KEYS`. Unset: `/v1/admin/*` answers 403 `operator_only` to every
+    /// request, except on a service with no keys at all, where the local person is the operator.
+    #[arg(long, env = "PES_OPERATOR_KEYS", hide_env_values = true)]
+    pub operator_keys: Option<String>,
+
+    /// The most tokens one `approve` of a budget suspension (`raiseBy.tokens`), or one operator
+    /// raise of a tenant's day, may add; more is refused with 422 `invalid_raise`.
+    #[arg(long, env = "PES_MAX_BUDGET_RAISE_TOKENS", default_value_t = 10_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
+    pub max_budget_raise_tokens: u64,
+
+    /// The most US dollars one `approve` of a budget suspension (`raiseBy.usd`), or one operator
+    /// raise of a tenant's day, may add (more than 0, at most a million); more is refused with
+    /// 422 `invalid_raise`.
+    #[arg(long, env = "PES_MAX_BUDGET_RAISE_USD", default_value = "1000",
+          value_parser = parse_raise_usd)]
+    pub max_budget_raise_usd: f64,
+
     /// Tools every call of which waits for a person's decision, on every thread (comma-separated
     /// names). A floor: thread and run configs add to it, never remove from it.
     #[arg(long, env = "PES_REQUIRE_APPROVAL", value_delimiter = ',')]
@@ -179,6 +200,12 @@ pub struct Config {
     /// nothing has a price, `costUsd` stays 0 and `maxCostUsd` caps nothing.
     #[arg(long, env = "PES_MODEL_PRICES")]
     pub model_prices: Option<String>,
+
+    /// The models a thread, run or assistant config may name, comma-separated (`*`: any). Unset:
+    /// each configured provider's model and every model priced in `PES_MODEL_PRICES`. Another is
+    /// refused with 422 `model_not_allowed`: tenants spend the operator's provider keys.
+    #[arg(long, env = "PES_ALLOWED_MODELS")]
+    pub allowed_models: Option<String>,
 
     /// What each tenant may spend on its models per UTC day, as a JSON object: tenant →
     /// `{"maxTokens"?, "maxCostUsd"?, "onExceed"?}` (`*` applies to every tenant not named; a
@@ -210,6 +237,13 @@ pub struct Config {
     #[arg(long, env = "PES_TENANT_MAX_THREADS", default_value_t = 100_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub tenant_max_threads: u64,
+
+    /// Steering messages one run takes (through `…/steer` or a query posted with
+    /// `multitaskStrategy: "steer"`); one past it is refused with 429 `quota_exceeded`. A model
+    /// call reads the last ten at most.
+    #[arg(long, env = "PES_MAX_STEERS_PER_RUN", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub max_steers_per_run: u64,
 
     /// Flowcharts one tenant may store; creating one past it is refused with 429
     /// `quota_exceeded`.
@@ -670,10 +704,26 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1024..=268_435_456))]
     pub mcp_max_body_bytes: u64,
 
-    /// `Host` values our MCP server answers (comma-separated host names or `host:port`), against
-    /// DNS rebinding; unset: any host (the API keys guard `/mcp` like `/v1`).
+    /// `Host` values every door answers (`/v1`, `/mcp`, `/a2a`, `/console`, `/docs`), against DNS
+    /// rebinding: comma-separated host names or addresses (any port), `host:port` (that port
+    /// only), or `*` (any host). Another `Host` is refused with 403 `host_refused`. Default: while
+    /// `PES_BIND` is a loopback address, `localhost`, `127.0.0.1` and `[::1]` (and the host of
+    /// `PES_PUBLIC_URL`, when set); otherwise any host. `/healthz`, `/readyz` and `/metrics`
+    /// answer any `Host` (a container probe names the pod's address).
+    #[arg(long, env = "PES_ALLOWED_HOSTS")]
+    pub allowed_hosts: Option<String>,
+
+    /// The former name of `PES_ALLOWED_HOSTS` (when both are set, `PES_ALLOWED_HOSTS` wins).
     #[arg(long, env = "PES_MCP_ALLOWED_HOSTS")]
     pub mcp_allowed_hosts: Option<String>,
+
+    /// Web origins (`scheme://host[:port]`, comma-separated) of other sites whose pages may call
+    /// the API from a browser (an AG-UI front end, say): their writes are taken, and their
+    /// requests get CORS headers (preflights answered). A write (POST, PUT, PATCH, DELETE) whose
+    /// `Origin` is neither one of these nor the service's own is refused with 403
+    /// `origin_refused`. Unset: only the service's own pages (the console).
+    #[arg(long, env = "PES_ALLOWED_ORIGINS")]
+    pub allowed_origins: Option<String>,
 
     /// How long an MCP tool call (`ask`, `resume`, a flowchart) waits for its run to end or to
     /// need a person, in seconds; then it answers that the run is still going (with its ids).
@@ -718,6 +768,48 @@ impl Config {
         Ok(())
     }
 
+    /// Refuse a key that is both an operator's (`PES_OPERATOR_KEYS`) and a tenant's
+    /// (`PES_API_KEYS`): a request with it could not say whom it acts for.
+    ///
+    /// # Errors
+    /// A key is in both lists (the error names neither key, only how many).
+    pub fn check_keys(&self) -> anyhow::Result<()> {
+        let tenants: std::collections::HashSet<String> =
+            self.parsed_api_keys().into_iter().map(|(k, _)| k).collect();
+        let both = self
+            .parsed_operator_keys()
+            .iter()
+            .filter(|k| tenants.contains(*k))
+            .count();
+        if both > 0 {
+            anyhow::bail!(
+                "{both} key(s) of PES_OPERATOR_KEYS are also in PES_API_KEYS: an operator key \
+                 must be distinct from every tenant's key"
+            );
+        }
+        Ok(())
+    }
+
+    /// The operator's keys (`PES_OPERATOR_KEYS`), blanks left out.
+    pub fn parsed_operator_keys(&self) -> Vec<String> {
+        split_list(self.operator_keys.as_deref())
+    }
+
+    /// `PES_ALLOWED_HOSTS` (else its former name `PES_MCP_ALLOWED_HOSTS`), blanks left out;
+    /// `None` when neither is set.
+    pub fn allowed_hosts(&self) -> Option<Vec<String>> {
+        let set = self
+            .allowed_hosts
+            .as_deref()
+            .or(self.mcp_allowed_hosts.as_deref())?;
+        Some(split_list(Some(set)))
+    }
+
+    /// `PES_ALLOWED_ORIGINS`, blanks left out.
+    pub fn allowed_origins(&self) -> Vec<String> {
+        split_list(self.allowed_origins.as_deref())
+    }
+
     /// Parse from the process's environment only (no flags); for tests and embedding.
     pub fn from_env() -> Self {
         EnvOnly::parse_from(["pes-server"]).config.normalized()
@@ -734,6 +826,10 @@ impl Config {
             &mut self.anthropic_api_key,
             &mut self.anthropic_base_url,
             &mut self.api_keys,
+            &mut self.operator_keys,
+            &mut self.allowed_hosts,
+            &mut self.mcp_allowed_hosts,
+            &mut self.allowed_origins,
             &mut self.public_url,
             &mut self.mcp_servers,
             &mut self.a2a_agents,
@@ -881,6 +977,32 @@ impl Config {
     }
 }
 
+/// The entries of a comma-separated setting, trimmed, blanks left out.
+fn split_list(text: Option<&str>) -> Vec<String> {
+    text.unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `PES_MAX_BUDGET_RAISE_USD`: a finite number of dollars, more than 0 and at most a million.
+fn parse_raise_usd(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number"))?;
+    if crate::model::usd_in_range(v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "must be more than 0 and at most {}",
+            crate::model::MAX_USD
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -997,5 +1119,37 @@ mod tests {
                 ("k2".to_owned(), "acme".to_owned())
             ]
         );
+    }
+
+    #[test]
+    fn an_operator_key_must_not_be_a_tenants() {
+        let mut c = EnvOnly::parse_from(["pes-server"]).config;
+        c.api_keys = Some("k1:acme, k2".into());
+        c.operator_keys = Some("op1, op2".into());
+        c.check_keys().unwrap();
+        assert_eq!(c.parsed_operator_keys(), vec!["op1", "op2"]);
+        c.operator_keys = Some("op1, k2".into());
+        let e = c.check_keys().unwrap_err().to_string();
+        assert!(e.contains("PES_OPERATOR_KEYS") && !e.contains("k2"), "{e}");
+    }
+
+    #[test]
+    fn allowed_hosts_take_the_former_name_too() {
+        let mut c = EnvOnly::parse_from(["pes-server"]).config;
+        c.allowed_hosts = None;
+        c.mcp_allowed_hosts = None;
+        assert_eq!(c.allowed_hosts(), None);
+        c.mcp_allowed_hosts = Some("a.example, ".into());
+        assert_eq!(c.allowed_hosts(), Some(vec!["a.example".to_owned()]));
+        c.allowed_hosts = Some("b.example:8080".into());
+        assert_eq!(c.allowed_hosts(), Some(vec!["b.example:8080".to_owned()]));
+    }
+
+    #[test]
+    fn the_largest_dollar_raise_is_a_finite_positive_number() {
+        assert_eq!(parse_raise_usd("12.5"), Ok(12.5));
+        for bad in ["0", "-1", "NaN", "inf", "1e300", "x"] {
+            assert!(parse_raise_usd(bad).is_err(), "{bad}");
+        }
     }
 }

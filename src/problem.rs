@@ -58,6 +58,16 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("a valid API key is required: send `Authorization: Bearer <key>`")]
     Unauthorized,
+    /// 401 `unauthorized`: an operator key (`PES_OPERATOR_KEYS`) on a tenant's route.
+    #[error(
+        "an operator key acts on `/v1/admin/*` only: a tenant's routes need one of the tenant's \
+         keys (`PES_API_KEYS`)"
+    )]
+    OperatorKeyOnTenantRoute,
+    /// 403 with a specific code: the request is understood and refused for who or where it
+    /// comes from (`operator_only`, `host_refused`, `origin_refused`).
+    #[error("{detail}")]
+    Forbidden { code: &'static str, detail: String },
     #[error("no route for {0}")]
     RouteNotFound(String),
     #[error("method {0} is not allowed here")]
@@ -144,7 +154,10 @@ impl ApiError {
                 "unsupported_media_type",
                 "Unsupported media type",
             ),
-            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            Self::Unauthorized | Self::OperatorKeyOnTenantRoute => {
+                (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized")
+            }
+            Self::Forbidden { code, .. } => (StatusCode::FORBIDDEN, code, "Forbidden"),
             Self::RouteNotFound(_) => (StatusCode::NOT_FOUND, "route_not_found", "Not found"),
             Self::MethodNotAllowed(_) => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -170,6 +183,25 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// 403 `operator_only`: what only the operator may do (`detail` says what and how).
+    pub fn operator_only(detail: impl Into<String>) -> Self {
+        Self::Forbidden {
+            code: "operator_only",
+            detail: detail.into(),
+        }
+    }
+}
+
+impl From<crate::model::InvalidRaise> for ApiError {
+    fn from(e: crate::model::InvalidRaise) -> Self {
+        Self::Unprocessable {
+            code: "invalid_raise",
+            detail: e.0,
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
@@ -182,6 +214,13 @@ impl From<StoreError> for ApiError {
                 detail: format!(
                     "the tenant has {max} threads, its quota (PES_TENANT_MAX_THREADS; forks \
                      count): delete threads, or let them expire, first"
+                ),
+                retry_after_seconds: 60,
+            },
+            StoreError::SteeringQuota { max } => Self::QuotaExceeded {
+                detail: format!(
+                    "the run has {max} steering messages, the most one run takes \
+                     (PES_MAX_STEERS_PER_RUN): post a new run instead"
                 ),
                 retry_after_seconds: 60,
             },

@@ -168,9 +168,9 @@ impl Journal for WorkerJournal {
     async fn tenant_spend(
         &self,
         since: chrono::DateTime<chrono::Utc>,
-    ) -> Result<(u64, f64), EngineError> {
+    ) -> Result<crate::model::TenantDay, EngineError> {
         self.store
-            .tenant_spend(&self.tenant, since)
+            .tenant_day(&self.tenant, since)
             .await
             .map_err(|e| EngineError::Store(e.into()))
     }
@@ -593,13 +593,9 @@ impl Worker {
             .await?
             .into_iter()
             .partition(|m| m.run_id == Some(run.run_id));
-        // The thread's suspensions, not only this run's: an item a cancelled run left waiting
-        // continues with that suspension's outcome instead of asking again.
-        let suspensions = self
-            .store
-            .list_suspensions(&run.tenant, &run.thread_id, true)
-            .await?
-            .unwrap_or_default();
+        // The run's own suspensions, any status: the decisions taken while it was paused. An
+        // earlier run's are never this run's to act on (its end cancelled what it left).
+        let suspensions = self.store.run_suspensions(&run.tenant, run.run_id).await?;
         Ok(Some(RunInput {
             run,
             thread,

@@ -22,7 +22,7 @@ use crate::llm::ChatRequest;
 use crate::model::payloads::{BudgetContent, BudgetScope, BudgetState};
 use crate::model::{
     Budget, ErrorInfo, OnExceed, Prices, ResumeDecision, Suspension, SuspensionKind,
-    SuspensionStatus, Usage,
+    SuspensionStatus, Usage, add_usd,
 };
 
 /// The item id a `budget` suspension names: it belongs to the run, not to one item.
@@ -156,8 +156,7 @@ impl Meter {
     /// Whether the tenant's spend is past `share` of its daily limits (none: no daily budget).
     pub(super) fn tenant_near(&self, share: f64) -> Option<bool> {
         let t = self.tenant.as_ref()?;
-        let s = self.lock();
-        Some(t.share((s.raised_tokens, s.raised_usd)) >= share)
+        Some(t.share() >= share)
     }
 
     /// A person's decision on a budget suspension of `scope` shut the meter (a reject).
@@ -170,17 +169,13 @@ impl Meter {
     /// A run that goes on does not report again the tenant's 80 % it reported before.
     pub(super) fn tenant_reported(&self) {
         let mut s = self.lock();
-        let raised = (s.raised_tokens, s.raised_usd);
-        s.tenant_warned = self
-            .tenant
-            .as_ref()
-            .is_some_and(|t| t.share(raised) >= WARN_AT);
+        s.tenant_warned = self.tenant.as_ref().is_some_and(|t| t.share() >= WARN_AT);
     }
 
     fn limits(&self, s: &State) -> (Option<u64>, Option<f64>) {
         (
             self.max_tokens.map(|t| t.saturating_add(s.raised_tokens)),
-            self.max_usd.map(|u| u + s.raised_usd),
+            self.max_usd.map(|u| add_usd(u, s.raised_usd)),
         )
     }
 
@@ -195,13 +190,14 @@ impl Meter {
     fn content(&self, s: &State, state: BudgetState, scope: BudgetScope) -> BudgetContent {
         if let (BudgetScope::Tenant, Some(t)) = (scope, &self.tenant) {
             let (spent_tokens, spent_usd) = t.gauge.spent();
+            let (limit_tokens, limit_usd) = t.limits();
             return BudgetContent {
                 state,
                 scope,
                 spent_tokens,
                 spent_usd,
-                limit_tokens: t.max_tokens.map(|l| l.saturating_add(s.raised_tokens)),
-                limit_usd: t.max_usd.map(|l| l + s.raised_usd),
+                limit_tokens,
+                limit_usd,
             };
         }
         let (limit_tokens, limit_usd) = self.limits(s);
@@ -237,16 +233,23 @@ impl Meter {
         let (rt, ru) = s
             .reserved
             .values()
-            .fold((0u64, 0.0f64), |(t, u), (rt, ru)| (t + rt, u + ru));
-        let over_tokens = lt.is_some_and(|l| s.spent_tokens + rt + prompt_tokens > l);
-        let over_usd = lu.is_some_and(|l| s.spent_usd + ru + usd > l);
+            .fold((0u64, 0.0f64), |(t, u), (rt, ru)| {
+                (t.saturating_add(*rt), add_usd(u, *ru))
+            });
+        let over_tokens = lt.is_some_and(|l| {
+            s.spent_tokens
+                .saturating_add(rt)
+                .saturating_add(prompt_tokens)
+                > l
+        });
+        let over_usd = lu.is_some_and(|l| add_usd(add_usd(s.spent_usd, ru), usd) > l);
         let hold = (prompt_tokens.max(s.largest.0), usd.max(s.largest.1));
         // The tenant's day is checked (and the hold taken there) only for a call the run admits.
         let over_tenant = !(s.shut || over_tokens || over_usd)
-            && self.tenant.as_ref().is_some_and(|t| {
-                let limits = t.limits((s.raised_tokens, s.raised_usd));
-                !t.gauge.try_reserve(limits, (prompt_tokens, usd), hold)
-            });
+            && self
+                .tenant
+                .as_ref()
+                .is_some_and(|t| !t.gauge.try_reserve(t.limits(), (prompt_tokens, usd), hold));
         if s.shut || over_tokens || over_usd || over_tenant {
             if !s.shut {
                 s.shut_by = if over_tokens || over_usd {
@@ -277,8 +280,8 @@ impl Meter {
     pub(super) fn count(&self, ticket: Option<Ticket>, used: &Usage) {
         let mut s = self.lock();
         self.unhold(&mut s, ticket);
-        s.spent_tokens += used.total_tokens;
-        s.spent_usd += used.cost_usd;
+        s.spent_tokens = s.spent_tokens.saturating_add(used.total_tokens);
+        s.spent_usd = add_usd(s.spent_usd, used.cost_usd);
         if let Some(t) = &self.tenant {
             t.gauge.add(used.total_tokens, used.cost_usd);
         }
@@ -299,13 +302,7 @@ impl Meter {
             s.warned = true;
             return Some(self.content(&s, BudgetState::Warning, BudgetScope::Run));
         }
-        let raised = (s.raised_tokens, s.raised_usd);
-        if !s.tenant_warned
-            && self
-                .tenant
-                .as_ref()
-                .is_some_and(|t| t.share(raised) >= WARN_AT)
-        {
+        if !s.tenant_warned && self.tenant.as_ref().is_some_and(|t| t.share() >= WARN_AT) {
             s.tenant_warned = true;
             return Some(self.content(&s, BudgetState::Warning, BudgetScope::Tenant));
         }
@@ -349,37 +346,45 @@ impl Drop for Meter {
     }
 }
 
-/// What people approved for this run's budget so far (tokens, dollars), and whose budget a
-/// person refused to raise, if one did (the run then fails).
-pub(super) fn decisions(
-    suspensions: &[Suspension],
-    run_id: uuid::Uuid,
-) -> ((u64, f64), Option<BudgetScope>) {
-    let mut raised = (0u64, 0.0f64);
-    let mut rejected = None;
+/// What people approved for this run's own budget so far (tokens, dollars), whose budget a person
+/// refused to raise, if one did (the run then fails), and whether the operator approved going on
+/// past the tenant's day (its raise is the tenant's, read with the day's spend, not the run's).
+/// Sums saturate: no number of approvals overflows.
+pub(super) fn decisions(suspensions: &[Suspension], run_id: uuid::Uuid) -> Decided {
+    let mut d = Decided::default();
     for s in suspensions
         .iter()
         .filter(|s| s.run_id == run_id && s.kind == SuspensionKind::Budget)
     {
+        let scope = s.budget_scope().unwrap_or_default();
         match (s.status, &s.decision) {
             (SuspensionStatus::Pending, _) => {}
             (SuspensionStatus::Resolved, Some(ResumeDecision::Approve { raise_by, .. })) => {
-                if let Some(r) = raise_by {
-                    raised.0 += r.tokens.unwrap_or(0);
-                    raised.1 += r.usd.unwrap_or(0.0);
+                match scope {
+                    BudgetScope::Tenant => d.tenant_approved = true,
+                    BudgetScope::Run => {
+                        if let Some(r) = raise_by {
+                            d.raised.0 = d.raised.0.saturating_add(r.tokens.unwrap_or(0));
+                            d.raised.1 = add_usd(d.raised.1, r.usd.unwrap_or(0.0));
+                        }
+                    }
                 }
             }
-            _ => {
-                let scope = s.tool_call.arguments.get("scope").cloned();
-                rejected = Some(
-                    scope
-                        .and_then(|v| serde_json::from_value(v).ok())
-                        .unwrap_or_default(),
-                );
-            }
+            _ => d.rejected = Some(scope),
         }
     }
-    (raised, rejected)
+    d
+}
+
+/// What the decisions on a run's `budget` suspensions say (see [`decisions`]).
+#[derive(Debug, Default)]
+pub(super) struct Decided {
+    /// What its own budget was raised by (tokens, dollars).
+    pub(super) raised: (u64, f64),
+    /// Whose budget a person refused to raise.
+    pub(super) rejected: Option<BudgetScope>,
+    /// The operator let it go on past the tenant's day.
+    pub(super) tenant_approved: bool,
 }
 
 /// The run failed for its budget (or its tenant's daily budget).

@@ -134,8 +134,9 @@ impl Engine {
                         describe(&content)
                     ),
                     BudgetScope::Tenant => format!(
-                        "The run's next model call would pass the tenant's daily budget ({}). Approve with raiseBy to let this run go on (it raises this run's allowance only), or reject to fail the run.",
-                        describe(&content)
+                        "The run's next model call would pass the tenant's daily budget ({}). Only the operator may raise it (approve with raiseBy at POST /v1/admin/suspensions/{id}/resume, or POST /v1/admin/tenants/{}/budget-raises): the tenant's runs stopped on it then go on. Reject to fail the run.",
+                        describe(&content),
+                        ctx.env.tenant
                     ),
                 };
                 let s = Suspension {

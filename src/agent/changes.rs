@@ -66,6 +66,9 @@ pub enum Op {
     UpdateRun(RunUpdate),
     /// Record a new pending suspension (the run moves to `suspended` through `UpdateRun`).
     InsertSuspension(Box<Suspension>),
+    /// Resolve the fenced run's pending suspensions as `cancelled`: the run ended, so nobody may
+    /// decide them any more and no later run may take them up.
+    CancelSuspensions,
 }
 
 /// State changes and the observations that report them, committed together or not at all.

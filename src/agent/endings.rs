@@ -1,5 +1,8 @@
 //! The end of a run that did not complete: `RUN_FAILED` (with the item it failed in) and
-//! `RUN_CANCELLED` (the items in progress go back to pending, their journals kept).
+//! `RUN_CANCELLED`. A run's end ends its work: its unfinished items become `cancelled` and its
+//! pending suspensions are resolved as cancelled, in the same commit, so no later run executes a
+//! call that waited for a decision nobody took (a later run plans for its own query, and reads
+//! these items as context only).
 
 use crate::model::payloads::{
     CancelReason, ErrorContent, ErrorPhase, RunCancelledContent, RunFailedContent,
@@ -7,7 +10,7 @@ use crate::model::payloads::{
 use chrono::Utc;
 use tracing::warn;
 
-use super::changes::{Op, RunUpdate};
+use super::changes::{Batch, Op, RunUpdate};
 use crate::model::{ErrorInfo, ItemStatus, RunPhase, RunStatus};
 
 use super::Engine;
@@ -38,6 +41,14 @@ impl Engine {
             b.op(Op::UpsertItem(Box::new(ctx.items[idx].clone())));
             b.observe(ctx.status_change(&ctx.items[idx], previous));
         }
+        end_unfinished(
+            ctx,
+            &mut b,
+            &ErrorInfo {
+                code: "run_failed".into(),
+                message: format!("cancelled: the run failed ({})", err.code),
+            },
+        );
         ctx.state.current_step_id = None;
         b.op(Op::SetAgentState(ctx.state.clone()));
         b.observe(ctx.emit(
@@ -68,7 +79,7 @@ impl Engine {
         ctx.commit(b).await
     }
 
-    /// Cancelled: the item in progress goes back to pending (its journal kept), the run ends.
+    /// Cancelled: the unfinished items are cancelled with the run, which ends.
     pub(super) async fn commit_cancelled(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
         let mut b = ctx.batch();
         // Remote agents still working for this run are asked to stop too.
@@ -80,15 +91,14 @@ impl Engine {
                 b.observe(o);
             }
         }
-        for i in 0..ctx.items.len() {
-            let previous = ctx.items[i].status;
-            if matches!(previous, ItemStatus::InProgress | ItemStatus::Waiting) {
-                ctx.items[i].status = ItemStatus::Pending;
-                ctx.items[i].updated_at = Utc::now();
-                b.op(Op::UpsertItem(Box::new(ctx.items[i].clone())));
-                b.observe(ctx.status_change(&ctx.items[i], previous));
-            }
-        }
+        end_unfinished(
+            ctx,
+            &mut b,
+            &ErrorInfo {
+                code: "run_cancelled".into(),
+                message: "cancelled: the run was cancelled".into(),
+            },
+        );
         ctx.state.current_step_id = None;
         b.op(Op::SetAgentState(ctx.state.clone()));
         b.observe(ctx.emit(
@@ -108,4 +118,25 @@ impl Engine {
         }));
         ctx.commit(b).await
     }
+}
+
+/// Cancel every item of the run that has not finished (pending, in progress or waiting for a
+/// person) with `why`, and the run's pending suspensions: staged in `b`, the commit that ends the
+/// run. Only one run works on a thread at a time, so every unfinished item is this run's.
+pub(super) fn end_unfinished(ctx: &mut Ctx<'_>, b: &mut Batch, why: &ErrorInfo) {
+    let now = Utc::now();
+    for i in 0..ctx.items.len() {
+        let previous = ctx.items[i].status;
+        if previous.is_done() {
+            continue;
+        }
+        let it = &mut ctx.items[i];
+        it.status = ItemStatus::Cancelled;
+        it.error = Some(why.clone());
+        it.updated_at = now;
+        it.completed_at = Some(now);
+        b.op(Op::UpsertItem(Box::new(ctx.items[i].clone())));
+        b.observe(ctx.status_change(&ctx.items[i], previous));
+    }
+    b.op(Op::CancelSuspensions);
 }

@@ -116,16 +116,17 @@ pub trait Journal: Send + Sync {
         Ok(vec![])
     }
 
-    /// What the run's tenant spent on its models since `since` (tokens, dollars): the
-    /// committed usage of its runs created since then (its daily budget). The default: nothing.
+    /// What the run's tenant spent on its models since `since` (the committed usage of its runs
+    /// created since then) and what the operator raised its daily budget by since then: its
+    /// daily budget's day. The default: nothing.
     ///
     /// # Errors
     /// [`EngineError::Store`] when it cannot be read.
     async fn tenant_spend(
         &self,
         _since: chrono::DateTime<chrono::Utc>,
-    ) -> Result<(u64, f64), EngineError> {
-        Ok((0, 0.0))
+    ) -> Result<crate::model::TenantDay, EngineError> {
+        Ok(crate::model::TenantDay::default())
     }
 
     /// Where the run's streamed model text goes. The default: nowhere.

@@ -120,6 +120,8 @@ pub struct EngineSettings {
     pub tool_result_max_bytes: usize,
     /// What each model costs (`PES_MODEL_PRICES`): a run's `costUsd` and its dollar budget.
     pub prices: Arc<crate::model::Prices>,
+    /// The models a config may name (`PES_ALLOWED_MODELS`).
+    pub allowed_models: Arc<crate::model::AllowedModels>,
     /// What each tenant may spend per UTC day (`PES_TENANT_BUDGETS`).
     pub tenant_budgets: Arc<crate::model::TenantBudgets>,
 }
@@ -145,6 +147,7 @@ impl Default for EngineSettings {
             require_approval: Vec::new(),
             tool_result_max_bytes: 262_144,
             prices: Arc::new(crate::model::Prices::default()),
+            allowed_models: Arc::new(crate::model::AllowedModels::any()),
             tenant_budgets: Arc::new(crate::model::TenantBudgets::default()),
         }
     }
@@ -257,9 +260,47 @@ impl Engine {
         &self.tools
     }
 
+    /// Each tenant's daily budget (`PES_TENANT_BUDGETS`), as the engine enforces it.
+    pub fn tenant_budgets(&self) -> &crate::model::TenantBudgets {
+        &self.settings.tenant_budgets
+    }
+
     /// How often a run waiting on people re-reads their decisions, should a push be lost.
     pub fn decision_poll(&self) -> std::time::Duration {
         self.settings.decision_poll
+    }
+
+    /// The models a config may name (`PES_ALLOWED_MODELS`).
+    pub fn allowed_models(&self) -> &crate::model::AllowedModels {
+        &self.settings.allowed_models
+    }
+
+    /// What each model costs (`PES_MODEL_PRICES`).
+    pub fn prices(&self) -> &crate::model::Prices {
+        &self.settings.prices
+    }
+
+    /// The daily budget of `tenant`, when it has one (`PES_TENANT_BUDGETS`).
+    pub fn tenant_budget(&self, tenant: &str) -> Option<&crate::model::Budget> {
+        self.settings.tenant_budgets.of(tenant)
+    }
+
+    /// The model a run of `provider` (the default provider when `None`) uses when its config
+    /// names none.
+    pub fn default_model(&self, provider: Option<&str>) -> Option<String> {
+        let name = provider.unwrap_or(&self.settings.default_provider);
+        self.providers
+            .get(name)
+            .or_else(|| self.providers.get(&self.settings.default_provider))
+            .and_then(|p| p.default_model().map(str::to_owned))
+    }
+
+    /// The default models of every configured provider.
+    pub fn default_models(&self) -> Vec<String> {
+        self.providers
+            .values()
+            .filter_map(|p| p.default_model().map(str::to_owned))
+            .collect()
     }
 
     /// Names of the configured providers, sorted.
@@ -316,24 +357,43 @@ impl Engine {
             }
         }
         let run_id = input.run.run_id;
-        let (raised, rejected) = budget::decisions(&input.suspensions, run_id);
+        let decided = budget::decisions(&input.suspensions, run_id);
         let model = cfg
             .model
             .clone()
             .filter(|m| !m.trim().is_empty())
             .or_else(|| llm.default_model().map(str::to_owned));
+        // A dollar limit over a model without a price would cap nothing (refused at enqueue;
+        // this catches a config changed since, such as a thread's model patched).
+        let dollar_limited = cfg.budget.as_ref().and_then(|b| b.max_cost_usd).is_some()
+            || self
+                .settings
+                .tenant_budgets
+                .of(&input.run.tenant)
+                .and_then(|b| b.max_cost_usd)
+                .is_some();
+        let unpriced = model
+            .as_deref()
+            .filter(|m| dollar_limited && !self.settings.prices.prices(m))
+            .map(str::to_owned);
         let tenant_limit = self
             .settings
             .tenant_budgets
             .of(&input.run.tenant)
             .map(|b| tenant_budget::TenantLimit::new(b, self.gauges.of(&input.run.tenant)));
+        if decided.tenant_approved
+            && let Some(t) = &tenant_limit
+        {
+            // The operator raised the day so that this run goes on: read the raise first.
+            t.gauge.expire();
+        }
         let meter = Arc::new(budget::Meter::new(
             cfg.budget.as_ref(),
             tenant_limit,
             self.settings.prices.clone(),
             model,
             &input.run.usage,
-            raised,
+            decided.raised,
         ));
         let mut ctx = Ctx {
             env: RunEnv {
@@ -368,7 +428,18 @@ impl Engine {
                 if ctx.run.phase != RunPhase::New {
                     ctx.env.budget.tenant_reported();
                 }
-                if let Some(scope) = rejected {
+                if let Some(model) = unpriced {
+                    Err(Halt::Fail(
+                        crate::model::ErrorInfo {
+                            code: "model_unpriced".into(),
+                            message: format!(
+                                "model `{model}` has no price in PES_MODEL_PRICES, so the run's \
+                                 dollar limit cannot cap it"
+                            ),
+                        },
+                        None,
+                    ))
+                } else if let Some(scope) = decided.rejected {
                     // A person refused to raise the budget: the run ends here.
                     ctx.env.budget.shut(scope);
                     Err(Halt::Fail(

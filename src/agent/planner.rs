@@ -2,10 +2,12 @@
 //! repair request when the model's plan is invalid, and the `update_plan` tool an item may call to
 //! replace the items that have not started.
 //!
-//! A follow-up is planned like a first query: the planner sees the recent conversation
-//! ([`HISTORY_MESSAGES`] queries and answers, each cut to [`HISTORY_MESSAGE_CHARS`]), a bounded
-//! summary of what earlier runs did and the items no run started, never the thread's whole
-//! history; and `maxItems` bounds what this run plans, not what the thread holds.
+//! A follow-up is planned like a first query, for its own query only: the planner sees the recent
+//! conversation ([`HISTORY_MESSAGES`] queries and answers, each cut to
+//! [`HISTORY_MESSAGE_CHARS`]) and a bounded summary of what earlier runs did, never the thread's
+//! whole history; earlier runs' items are context, never work (a run's end cancels what it left
+//! unfinished, and the plan cancels any item an earlier run left behind before that was so); and
+//! `maxItems` bounds what this run plans, not what the thread holds.
 
 use crate::model::payloads::{IntentContent, PlanContent, TitleContent};
 use serde_json::{Value, json};
@@ -107,6 +109,7 @@ impl Engine {
 
     /// Plan (or refine the existing plan), with one repair request for an invalid plan.
     pub(super) async fn plan(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
+        let left_behind = end_left_behind(ctx);
         let known = self.enabled_tools(ctx);
         let described = self.described_tools(ctx, &known);
         let max_items = self.max_items(&ctx.env.cfg);
@@ -119,15 +122,11 @@ impl Engine {
         ))];
         messages.extend(self.recent_conversation(ctx));
         if refining {
-            let pending: Vec<crate::model::TodoItem> = ctx
-                .items
-                .iter()
-                .filter(|i| i.status == ItemStatus::Pending && i.parent_item_id.is_none())
-                .cloned()
-                .collect();
+            // Nothing of earlier runs is left to start (see `end_left_behind`): the note is
+            // context only.
             messages.push(ChatMessage::user(prompts::refinement_note(
                 &self.earlier(ctx, prompts::EARLIER_ITEMS_SHOWN),
-                &pending,
+                &[],
             )));
         }
         messages.push(ChatMessage::user(ctx.run.query.clone()));
@@ -203,6 +202,12 @@ impl Engine {
 
         let mut b = ctx.batch();
         b.op(Op::SetAgentState(ctx.state.clone()));
+        for (id, previous) in &left_behind {
+            if let Some(it) = ctx.items.iter().find(|i| &i.id == id) {
+                b.op(Op::UpsertItem(Box::new(it.clone())));
+                b.observe(ctx.status_change(it, *previous));
+            }
+        }
         for id in &diff.removed {
             b.op(Op::DeleteItem(id.clone()));
         }
@@ -324,6 +329,29 @@ impl Engine {
             ops,
         )
     }
+}
+
+/// Cancel the unfinished items earlier runs left behind (a run that ended before its end
+/// cancelled its work, in a store written by an earlier version): they are context for this
+/// run's plan, never its work. Returns each with the status it had.
+fn end_left_behind(ctx: &mut Ctx<'_>) -> Vec<(crate::model::ItemId, ItemStatus)> {
+    let run = ctx.run.run_id;
+    let now = chrono::Utc::now();
+    let mut ended = Vec::new();
+    for it in ctx.items.iter_mut() {
+        if it.status.is_done() || it.run_id == Some(run) {
+            continue;
+        }
+        ended.push((it.id.clone(), it.status));
+        it.status = ItemStatus::Cancelled;
+        it.error = Some(ErrorInfo {
+            code: "run_ended".into(),
+            message: "cancelled: the run it belonged to ended before it finished".into(),
+        });
+        it.updated_at = now;
+        it.completed_at = Some(now);
+    }
+    ended
 }
 
 /// The ids of the items a new plan must keep as they are: every one that has left `pending`.

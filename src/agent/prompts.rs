@@ -269,19 +269,20 @@ impl Earlier {
     }
 }
 
-/// The note that tells the planner a thread already has a plan, for a follow-up query: a bounded
-/// summary of what earlier runs did ([`Earlier`]), and whole the items no run has started (a new
-/// list keeps them only by listing them again). Finished items stay in the thread whether the
-/// new list names them or not, so the planner plans only this query's items, and `maxItems`
-/// bounds those.
+/// The note that tells the planner a thread already has a plan: a bounded summary of what
+/// earlier runs did ([`Earlier`]), as context, and whole the items of this run not started yet
+/// (a replan for steering: a new list keeps them only by listing them again; a follow-up's first
+/// plan has none, as earlier runs' items are never its work). Finished items stay in the thread
+/// whether the new list names them or not, so the planner plans only this query's items, and
+/// `maxItems` bounds those.
 pub fn refinement_note(earlier: &Earlier, pending: &[TodoItem]) -> String {
     use labels::*;
     let mut s = format!(
         "{REFINEMENT} Plan the new query: return the todo list of the items this query needs. \
-         Items earlier runs finished stay as they are whether you list them or not (listing one \
-         changes nothing), and an item may depend on one by its id; new items need ids not used \
-         in this thread. Items not started yet are dropped unless you list them again with their \
-         ids.\n"
+         The items of earlier runs are context, not work: they stay as they are whether you list \
+         them or not (listing one changes nothing), and an item may depend on a completed one by \
+         its id; new items need ids not used in this thread. Items not started yet are dropped \
+         unless you list them again with their ids.\n"
     );
     if earlier.total > 0 {
         s.push_str(&format!("{EARLIER_ITEMS}{}:\n", earlier.count_line()));

@@ -21,6 +21,19 @@ use crate::model::{ItemStatus, Message, MessageRole, ObservationType, ToolValida
 /// The `name` of a user message that steers a run (beside the run's own query).
 pub const STEERING_NAME: &str = "steering";
 
+/// The steering messages a model call reads at most: the latest ones. A run takes at most
+/// `PES_MAX_STEERS_PER_RUN` messages; a prompt stays small whatever that is.
+pub const STEERING_IN_PROMPT: usize = 10;
+
+/// The latest [`STEERING_IN_PROMPT`] of `steering`, as prompt lines.
+fn latest_lines(steering: &[Steer]) -> Vec<String> {
+    let skip = steering.len().saturating_sub(STEERING_IN_PROMPT);
+    steering[skip..]
+        .iter()
+        .map(|s| format!("- {}", s.text))
+        .collect()
+}
+
 /// One steering message of the run.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Steer {
@@ -52,7 +65,7 @@ pub(super) fn note(steering: &[Steer]) -> Option<ChatMessage> {
     if steering.is_empty() {
         return None;
     }
-    let lines: Vec<String> = steering.iter().map(|s| format!("- {}", s.text)).collect();
+    let lines = latest_lines(steering);
     Some(ChatMessage::user(format!(
         "The person who asked this steered the run while it worked; follow it:\n{}",
         lines.join("\n")
@@ -139,7 +152,7 @@ impl Engine {
             &pending,
         )));
         messages.push(ChatMessage::user(ctx.run.query.clone()));
-        let lines: Vec<String> = fresh.iter().map(|s| format!("- {}", s.text)).collect();
+        let lines = latest_lines(&fresh);
         messages.push(ChatMessage::user(format!(
             "While the plan ran, the person steered it:\n{}\nReply with the whole plan: keep the \
              items that started as they are, and change, add or drop the items that have not \

@@ -1,5 +1,8 @@
 //! Per-tenant daily budgets (`PES_TENANT_BUDGETS`): what one tenant's runs may spend on their
-//! models together in one UTC day.
+//! models together in one UTC day, raised by what the operator granted that day
+//! (`POST /v1/admin/tenants/{tenant}/budget-raises`: the raises are rows of the store, read with
+//! the spend, so every replica's gauge sees them at its next read, and a run that goes on after
+//! the operator's approval reads them before its first call).
 //!
 //! The day's spend is the store's: the sum of the committed `usage` of the tenant's runs created
 //! since UTC midnight (a run counts on the day it was created), read with one index-bounded query
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, NaiveDate, Utc};
 
 use super::journal::{Ctx, Halt};
-use crate::model::{Budget, OnExceed};
+use crate::model::{Budget, OnExceed, TenantDay, add_usd};
 
 /// How long a read of the tenant's spend is used while the spend is below 80 % of its limits.
 pub(super) const FRESH_FOR: Duration = Duration::from_secs(1);
@@ -67,6 +70,8 @@ struct Reading {
     took: Duration,
     /// The committed spend the store had (tokens, dollars).
     stored: (u64, f64),
+    /// What the operator raised the tenant's daily limits by that day (tokens, dollars).
+    raised: (u64, f64),
     /// What this process's runs spent since that read.
     since: (u64, f64),
     /// What the calls of the tenant's runs in flight here may still spend (their reservations).
@@ -75,7 +80,7 @@ struct Reading {
 
 /// The start of the UTC day of `now`.
 pub(super) fn midnight(now: DateTime<Utc>) -> DateTime<Utc> {
-    now.date_naive().and_time(chrono::NaiveTime::MIN).and_utc()
+    crate::model::utc_midnight(now)
 }
 
 impl Gauge {
@@ -90,14 +95,33 @@ impl Gauge {
             // A new day (or never read): only what was spent here since counts until the read.
             return r.since;
         }
-        (r.stored.0 + r.since.0, r.stored.1 + r.since.1)
+        (
+            r.stored.0.saturating_add(r.since.0),
+            add_usd(r.stored.1, r.since.1),
+        )
+    }
+
+    /// What the operator raised the tenant's daily limits by today, as last read (tokens,
+    /// dollars).
+    pub(super) fn raised(&self) -> (u64, f64) {
+        let r = self.lock();
+        if r.day != Some(Utc::now().date_naive()) {
+            return (0, 0.0);
+        }
+        r.raised
     }
 
     /// A model call of one of the tenant's runs used this.
     pub(super) fn add(&self, tokens: u64, usd: f64) {
         let mut r = self.lock();
-        r.since.0 += tokens;
-        r.since.1 += usd;
+        r.since.0 = r.since.0.saturating_add(tokens);
+        r.since.1 = add_usd(r.since.1, usd);
+    }
+
+    /// Read the store again before the next check, however fresh the last read: a run going on
+    /// after the operator raised the day must see that raise at its first call.
+    pub(super) fn expire(&self) {
+        self.lock().at = None;
     }
 
     /// Whether the store must be read before the next check: never read, another day, or
@@ -110,14 +134,15 @@ impl Gauge {
         r.day != Some(Utc::now().date_naive()) || r.at.is_none_or(|at| at.elapsed() >= fresh_for)
     }
 
-    /// What the store says the tenant spent on `day`.
-    fn set(&self, day: NaiveDate, at: Instant, stored: (u64, f64)) {
+    /// What the store says the tenant spent on `day`, and the operator's raises of that day.
+    fn set(&self, day: NaiveDate, at: Instant, read: TenantDay) {
         let mut r = self.lock();
         *r = Reading {
             day: Some(day),
             at: Some(at),
             took: at.elapsed(),
-            stored,
+            stored: (read.spent_tokens, read.spent_usd),
+            raised: (read.raised_tokens, read.raised_usd),
             since: (0, 0.0),
             held: r.held,
         };
@@ -137,11 +162,13 @@ impl Gauge {
         let mut r = self.lock();
         let over = limits
             .0
-            .is_some_and(|l| spent_tokens + r.held.0 + need.0 > l)
-            || limits.1.is_some_and(|l| spent_usd + r.held.1 + need.1 > l);
+            .is_some_and(|l| spent_tokens.saturating_add(r.held.0).saturating_add(need.0) > l)
+            || limits
+                .1
+                .is_some_and(|l| add_usd(add_usd(spent_usd, r.held.1), need.1) > l);
         if !over {
-            r.held.0 += hold.0;
-            r.held.1 += hold.1;
+            r.held.0 = r.held.0.saturating_add(hold.0);
+            r.held.1 = add_usd(r.held.1, hold.1);
         }
         !over
     }
@@ -172,24 +199,21 @@ impl TenantLimit {
         }
     }
 
-    /// The tenant's daily limits, raised by `raised` for this run.
-    pub(super) fn limits(&self, raised: (u64, f64)) -> (Option<u64>, Option<f64>) {
+    /// The tenant's daily limits, raised by what the operator granted today.
+    pub(super) fn limits(&self) -> (Option<u64>, Option<f64>) {
+        let raised = self.gauge.raised();
         (
             self.max_tokens.map(|l| l.saturating_add(raised.0)),
-            self.max_usd.map(|l| l + raised.1),
+            self.max_usd.map(|l| add_usd(l, raised.1)),
         )
     }
 
-    /// The larger share of a limit (raised by `raised` for this run) that the tenant spent.
-    pub(super) fn share(&self, raised: (u64, f64)) -> f64 {
+    /// The larger share of its limits (as raised today) that the tenant spent.
+    pub(super) fn share(&self) -> f64 {
         let (t, u) = self.gauge.spent();
-        let st = self
-            .max_tokens
-            .map_or(0.0, |l| t as f64 / l.saturating_add(raised.0).max(1) as f64);
-        let su = self.max_usd.map_or(0.0, |l| {
-            let l = l + raised.1;
-            if l > 0.0 { u / l } else { 1.0 }
-        });
+        let (lt, lu) = self.limits();
+        let st = lt.map_or(0.0, |l| t as f64 / l.max(1) as f64);
+        let su = lu.map_or(0.0, |l| if l > 0.0 { u / l } else { 1.0 });
         st.max(su)
     }
 }
@@ -212,13 +236,13 @@ impl Ctx<'_> {
         // counted since the last read is dropped with the read).
         self.flush().await?;
         let (now, at) = (Utc::now(), Instant::now());
-        let stored = self
+        let read = self
             .env
             .journal
             .tenant_spend(midnight(now))
             .await
             .map_err(Halt::from)?;
-        limit.gauge.set(now.date_naive(), at, stored);
+        limit.gauge.set(now.date_naive(), at, read);
         Ok(())
     }
 }
@@ -227,13 +251,61 @@ impl Ctx<'_> {
 mod tests {
     use super::*;
 
+    fn day(tokens: u64, usd: f64) -> TenantDay {
+        TenantDay {
+            spent_tokens: tokens,
+            spent_usd: usd,
+            ..TenantDay::default()
+        }
+    }
+
+    #[test]
+    fn the_operators_raises_lift_the_limits_and_an_expired_gauge_is_read_again() {
+        let g = Arc::new(Gauge::default());
+        let limit = TenantLimit::new(
+            &Budget {
+                max_tokens: Some(1000),
+                max_cost_usd: Some(1.0),
+                on_exceed: None,
+            },
+            g.clone(),
+        );
+        g.set(Utc::now().date_naive(), Instant::now(), day(900, 0.0));
+        assert_eq!(limit.limits(), (Some(1000), Some(1.0)));
+        assert!((limit.share() - 0.9).abs() < 1e-9);
+        g.set(
+            Utc::now().date_naive(),
+            Instant::now(),
+            TenantDay {
+                spent_tokens: 900,
+                raised_tokens: u64::MAX,
+                raised_usd: f64::MAX,
+                ..TenantDay::default()
+            },
+        );
+        assert_eq!(limit.limits(), (Some(u64::MAX), Some(f64::MAX)));
+        assert!(!g.stale(false));
+        g.expire();
+        assert!(g.stale(false));
+        let yesterday = Utc::now().date_naive().pred_opt().unwrap();
+        g.set(
+            yesterday,
+            Instant::now(),
+            TenantDay {
+                raised_tokens: 5,
+                ..TenantDay::default()
+            },
+        );
+        assert_eq!(g.raised(), (0, 0.0), "yesterday's raises are not today's");
+    }
+
     #[test]
     fn a_gauge_adds_what_was_spent_since_its_read() {
         let g = Gauge::default();
         g.add(10, 0.5);
         assert_eq!(g.spent(), (10, 0.5), "unread: only what was spent here");
         assert!(g.stale(false));
-        g.set(Utc::now().date_naive(), Instant::now(), (100, 1.0));
+        g.set(Utc::now().date_naive(), Instant::now(), day(100, 1.0));
         assert!(!g.stale(false));
         assert!(!g.stale(true));
         std::thread::sleep(NEAR_FRESH_FOR);
@@ -242,7 +314,7 @@ mod tests {
         g.add(5, 0.25);
         assert_eq!(g.spent(), (105, 1.25));
         let yesterday = Utc::now().date_naive().pred_opt().unwrap();
-        g.set(yesterday, Instant::now(), (100, 1.0));
+        g.set(yesterday, Instant::now(), day(100, 1.0));
         assert_eq!(g.spent(), (0, 0.0), "yesterday's spend is not today's");
         assert!(g.stale(false));
     }
@@ -250,7 +322,7 @@ mod tests {
     #[test]
     fn reservations_of_calls_in_flight_count_until_they_end() {
         let g = Gauge::default();
-        g.set(Utc::now().date_naive(), Instant::now(), (6000, 0.0));
+        g.set(Utc::now().date_naive(), Instant::now(), day(6000, 0.0));
         let limits = (Some(9000), None);
         assert!(g.try_reserve(limits, (100, 0.0), (1500, 0.0)));
         assert!(g.try_reserve(limits, (100, 0.0), (1500, 0.0)));
@@ -258,7 +330,7 @@ mod tests {
             !g.try_reserve(limits, (100, 0.0), (1500, 0.0)),
             "6,000 spent and 3,000 held: nothing more fits"
         );
-        g.set(Utc::now().date_naive(), Instant::now(), (6000, 0.0));
+        g.set(Utc::now().date_naive(), Instant::now(), day(6000, 0.0));
         assert!(
             !g.try_reserve(limits, (100, 0.0), (1500, 0.0)),
             "a read keeps the holds"

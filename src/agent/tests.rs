@@ -67,6 +67,15 @@ impl Rows {
                 Op::DeleteItem(id) => self.items.retain(|i| i.id != id),
                 Op::AppendMessage(m) => self.messages.push(m),
                 Op::InsertSuspension(s) => self.suspensions.push(*s),
+                Op::CancelSuspensions => {
+                    let run = self.run.run_id;
+                    for s in self.suspensions.iter_mut() {
+                        if s.run_id == run && s.status == SuspensionStatus::Pending {
+                            s.status = SuspensionStatus::Cancelled;
+                            s.resolved_at = Some(now);
+                        }
+                    }
+                }
                 Op::UpdateRun(u) => {
                     if let Some(status) = u.status {
                         // A decision that came while the run was busy queues it again instead

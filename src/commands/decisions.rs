@@ -1,14 +1,26 @@
 //! A person's decision on a suspension: which decisions its kind allows and what each needs
-//! (edited arguments valid for the tool, a response valid for the question's schema), checked the
-//! same way whichever door it came through.
+//! (edited arguments valid for the tool, a response valid for the question's schema, a raise
+//! within `PES_MAX_BUDGET_RAISE_*`), and who may take it (a tenant may reject a suspension on its
+//! daily budget, never approve it: that is the operator's), checked the same way whichever door it
+//! came through.
 
 use serde_json::Value;
 
 use super::UseCases;
 use crate::model::{
-    Decision, RaiseBy, ResumeDecision, Suspension, SuspensionKind, SuspensionStatus,
+    Decision, RaiseBy, RaiseLimits, RaiseRequest, ResumeDecision, Suspension, SuspensionKind,
+    SuspensionStatus,
 };
 use crate::problem::ApiError;
+
+/// Who decides: a tenant (through any door, with its API key) or the operator (`/v1/admin/*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decider {
+    /// A tenant, on its own suspensions.
+    Tenant,
+    /// The operator, above every tenant.
+    Operator,
+}
 
 /// A decision as a door received it, before it is checked against its suspension.
 #[derive(Debug, Clone)]
@@ -20,8 +32,9 @@ pub struct DecisionRequest {
     pub modified_args: Option<Value>,
     /// The call's result (`respond`).
     pub response: Option<Value>,
-    /// What `approve` adds to the run's budget (`budget` suspensions only, where it is needed).
-    pub raise_by: Option<RaiseBy>,
+    /// What `approve` adds to the budget (`budget` suspensions only, where it is needed), as
+    /// the request gave it: its numbers are checked here.
+    pub raise_by: Option<RaiseRequest>,
 }
 
 /// 409 for a suspension that is no longer pending, saying how and when it was resolved, so the
@@ -48,14 +61,50 @@ pub fn already_decided(s: Option<&Suspension>) -> ApiError {
 }
 
 impl UseCases {
-    /// Check a resume request against its suspension and build the decision it stands for: the one
-    /// place a request's loose fields become a [`ResumeDecision`].
+    /// Check a tenant's resume request against its suspension and build the decision it stands
+    /// for (see [`UseCases::decide_as`]).
+    ///
+    /// # Errors
+    /// As [`UseCases::decide_as`].
     pub fn decide(
         &self,
         s: &Suspension,
         body: DecisionRequest,
     ) -> Result<ResumeDecision, ApiError> {
+        self.decide_as(Decider::Tenant, s, body)
+    }
+
+    /// The most one decision may raise a budget by (`PES_MAX_BUDGET_RAISE_*`).
+    pub fn raise_limits(&self) -> RaiseLimits {
+        RaiseLimits {
+            max_tokens: self.config.max_budget_raise_tokens,
+            max_usd: self.config.max_budget_raise_usd,
+        }
+    }
+
+    /// Check a resume request of `who` against its suspension and build the decision it stands
+    /// for: the one place a request's loose fields become a [`ResumeDecision`].
+    ///
+    /// # Errors
+    /// 422 `decision_not_allowed` for a decision the suspension does not take, `invalid_raise`
+    /// for a raise that is missing, not finite or past its bound, `validation_failed` for other
+    /// fields; 403 `operator_only` for a tenant's `approve` of a suspension on its daily budget.
+    pub fn decide_as(
+        &self,
+        who: Decider,
+        s: &Suspension,
+        body: DecisionRequest,
+    ) -> Result<ResumeDecision, ApiError> {
         let state = self;
+        if who == Decider::Tenant && s.on_tenant_budget() && body.decision == Decision::Approve {
+            return Err(ApiError::operator_only(format!(
+                "only the operator may raise the tenant's daily budget: the operator approves \
+                 it (`POST /v1/admin/suspensions/{}/resume`, or `POST \
+                 /v1/admin/tenants/{}/budget-raises`, with an operator key); the tenant may \
+                 reject it to fail the run",
+                s.suspension_id, s.tenant
+            )));
+        }
         if !s.allowed_decisions.contains(&body.decision) {
             let allowed: Vec<&str> = s.allowed_decisions.iter().map(|d| d.as_str()).collect();
             return Err(ApiError::Unprocessable {
@@ -89,7 +138,7 @@ impl UseCases {
                 body.decision
             )));
         }
-        let raise_by = check_raise(s, &body)?;
+        let raise_by = check_raise(s, &body, self.raise_limits())?;
         let reason = body.reason;
         Ok(match body.decision {
             Decision::Edit => {
@@ -128,15 +177,22 @@ impl UseCases {
     }
 }
 
-/// `raiseBy`: only with `approve` on a `budget` suspension, where it is required, with a positive
-/// number of tokens or dollars.
-fn check_raise(s: &Suspension, body: &DecisionRequest) -> Result<Option<RaiseBy>, ApiError> {
+/// `raiseBy`: only with `approve` on a `budget` suspension, where it is required, with a whole
+/// number of tokens or a finite number of dollars within `limits` (422 `invalid_raise`).
+fn check_raise(
+    s: &Suspension,
+    body: &DecisionRequest,
+    limits: RaiseLimits,
+) -> Result<Option<RaiseBy>, ApiError> {
     let budget = s.kind == SuspensionKind::Budget;
-    let Some(raise) = body.raise_by else {
+    let Some(raise) = &body.raise_by else {
         if budget && body.decision == Decision::Approve {
-            return Err(ApiError::Validation(
-                "decision `approve` on a budget suspension needs `raiseBy` ({tokens?, usd?}): how much more the run may spend".into(),
-            ));
+            return Err(ApiError::Unprocessable {
+                code: "invalid_raise",
+                detail: "decision `approve` on a budget suspension needs `raiseBy` ({tokens?, \
+                         usd?}): how much more may be spent"
+                    .into(),
+            });
         }
         return Ok(None);
     };
@@ -145,20 +201,5 @@ fn check_raise(s: &Suspension, body: &DecisionRequest) -> Result<Option<RaiseBy>
             "raiseBy goes only with decision `approve` on a budget suspension".into(),
         ));
     }
-    if raise.tokens.is_none() && raise.usd.is_none() {
-        return Err(ApiError::Validation(
-            "raiseBy needs `tokens` or `usd`".into(),
-        ));
-    }
-    if raise.tokens == Some(0) {
-        return Err(ApiError::Validation(
-            "raiseBy.tokens must be at least 1".into(),
-        ));
-    }
-    if raise.usd.is_some_and(|u| !(u.is_finite() && u > 0.0)) {
-        return Err(ApiError::Validation(
-            "raiseBy.usd must be a positive number".into(),
-        ));
-    }
-    Ok(Some(raise))
+    Ok(Some(raise.check("raiseBy", limits)?))
 }

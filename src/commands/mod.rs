@@ -3,7 +3,8 @@
 //! (`runs`: the query, the config, the tool policy floor, the tenant's quota; `decisions`: a
 //! person's decision against its suspension; `assistants`: versioned configs and their use; `webhooks`: where a run's end may be announced, and
 //! the deliveries; `crons`: schedules, and the scheduler that turns their ticks into runs;
-//! [`memory`]: the memory store and its background passes) and carries it out through [`RunCommands`]. Doors
+//! [`memory`]: the memory store and its background passes; `operators`: the operator's view of a
+//! tenant's day, raising it, deciding a suspension on it) and carries it out through [`RunCommands`]. Doors
 //! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
 //! imports a door. `retention` reads what a thread stores and deletes idle threads: pruned by
 //! a tenant, or expired by the sweeper every replica runs.
@@ -29,6 +30,7 @@ pub mod crons;
 mod decisions;
 mod flowchart_runs;
 pub mod memory;
+mod operators;
 mod policy;
 pub mod replicas;
 pub mod retention;
@@ -42,14 +44,19 @@ use uuid::Uuid;
 
 use crate::events::EventBus;
 use crate::model::{MultitaskStrategy, RunStatus, ThreadId};
+
+/// The longest steering message, in characters: one limit for `…/steer` and for a query posted
+/// with `multitaskStrategy: "steer"`, which becomes one.
+pub const MAX_STEERING_CHARS: usize = 8000;
 use crate::registry::RunRegistry;
 use crate::store::{
     CancelledRun, CreatedRun, Idle, NewRun, Resolution, ResolvedSuspension, SqlStore, StoreResult,
 };
 pub use assistants::AssistantInput;
 pub use cases::UseCases;
-pub use decisions::{DecisionRequest, already_decided};
+pub use decisions::{Decider, DecisionRequest, already_decided};
 pub use flowchart_runs::FlowchartRunRequest;
+pub use operators::TenantRaised;
 pub use policy::check_policy_floor;
 pub use retention::{PruneRequest, Pruned};
 pub use runs::RunRequest;
@@ -188,6 +195,34 @@ impl RunCommands {
             .store
             .resolve_suspension(tenant, suspension_id, resolution)
             .await?;
+        self.resumed(&done);
+        Ok(done)
+    }
+
+    /// Resolve a pending suspension as [`RunCommands::resume`] does, raising its tenant's daily
+    /// limits by `raise` in the same transaction (the operator's approval of a suspension on the
+    /// tenant's day): the raise is made once, exactly when the suspension is resolved.
+    ///
+    /// # Errors
+    /// As [`SqlStore::resolve_suspension_raising`].
+    pub async fn resume_raising(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        resolution: Resolution,
+        raise: crate::model::RaiseBy,
+    ) -> StoreResult<ResolvedSuspension> {
+        let done = self
+            .store
+            .resolve_suspension_raising(tenant, suspension_id, resolution, raise)
+            .await?;
+        self.resumed(&done);
+        Ok(done)
+    }
+
+    /// A suspension was resolved: publish what it committed, and reach its run (handed the
+    /// decision when driven here and busy, else the worker woken to claim it again).
+    fn resumed(&self, done: &ResolvedSuspension) {
         self.bus.publish(&done.observations);
         match done.run.status {
             RunStatus::Running => {
@@ -195,7 +230,6 @@ impl RunCommands {
             }
             _ => self.wake_worker(),
         }
-        Ok(done)
     }
 
     /// Steer a run that has not ended: `message` is committed as a user message of the run

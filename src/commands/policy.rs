@@ -2,7 +2,7 @@
 //! tenant's flowcharts count as tools), and the tool policy floor a run cannot loosen.
 
 use super::UseCases;
-use crate::model::AgentConfig;
+use crate::model::{AgentConfig, AssistantPin, AssistantRef, ThreadId};
 use crate::problem::ApiError;
 
 impl UseCases {
@@ -26,6 +26,22 @@ impl UseCases {
                 ns.len(),
                 self.config.store_max_namespace_depth
             )));
+        }
+        if let Some(m) = cfg
+            .model
+            .as_deref()
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            && !state.engine.allowed_models().allows(m)
+        {
+            return Err(ApiError::Unprocessable {
+                code: "model_not_allowed",
+                detail: format!(
+                    "config.model `{m}` is not allowed here (allowed: {}; the operator sets \
+                     PES_ALLOWED_MODELS)",
+                    state.engine.allowed_models().describe()
+                ),
+            });
         }
         if let Some(p) = &cfg.provider
             && !state.engine.provider_names().contains(p)
@@ -73,6 +89,105 @@ impl UseCases {
             }
         }
         Ok(())
+    }
+}
+
+impl UseCases {
+    /// A run under a dollar limit (its own, its thread's, its assistant's or its tenant's daily
+    /// budget) must run on a model with a price, or the limit would cap nothing: 422
+    /// `model_unpriced` at enqueue. Reads the thread and its assistant only when some model a
+    /// run may use has no price (with prices for every allowed and default model, or a `*`
+    /// price, it costs nothing).
+    ///
+    /// # Errors
+    /// 422 `model_unpriced`; the store failed.
+    pub(super) async fn check_priced(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        chosen: Option<&AssistantRef>,
+        run: &AgentConfig,
+    ) -> Result<(), ApiError> {
+        let engine = &self.engine;
+        let defaults = engine.default_models();
+        if !engine
+            .allowed_models()
+            .unpriced_possible(engine.prices(), defaults.iter().map(String::as_str))
+        {
+            return Ok(());
+        }
+        let cfg = self
+            .effective_config(tenant, thread_id, chosen, run)
+            .await?;
+        let model = cfg
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .or_else(|| engine.default_model(cfg.provider.as_deref()));
+        let Some(model) = model else { return Ok(()) };
+        if engine.prices().prices(&model) {
+            return Ok(());
+        }
+        let run_limit = cfg.budget.as_ref().and_then(|b| b.max_cost_usd).is_some();
+        let tenant_limit = engine
+            .tenant_budget(tenant)
+            .and_then(|b| b.max_cost_usd)
+            .is_some();
+        if run_limit || tenant_limit {
+            let whose = if run_limit {
+                "the run's budget (maxCostUsd)"
+            } else {
+                "the tenant's daily budget"
+            };
+            return Err(ApiError::Unprocessable {
+                code: "model_unpriced",
+                detail: format!(
+                    "model `{model}` has no price in PES_MODEL_PRICES, so {whose} cannot cap \
+                     what it spends: name a priced model, or ask the operator to price it"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The config a run would run with: its thread's, under the assistant it uses (`chosen`, or
+    /// the thread's), with the run's own on top (the assistant's locked fields kept), as the
+    /// worker will load it.
+    async fn effective_config(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        chosen: Option<&AssistantRef>,
+        run: &AgentConfig,
+    ) -> Result<AgentConfig, ApiError> {
+        let (thread_cfg, thread_pin) = match self.store.get_thread(tenant, thread_id).await? {
+            Some(t) => (
+                t.config,
+                t.assistant_id.map(|id| AssistantPin {
+                    assistant_id: id,
+                    version: t.assistant_version,
+                }),
+            ),
+            None => (AgentConfig::default(), None),
+        };
+        let pin = chosen
+            .map(|a| AssistantPin {
+                assistant_id: a.assistant_id.clone(),
+                version: Some(a.version),
+            })
+            .or(thread_pin);
+        let version = match pin {
+            Some(p) => {
+                self.store
+                    .assistant_version(tenant, &p.assistant_id, p.version, false)
+                    .await?
+            }
+            None => None,
+        };
+        Ok(match version {
+            Some(v) => v.base_for(&thread_cfg).overlay(&v.run_overrides(run)),
+            None => thread_cfg.overlay(run),
+        })
     }
 }
 

@@ -69,6 +69,16 @@ impl UseCases {
                 self.config.max_query_chars
             )));
         }
+        if request.strategy == Some(MultitaskStrategy::Steer)
+            && query.chars().count() > super::MAX_STEERING_CHARS
+        {
+            // The query may become a steering message: the one limit every steer has.
+            return Err(ApiError::Validation(format!(
+                "a query with multitaskStrategy `steer` steers the active run, and a steering \
+                 message is at most {} characters",
+                super::MAX_STEERING_CHARS
+            )));
+        }
         if let Some(k) = &request.idempotency_key
             && (k.is_empty() || k.chars().count() > 256)
         {
@@ -110,6 +120,8 @@ impl UseCases {
                 request.assistant_version,
                 &config,
             )
+            .await?;
+        self.check_priced(&tenant, &thread_id, assistant.as_ref(), &config)
             .await?;
         let max_active = self.config.tenant_max_active_runs;
         if self.active_runs(&tenant, max_active).await? >= max_active {

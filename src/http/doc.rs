@@ -18,7 +18,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::Problem;
 use problems::{
-    HEADERS_TOO_LARGE, INVALID_BODY, INVALID_QUERY, MALFORMED_JSON, PAYLOAD_TOO_LARGE,
+    FORBIDDEN, HEADERS_TOO_LARGE, INVALID_BODY, INVALID_QUERY, MALFORMED_JSON, PAYLOAD_TOO_LARGE,
     QUOTA_EXCEEDED, QUOTA_ROUTES, REQUEST_TIMEOUT, SHARED, UNAUTHORIZED, UNSUPPORTED_MEDIA_TYPE,
     URI_TOO_LONG, add, shared_response,
 };
@@ -50,7 +50,25 @@ impl Modify for BearerAuth {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("A tenant's API key (`PES_API_KEYS`)."))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            super::admin::OPERATOR_SCHEME,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An operator key (`PES_OPERATOR_KEYS`): the `/v1/admin/*` routes only. A \
+                         tenant's key there is 403 `operator_only`; an operator key on a tenant's \
+                         route is 401.",
+                    ))
+                    .build(),
+            ),
         );
     }
 }
@@ -64,7 +82,11 @@ Every error is an RFC 9457 problem (`application/problem+json`, the `Problem` sc
 `code`. When the server has API keys (`PES_API_KEYS`), every `/v1` route needs \
 `Authorization: Bearer <key>`, and so do `POST /a2a` (the A2A agent) and `POST /mcp` (the MCP \
 server), whose JSON-RPC errors are JSON-RPC error objects, not problems; the agent card, health, \
-metrics and documentation routes never do. `POST /v1/ag-ui` speaks AG-UI 1.0 to front ends.",
+metrics and documentation routes never do. The operator's routes (`/v1/admin/*`) take an operator \
+key (`PES_OPERATOR_KEYS`) instead, and a tenant's key is 403 `operator_only` there. Every route but \
+the probes refuses a `Host` outside `PES_ALLOWED_HOSTS` (403 `host_refused`) and a write from an \
+`Origin` the service does not allow (403 `origin_refused`). `POST /v1/ag-ui` speaks AG-UI 1.0 to \
+front ends.",
         license(name = "Apache-2.0")
     ),
     modifiers(&BearerAuth),
@@ -84,6 +106,7 @@ metrics and documentation routes never do. `POST /v1/ag-ui` speaks AG-UI 1.0 to 
         (name = "a2a", description = "The A2A agent (protocol 1.0; 0.3 method names too): its card, and JSON-RPC at `/a2a`"),
         (name = "mcp", description = "The MCP server: the agent (`ask`, `resume`) and the tenant's flowcharts as Model Context Protocol tools"),
         (name = "ag-ui", description = "The agent for AG-UI 1.0 front ends (CopilotKit and others): a run as a stream of AG-UI events"),
+        (name = "admin", description = "The operator's routes (an operator key, `PES_OPERATOR_KEYS`): a tenant's spend today, raising its daily budget, deciding a suspension on it"),
         (name = "health", description = "Liveness, readiness, metrics"),
         (name = "console", description = "The web console for people (an HTML page that uses this API)")
     )
@@ -131,7 +154,12 @@ pub(super) fn add_shared_parts(api: &mut Document) {
             &mut item.patch,
             &mut item.trace,
         ];
+        // The probes answer any `Host` (see `super::hosts`).
+        let probe = matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics");
         for op in ops.into_iter().flatten() {
+            if !probe {
+                add(op, FORBIDDEN);
+            }
             if guarded {
                 add(op, UNAUTHORIZED);
             } else {

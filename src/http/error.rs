@@ -150,27 +150,106 @@ where
             Ok(axum::Json(v)) => v,
             Err(r) => return Err(r.into()),
         };
-        if !value.is_object() {
-            return Err(ApiError::Validation(format!(
-                "the body must be a JSON object, not {}",
-                json_kind(&value)
-            )));
-        }
-        reject_nul(&value)?;
-        crate::json::strict::from_value_at(&value)
-            .map(Self)
-            .map_err(|e| {
-                // Name the field that does not fit (`query: invalid type: …`), so a client
-                // sees where to look; a problem with the body as a whole has no path.
-                let path = e.path().to_string();
-                let inner = e.into_inner();
-                if path.is_empty() || path == "." {
-                    ApiError::Validation(format!("invalid body: {inner}"))
-                } else {
-                    ApiError::Validation(format!("invalid body: {path}: {inner}"))
-                }
-            })
+        from_json_value(value).map(Self)
     }
+}
+
+/// A body that carries a budget raise, read as [`AppJson`] reads a body, except that numbers
+/// JSON cannot carry (`NaN`, `Infinity`, a literal past the largest double) in a raise are 422
+/// `invalid_raise`, as any other number a raise does not take, rather than 400 `malformed_json`:
+/// a client whose serializer writes such numbers (Python's `json` does) learns what is wrong with
+/// the raise.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RaiseJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for RaiseJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(from_bytes_rejection)?;
+        let value = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                let text = String::from_utf8_lossy(&bytes);
+                // A resume body's raise is its `raiseBy`; a body without a decision is a raise.
+                let about_a_raise = text.contains("raiseBy") || !text.contains("\"decision\"");
+                if about_a_raise && let Some(token) = non_finite_number(&text) {
+                    return Err(ApiError::Unprocessable {
+                        code: "invalid_raise",
+                        detail: format!(
+                            "a raise must be a finite number, not `{token}` (JSON has no NaN or \
+                             infinity)"
+                        ),
+                    });
+                }
+                return Err(ApiError::MalformedJson(format!("malformed JSON: {e}")));
+            }
+        };
+        from_json_value(value).map(Self)
+    }
+}
+
+/// The first token outside strings of `text` that names a number JSON cannot carry: `NaN`,
+/// `Infinity` (signed or not), or a literal too large for a double (`1e400`).
+fn non_finite_number(text: &str) -> Option<String> {
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut token = String::new();
+    let finish = |token: &mut String| {
+        let t = std::mem::take(token);
+        let bare = t.trim_start_matches(['-', '+']);
+        let bad = matches!(bare, "NaN" | "Infinity" | "inf" | "nan")
+            || t.parse::<f64>().is_ok_and(|f| f.is_infinite());
+        bad.then_some(t)
+    };
+    for c in text.chars() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        if c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-') {
+            token.push(c);
+            continue;
+        }
+        if let Some(t) = finish(&mut token) {
+            return Some(t);
+        }
+        in_string = c == '"';
+    }
+    finish(&mut token)
+}
+
+/// A JSON body as a route's type, with the rules of [`AppJson`].
+fn from_json_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::Validation(format!(
+            "the body must be a JSON object, not {}",
+            json_kind(&value)
+        )));
+    }
+    reject_nul(&value)?;
+    crate::json::strict::from_value_at(&value).map_err(|e| {
+        // Name the field that does not fit (`query: invalid type: …`), so a client sees where
+        // to look; a problem with the body as a whole has no path.
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            ApiError::Validation(format!("invalid body: {inner}"))
+        } else {
+            ApiError::Validation(format!("invalid body: {path}: {inner}"))
+        }
+    })
 }
 
 fn json_kind(v: &serde_json::Value) -> &'static str {
@@ -295,5 +374,28 @@ where
             }),
             Err(e) => Err(ApiError::BadRequest(e.body_text())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::non_finite_number;
+
+    #[test]
+    fn numbers_json_cannot_carry_are_found_outside_strings() {
+        assert_eq!(
+            non_finite_number(r#"{"raiseBy": {"usd": NaN}}"#).as_deref(),
+            Some("NaN")
+        );
+        assert_eq!(
+            non_finite_number(r#"{"tokens":-Infinity}"#).as_deref(),
+            Some("-Infinity")
+        );
+        assert_eq!(
+            non_finite_number(r#"{"usd": 1e400}"#).as_deref(),
+            Some("1e400")
+        );
+        assert_eq!(non_finite_number(r#"{"reason": "NaN \" Infinity"}"#), None);
+        assert_eq!(non_finite_number(r#"{"usd": 1e300, "tokens": 5}"#), None);
     }
 }

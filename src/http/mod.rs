@@ -1,11 +1,13 @@
 //! The HTTP API: one router per resource, assembled with its OpenAPI document by
 //! [`router`] (a pure factory: no I/O, so tests can `oneshot` it). Cross-cutting pieces live here:
-//! the shared [`AppState`], API-key authentication that resolves the tenant, the problem+json
-//! fallbacks for unknown routes and methods, and page cursors. [`serve`] owns the connections the
-//! router is served on (their caps and timeouts); [`console`] serves the web console, outside the
-//! API keys (its data calls carry them).
+//! the shared [`AppState`], API-key authentication that resolves the tenant (an operator key is
+//! refused there: [`admin`] has its own), the host and origin check in front of every door
+//! ([`hosts`]), the problem+json fallbacks for unknown routes and methods, and page cursors.
+//! [`serve`] owns the connections the router is served on (their caps and timeouts); [`console`]
+//! serves the web console, outside the API keys (its data calls carry them).
 
 pub mod a2a;
+pub mod admin;
 pub mod agui;
 pub mod assistants;
 pub mod console;
@@ -15,6 +17,7 @@ pub mod error;
 pub mod flowcharts;
 pub mod health;
 pub mod history;
+pub mod hosts;
 pub mod mcp_server;
 pub mod memory;
 pub mod quota;
@@ -29,7 +32,7 @@ pub mod threads;
 pub mod tools;
 pub mod webhooks;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use axum::Router;
@@ -73,6 +76,10 @@ pub struct AppState {
     pub metrics: Metrics,
     /// API key → tenant; empty when authentication is off.
     pub api_keys: Arc<HashMap<String, String>>,
+    /// The operator's keys (`PES_OPERATOR_KEYS`): `/v1/admin/*` only.
+    pub operator_keys: Arc<HashSet<String>>,
+    /// The hosts and origins every door answers (`PES_ALLOWED_HOSTS`, `PES_ALLOWED_ORIGINS`).
+    pub hosts: Arc<hosts::HostPolicy>,
     /// Open event streams per tenant (`PES_TENANT_MAX_STREAMS`).
     pub streams: quota::StreamSlots,
     /// The use cases every door shares (enqueue, wait, decide, config checks).
@@ -95,19 +102,29 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
     }
 }
 
-async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    if state.api_keys.is_empty() {
-        return next.run(req).await;
-    }
-    let key = req
-        .headers()
+/// The bearer key of a request, if it carries one.
+pub(crate) fn bearer_key(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
-        .map(str::trim);
+        .map(str::trim)
+}
+
+/// The tenant routes' authentication: the API key resolves the tenant (the default tenant when
+/// there are no keys). An operator key is refused here whatever else is configured: it acts for
+/// nobody's threads.
+async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let key = bearer_key(req.headers());
+    if key.is_some_and(|k| state.operator_keys.contains(k)) {
+        return ApiError::OperatorKeyOnTenantRoute.into_response();
+    }
+    if state.api_keys.is_empty() {
+        return next.run(req).await;
+    }
     match key.and_then(|k| state.api_keys.get(k)) {
         Some(tenant) => {
             req.extensions_mut().insert(Tenant(tenant.clone()));
@@ -269,6 +286,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut api) = OpenApiRouter::<AppState>::with_openapi(doc::ApiDoc::openapi())
         .merge(v1_routes())
+        .merge(admin::router())
         .merge(agui::router())
         .merge(guarded_routes())
         .merge(a2a::card_router())
@@ -283,8 +301,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The first segments of the `/v1` routes: a path that starts with one of them but not with
 /// `/v1` is most likely a `/v1` route without its prefix.
-const V1_RESOURCES: [&str; 10] = [
+const V1_RESOURCES: [&str; 11] = [
     "ag-ui",
+    "admin",
     "threads",
     "suspensions",
     "tools",
@@ -418,8 +437,16 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             authenticate,
         ));
+    // The operator's routes: their own keys, never a tenant's.
+    let admin = admin::router()
+        .layer(axum::middleware::from_fn(require_json_bodies))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            admin::authenticate_operator,
+        ));
     let (router, _) = OpenApiRouter::new()
         .merge(v1)
+        .merge(admin)
         .merge(a2a::card_router())
         .merge(health::router())
         .split_for_parts();
@@ -439,6 +466,12 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        // Every door, the console and the documentation included: a request under a host or
+        // (a write) from an origin the service does not answer goes no further.
+        .layer(axum::middleware::from_fn_with_state(
+            state.hosts.clone(),
+            hosts::guard,
+        ))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(request_span)

@@ -11,8 +11,7 @@ use utoipa_axum::routes;
 use super::runs::parse_run_id;
 use super::{ApiError, AppJson, AppPath, AppState, Problem, Tenant, parse_thread_id};
 
-/// The longest steering message, in characters.
-pub const MAX_STEERING_CHARS: usize = 8000;
+use crate::commands::MAX_STEERING_CHARS;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(steer_run))

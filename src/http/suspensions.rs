@@ -12,12 +12,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
+use super::error::RaiseJson;
 use super::runs::wants_event_stream;
 use super::sse::{RunStreamParams, StreamSpec, observation_sse};
 use super::threads::Page;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
 use crate::commands::DecisionRequest;
-use crate::model::{Decision, RaiseBy, ResumeDecision, Run, Suspension, SuspensionStatus};
+use crate::model::{
+    Decision, RaiseBy, RaiseRequest, ResumeDecision, Run, Suspension, SuspensionStatus,
+};
 use crate::store::{Resolution, StoreError};
 use crate::telemetry::TraceContext;
 
@@ -114,9 +117,10 @@ pub struct ResumeRequest {
     #[serde(default)]
     pub response: Option<Value>,
     /// What `approve` adds to the run's budget: required on a `budget` suspension, refused on any
-    /// other.
+    /// other; its numbers are checked by the use case (422 `invalid_raise`).
     #[serde(default)]
-    pub raise_by: Option<RaiseBy>,
+    #[schema(value_type = Option<RaiseBy>)]
+    pub raise_by: Option<RaiseRequest>,
 }
 
 /// Body of `POST /v1/suspensions/{suspensionId}/resume`: a `decision` with the fields it takes
@@ -211,7 +215,7 @@ pub async fn resume_suspension(
     AppPath(suspension_id): AppPath<String>,
     AppQuery(params): AppQuery<RunStreamParams>,
     headers: HeaderMap,
-    AppJson(body): AppJson<ResumeRequest>,
+    RaiseJson(body): RaiseJson<ResumeRequest>,
 ) -> Result<Response, ApiError> {
     let id = Uuid::parse_str(&suspension_id).map_err(|_| ApiError::suspension_not_found())?;
     let s = state

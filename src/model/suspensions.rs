@@ -139,6 +139,38 @@ pub struct Suspension {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
+impl Suspension {
+    /// Whose budget a `budget` suspension waits on (`None` for other kinds): the scope its
+    /// call's arguments name (the run's when they name none).
+    pub fn budget_scope(&self) -> Option<payloads::BudgetScope> {
+        (self.kind == SuspensionKind::Budget).then(|| {
+            self.tool_call
+                .arguments
+                .get("scope")
+                .cloned()
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default()
+        })
+    }
+
+    /// Whether it waits on the tenant's daily budget: only the operator may raise that, so a
+    /// tenant may reject it but never approve it.
+    pub fn on_tenant_budget(&self) -> bool {
+        self.budget_scope() == Some(payloads::BudgetScope::Tenant)
+    }
+
+    /// The decisions a tenant may take on it: those it allows, less `approve` on the tenant's
+    /// daily budget (what every door offers a person).
+    pub fn tenant_decisions(&self) -> Vec<Decision> {
+        let tenant_budget = self.on_tenant_budget();
+        self.allowed_decisions
+            .iter()
+            .copied()
+            .filter(|d| !(tenant_budget && *d == Decision::Approve))
+            .collect()
+    }
+}
+
 /// A suspension's decision on the wire: its fields beside the suspension's own (`decision`,
 /// `reason`, `modifiedArgs`, `response`), none while it is pending.
 mod resolution {

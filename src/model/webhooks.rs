@@ -132,7 +132,8 @@ pub struct WebhookDelivery {
     pub event: WebhookEvent,
     pub url: String,
     pub status: DeliveryStatus,
-    /// Attempts made (a retry asked with `…/retry` starts counting again).
+    /// Attempts made over the delivery's life, those after a retry asked with `…/retry`
+    /// included (a retry gets `PES_WEBHOOK_MAX_ATTEMPTS` more).
     pub attempts: i64,
     /// When the next attempt is due; null unless `pending`.
     pub next_attempt_at: Option<DateTime<Utc>>,

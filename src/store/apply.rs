@@ -99,6 +99,7 @@ async fn insert_observations(
 /// it goes), a message that seq, a suspension the seq that made it.
 async fn apply_op(
     conn: &mut Conn,
+    fence: Fence,
     tenant: &str,
     thread_id: &ThreadId,
     seq: i64,
@@ -148,9 +149,17 @@ async fn apply_op(
             )
             .await?;
         }
+        Op::CancelSuspensions => {
+            conn.exec(q(CANCEL_RUN_SUSPENSIONS).bind(fence.run_id).bind(seq))
+                .await?;
+        }
     }
     Ok(())
 }
+
+/// Resolve run `$1`'s pending suspensions as cancelled by the commit that ends at seq `$2`.
+pub(crate) const CANCEL_RUN_SUSPENSIONS: &str = "UPDATE suspensions SET status = 'cancelled', \
+    resolved_at = {now}, resolved_seq = $2 WHERE run_id = $1 AND status = 'pending'";
 
 impl SqlStore {
     /// Commit a batch under the run's fence, extending its lease.
@@ -284,7 +293,7 @@ impl SqlStore {
         let now = row.ts("now")?;
         let last_seq = row.int("last_seq")?;
         for op in c.ops {
-            apply_op(&mut tx, tenant, thread_id, last_seq, op).await?;
+            apply_op(&mut tx, fence, tenant, thread_id, last_seq, op).await?;
         }
         if c.announces {
             // After the ops: a suspension this batch inserted is the one the event is about.

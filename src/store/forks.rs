@@ -20,7 +20,7 @@ use super::sql_store::SqlStore;
 use super::tables::{ITEM_COLUMNS, STATE_COLUMNS};
 use super::threads::lock_thread;
 use super::{Signal, StoreError};
-use crate::model::{Run, Thread, ThreadId, new_id};
+use crate::model::{Decision, Run, Suspension, SuspensionStatus, Thread, ThreadId, new_id};
 
 /// What to fork.
 #[derive(Debug, Clone)]
@@ -76,7 +76,8 @@ impl Renames {
         format!("CASE{arms} ELSE {col} END")
     }
 
-    /// An expression for a text or JSON column: every old id in it replaced.
+    /// An expression for a text or JSON column: every old id in it replaced (the pairs bound
+    /// as text from `$first`, by [`Self::bind_texts`]).
     fn text(&self, d: Dialect, col: &str, json: bool, first: usize) -> String {
         let mut expr = match (d, json) {
             (Dialect::Postgres, true) => format!("{col}::text"),
@@ -85,8 +86,8 @@ impl Renames {
         for k in 0..self.0.len() {
             expr = format!(
                 "replace({expr}, ${}, ${})",
-                first + 2 * k + 2 * self.0.len(),
-                first + 2 * k + 1 + 2 * self.0.len()
+                first + 2 * k,
+                first + 2 * k + 1
             );
         }
         match (d, json) {
@@ -96,11 +97,16 @@ impl Renames {
         }
     }
 
-    /// Bind the pairs twice: as ids (for [`Self::column`]) then as text (for [`Self::text`]).
-    fn bind(&self, mut stmt: super::sql::Q) -> super::sql::Q {
+    /// Bind the pairs as ids (for [`Self::column`]).
+    fn bind_ids(&self, mut stmt: super::sql::Q) -> super::sql::Q {
         for (old, new) in &self.0 {
             stmt = stmt.bind(*old).bind(*new);
         }
+        stmt
+    }
+
+    /// Bind the pairs as text (for [`Self::text`]).
+    fn bind_texts(&self, mut stmt: super::sql::Q) -> super::sql::Q {
         for (old, new) in &self.0 {
             stmt = stmt.bind(old.to_string()).bind(new.to_string());
         }
@@ -122,6 +128,11 @@ async fn copy_rows(
     key: (&str, &ThreadId, i64, &ThreadId, i64),
 ) -> Result<u64, StoreError> {
     let d = conn.dialect();
+    // Only the renames the statement refers to are bound: a statement's text must fix how many
+    // parameters it takes, or a connection that prepared it once with another count (its
+    // statement cache is keyed by the text) is sent a mismatched bind on the next fork.
+    let ids = columns.contains(&"run_id");
+    let first_text = if ids { 6 + 2 * renames.0.len() } else { 6 };
     let picked: Vec<String> = columns
         .iter()
         .map(|c| match *c {
@@ -131,7 +142,7 @@ async fn copy_rows(
             }
             "run_id" => renames.column("run_id", 6),
             c => match texts.iter().find(|(t, _)| *t == c) {
-                Some((_, json)) => renames.text(d, c, *json, 6),
+                Some((_, json)) => renames.text(d, c, *json, first_text),
                 None => c.to_owned(),
             },
         })
@@ -149,7 +160,13 @@ async fn copy_rows(
         .bind(upto)
         .bind(fork.as_str())
         .bind(asked);
-    conn.exec(renames.bind(stmt)).await
+    let stmt = if ids { renames.bind_ids(stmt) } else { stmt };
+    let stmt = if texts.is_empty() {
+        stmt
+    } else {
+        renames.bind_texts(stmt)
+    };
+    conn.exec(stmt).await
 }
 
 impl SqlStore {
@@ -239,16 +256,19 @@ impl SqlStore {
             renames.push((*run, new_id()));
             for row in tx
                 .all(
-                    q("SELECT suspension_id FROM suspensions WHERE run_id = $1 \
+                    q("SELECT * FROM suspensions WHERE run_id = $1 \
                        AND created_seq <= $2 ORDER BY created_at")
                     .bind(*run)
                     .bind(cut),
                 )
                 .await?
             {
-                let id = row.uuid("suspension_id")?;
-                suspensions.push((id, *run));
-                renames.push((id, new_id()));
+                let s = rows::suspension_from_row(&row)?;
+                let resolved_seq = row.opt_int("resolved_seq")?;
+                let reask =
+                    decision_unspent(&mut tx, tenant, source, &s, resolved_seq, cut).await?;
+                renames.push((s.suspension_id, new_id()));
+                suspensions.push((s, reask));
             }
         }
         let renames = Renames(renames);
@@ -404,7 +424,9 @@ impl SqlStore {
                 }
             };
             let (phase, usage) = (left.text("phase")?, left.json("usage")?);
-            let pending = tx
+            let pending = suspensions.iter().any(|(s, reask)| {
+                s.run_id == *run && (*reask || s.status == SuspensionStatus::Pending)
+            }) || tx
                 .opt(
                     q(
                         "SELECT 1 AS one FROM suspensions WHERE run_id = $1 AND created_seq <= $2 \
@@ -445,8 +467,9 @@ impl SqlStore {
                 .map(|(_, n)| *n)
                 .ok_or_else(|| StoreError::Decode("a copied row without its new id".into()))
         };
-        for (old, run) in &suspensions {
-            let new = renamed(old)?;
+        let mut asked_again = Vec::new();
+        for (s, reask) in &suspensions {
+            let new = renamed(&s.suspension_id)?;
             tx.exec(
                 q(
                     "INSERT INTO suspensions (suspension_id, tenant, thread_id, run_id, item_id, \
@@ -466,15 +489,45 @@ impl SqlStore {
                      AND r.run_id = $5 \
                    WHERE s.suspension_id = $1",
                 )
-                .bind(*old)
+                .bind(s.suspension_id)
                 .bind(new)
                 .bind(fork.as_str())
-                .bind(cut)
-                .bind(renamed(run)?)
+                // A decision the fork must ask again is one taken after the cut there.
+                .bind(if *reask { i64::MIN } else { cut })
+                .bind(renamed(&s.run_id)?)
                 .bind(asked),
             )
             .await?;
+            if *reask {
+                let mut again = s.clone();
+                again.suspension_id = new;
+                again.thread_id = fork.clone();
+                again.run_id = renamed(&s.run_id)?;
+                again.status = SuspensionStatus::Pending;
+                again.decision = None;
+                again.resolved_at = None;
+                asked_again.push(again);
+            }
         }
+        // The log shows the question asked again, after the prefix: the decision in the prefix
+        // was for the source's execution of the call, not for one on the fork.
+        let mut again_obs: Vec<_> = asked_again.iter().map(rows::agent_suspended).collect();
+        let mut waiting: Vec<(Uuid, Vec<Uuid>)> = Vec::new();
+        for s in &asked_again {
+            match waiting.iter_mut().find(|(r, _)| *r == s.run_id) {
+                Some((_, ids)) => ids.push(s.suspension_id),
+                None => waiting.push((s.run_id, vec![s.suspension_id])),
+            }
+        }
+        for (run, ids) in waiting {
+            let usage = runs
+                .iter()
+                .find(|r| r.run_id == run)
+                .map(|r| r.usage)
+                .unwrap_or_default();
+            again_obs.push(rows::run_suspended(run, ids, usage));
+        }
+        super::apply::append_observations(&mut tx, tenant, fork, again_obs).await?;
         if !runs.is_empty() {
             tx.notify(&Signal::RunReady).await?;
         }
@@ -485,4 +538,67 @@ impl SqlStore {
             runs,
         }))
     }
+}
+
+/// Whether `s` holds a person's decision to run (or answer) its call, taken by the cut, whose
+/// call had no committed result by then: a decision is for one execution, so a fork holds such a
+/// suspension pending again rather than execute the call on a decision it did not get. A
+/// rejection (or an expiry, a cancellation) executes nothing and is kept as it was.
+///
+/// The call's result is its `TOOL_EXECUTION` after the decision, or for a stage inside a
+/// flowchart (whose suspension's call id is `<flowchart call id>:<stage>`), the first
+/// `FLOWCHART_STEP` of that call after the decision: stages run one after another, so the first
+/// to finish after the decision is the stage it was for.
+async fn decision_unspent(
+    conn: &mut Conn,
+    tenant: &str,
+    source: &ThreadId,
+    s: &Suspension,
+    resolved_seq: Option<i64>,
+    cut: i64,
+) -> Result<bool, StoreError> {
+    let Some(resolved) = resolved_seq.filter(|r| *r <= cut) else {
+        return Ok(false);
+    };
+    let runs_the_call = s.status == SuspensionStatus::Resolved
+        && s.decision.as_ref().is_some_and(|d| {
+            matches!(
+                d.kind(),
+                Decision::Approve | Decision::Edit | Decision::Respond
+            )
+        });
+    if !runs_the_call {
+        return Ok(false);
+    }
+    let call = s.tool_call.id.as_str();
+    let mut results = vec![("TOOL_EXECUTION", call)];
+    if let Some((flowchart_call, _)) = call.split_once(':') {
+        results.push(("FLOWCHART_STEP", flowchart_call));
+    }
+    let field = match conn.dialect() {
+        Dialect::Postgres => "content->>'toolCallId'",
+        Dialect::Sqlite => "json_extract(content, '$.toolCallId')",
+    };
+    for (kind, id) in results {
+        let done = conn
+            .opt(
+                q(format!(
+                    "SELECT 1 AS one FROM observations WHERE tenant = $1 AND thread_id = $2 \
+                     AND run_id = $3 AND seq > $4 AND seq <= $5 AND type = $6 AND {field} = $7 \
+                     LIMIT 1"
+                ))
+                .bind(tenant)
+                .bind(source.as_str())
+                .bind(s.run_id)
+                .bind(resolved)
+                .bind(cut)
+                .bind(kind)
+                .bind(id),
+            )
+            .await?;
+        if done.is_some() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }

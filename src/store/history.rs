@@ -37,7 +37,11 @@ pub(crate) fn changes_state(ops: &[Op]) -> bool {
     ops.iter().any(|op| {
         matches!(
             op,
-            Op::SetAgentState(_) | Op::UpsertItem(_) | Op::DeleteItem(_) | Op::InsertSuspension(_)
+            Op::SetAgentState(_)
+                | Op::UpsertItem(_)
+                | Op::DeleteItem(_)
+                | Op::InsertSuspension(_)
+                | Op::CancelSuspensions
         )
     })
 }

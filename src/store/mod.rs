@@ -106,6 +106,9 @@ pub enum StoreError {
     /// The tenant holds as many threads as `PES_TENANT_MAX_THREADS` allows; nothing was made.
     #[error("the tenant has {max} threads, its quota")]
     ThreadQuota { max: u64 },
+    /// The run holds as many steering messages as `PES_MAX_STEERS_PER_RUN` allows.
+    #[error("the run has {max} steering messages, its limit")]
+    SteeringQuota { max: u64 },
     /// The fenced run is no longer ours (its attempt moved on, it ended, or it was deleted).
     #[error("the run's lease was lost")]
     LeaseLost,

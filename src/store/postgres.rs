@@ -362,7 +362,7 @@ pub(crate) fn one_statement(
             Op::AppendMessage(m) => messages.push(message_cols_at(m, None)?),
             Op::SetAgentState(s) => state = Some((s, state.map_or(1, |(_, k)| k + 1))),
             Op::UpdateRun(_) => {}
-            Op::InsertSuspension(_) => return Ok(None),
+            Op::InsertSuspension(_) | Op::CancelSuspensions => return Ok(None),
         }
     }
     if items.iter().any(|(id, _)| deleted.iter().any(|d| d == id)) {

@@ -373,6 +373,39 @@ pub(crate) fn agent_resumed(
     NewObservation::of(s.run_id, parent, title, &content)
 }
 
+/// The `AGENT_SUSPENDED` observation of a pending suspension (as the engine makes it when it
+/// suspends a call): for a question asked again outside the engine (a fork, see `forks.rs`).
+pub(crate) fn agent_suspended(s: &Suspension) -> NewObservation {
+    let content = crate::model::payloads::AgentSuspendedContent {
+        suspension_id: s.suspension_id,
+        item_id: s.item_id.clone(),
+        kind: s.kind,
+        tool_call: s.tool_call.clone(),
+        allowed_decisions: s.allowed_decisions.clone(),
+        question: s.question.clone(),
+        input_schema: s.input_schema.clone(),
+        expires_at: s.expires_at,
+    };
+    let parent =
+        (s.kind != crate::model::SuspensionKind::Budget).then(|| s.item_id.as_str().to_owned());
+    let title = format!("Waiting for a person: {}", s.tool_call.name);
+    NewObservation::of(s.run_id, parent, title, &content)
+}
+
+/// The `RUN_SUSPENDED` observation of a run that waits on `suspension_ids`.
+pub(crate) fn run_suspended(
+    run_id: Uuid,
+    suspension_ids: Vec<Uuid>,
+    usage: crate::model::Usage,
+) -> NewObservation {
+    let title = format!("Waiting for {} decision(s)", suspension_ids.len());
+    let content = crate::model::payloads::RunSuspendedContent {
+        suspension_ids,
+        usage,
+    };
+    NewObservation::of(run_id, None, title, &content)
+}
+
 /// Whether a resolution to `status` is an expiry (`Expired`) rather than a person's decision
 /// (`Resolved`); any other target status is a [`StoreError::Conflict`].
 pub(crate) fn resolution_is_expiry(status: SuspensionStatus) -> StoreResult<bool> {

@@ -7,14 +7,18 @@ use uuid::Uuid;
 
 use super::apply::append_observations;
 use super::assistants::{lock_thread_for_run, version_for_run};
+use super::history::{copy_items, mark_commit_end};
 use super::rows;
 use super::sql::{Arg, Conn, q};
 use super::sql_store::SqlStore;
+use super::tables::{TODO_ITEMS, item_cols};
 use super::threads::{lock_thread, map_rows};
 use super::webhooks::{outbox_insert, resolve_for_run};
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
+use crate::model::payloads::ItemStatusChangeContent;
 use crate::model::{
-    AssistantPin, MultitaskStrategy, Run, RunKind, RunStatus, Suspension, ThreadId, Usage, new_id,
+    AssistantPin, ErrorInfo, ItemStatus, MultitaskStrategy, NewObservation, Observation, Run,
+    RunKind, RunStatus, Suspension, ThreadId, TodoItem, Usage, new_id,
 };
 
 /// Cancel the queued or suspended runs among `$1` (the store cancels those itself).
@@ -58,25 +62,110 @@ pub(super) async fn attach_suspensions(conn: &mut Conn, runs: &mut [Run]) -> Sto
     Ok(())
 }
 
-/// Cancel queued or suspended runs (and their pending suspensions) in the caller's transaction;
-/// the `RUN_CANCELLED` observations are the caller's to append.
-async fn cancel_waiting(conn: &mut Conn, ids: Vec<Uuid>) -> StoreResult<Vec<Run>> {
+/// Cancel queued or suspended runs of one thread in the caller's transaction, with all their
+/// work: their pending suspensions are cancelled and their unfinished items (a suspended run's,
+/// or a queued one's that a decision sent back to the queue) become `cancelled`, each with its
+/// `ITEM_STATUS_CHANGE` and its history version, before the runs' `RUN_CANCELLED`
+/// (`interrupted_by`: the run that displaced them). Returns the runs and the observations.
+async fn cancel_waiting(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    ids: Vec<Uuid>,
+    interrupted_by: Option<Uuid>,
+) -> StoreResult<(Vec<Run>, Vec<Observation>)> {
     let cancelled = conn
         .all(q(CANCEL_QUEUED_OR_SUSPENDED).bind(ids.clone()))
         .await?;
     conn.exec(q(CANCEL_PENDING_SUSPENSIONS).bind(ids)).await?;
     let runs = map_rows(&cancelled, rows::run_from_row)?;
-    if !runs.is_empty() {
-        // Their `run.cancelled` webhooks, in the cancel's transaction.
-        let ids: Vec<Uuid> = runs.iter().map(|r| r.run_id).collect();
-        let sql = outbox_insert(
-            conn.dialect(),
-            "runs",
-            "{in w.run_id 1} AND w.status = 'cancelled'",
-        );
-        conn.exec(q(sql).bind(ids)).await?;
+    if runs.is_empty() {
+        return Ok((runs, Vec::new()));
     }
-    Ok(runs)
+    let ids: Vec<Uuid> = runs.iter().map(|r| r.run_id).collect();
+    // Their `run.cancelled` webhooks, in the cancel's transaction.
+    let sql = outbox_insert(
+        conn.dialect(),
+        "runs",
+        "{in w.run_id 1} AND w.status = 'cancelled'",
+    );
+    conn.exec(q(sql).bind(ids.clone())).await?;
+    let ended = end_items(conn, tenant, thread_id, &ids).await?;
+    let mut obs: Vec<NewObservation> = ended.iter().map(item_cancelled).collect();
+    obs.extend(
+        ids.iter()
+            .map(|id| rows::run_cancelled(*id, interrupted_by)),
+    );
+    let observations = append_observations(conn, tenant, thread_id, obs).await?;
+    if !ended.is_empty() {
+        let last = observations.last().map_or(0, |o| o.seq);
+        let item_ids: Vec<String> = ended.iter().map(|(it, _)| it.id.to_string()).collect();
+        let copy = copy_items("$1", "$2", "{in item_id 4}", "$3", false, "");
+        conn.exec(
+            q(copy)
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(last)
+                .bind(item_ids),
+        )
+        .await?;
+        mark_commit_end(conn, tenant, thread_id, last, true, None).await?;
+    }
+    Ok((runs, observations))
+}
+
+/// The unfinished items of the runs `ids` (ended by the store, not by their engine), moved to
+/// `cancelled` in the caller's transaction: each as it is now and the status it had.
+async fn end_items(
+    conn: &mut Conn,
+    tenant: &str,
+    thread_id: &ThreadId,
+    ids: &[Uuid],
+) -> StoreResult<Vec<(TodoItem, ItemStatus)>> {
+    let found = conn
+        .all(
+            q(
+                "SELECT * FROM todo_items WHERE tenant = $1 AND thread_id = $2 \
+               AND {in run_id 3} AND status IN ('pending', 'in_progress', 'waiting') \
+               ORDER BY position",
+            )
+            .bind(tenant)
+            .bind(thread_id.as_str())
+            .bind(ids.to_vec()),
+        )
+        .await?;
+    let now = chrono::Utc::now();
+    let mut ended = Vec::with_capacity(found.len());
+    for mut item in map_rows(&found, rows::item_from_row)? {
+        let previous = item.status;
+        item.status = ItemStatus::Cancelled;
+        item.error = Some(ErrorInfo {
+            code: "run_cancelled".into(),
+            message: "cancelled: the run was cancelled".into(),
+        });
+        item.updated_at = now;
+        item.completed_at = Some(now);
+        TODO_ITEMS
+            .write(conn, tenant, thread_id, item_cols(&item)?)
+            .await?;
+        ended.push((item, previous));
+    }
+    Ok(ended)
+}
+
+/// The `ITEM_STATUS_CHANGE` of an item the store cancelled with its run.
+fn item_cancelled((item, previous): &(TodoItem, ItemStatus)) -> NewObservation {
+    let run = item.run_id.unwrap_or_default();
+    NewObservation::of(
+        run,
+        Some(item.id.to_string()),
+        format!("{}: {} → {}", item.id, previous, item.status),
+        &ItemStatusChangeContent {
+            item_id: item.id.clone(),
+            status: item.status,
+            previous_status: *previous,
+        },
+    )
 }
 
 /// Ask the workers of running runs to stop at their next safe point.
@@ -203,12 +292,9 @@ impl SqlStore {
                 let running: Vec<Uuid> = running.into_iter().map(|(id, _)| id).collect();
                 let displaced: Vec<Uuid> = displaced.into_iter().map(|(id, _)| id).collect();
                 if !displaced.is_empty() {
-                    cancel_waiting(&mut tx, displaced.clone()).await?;
-                    let obs = displaced
-                        .iter()
-                        .map(|id| rows::run_cancelled(*id, Some(run_id)))
-                        .collect();
-                    observations = append_observations(&mut tx, tenant, thread_id, obs).await?;
+                    let (_, obs) =
+                        cancel_waiting(&mut tx, tenant, thread_id, displaced, Some(run_id)).await?;
+                    observations = obs;
                 }
                 if !running.is_empty() {
                     request_cancel(&mut tx, running).await?;
@@ -358,10 +444,9 @@ impl SqlStore {
             .enumeration("status")?;
         let (run, observations) = match status {
             RunStatus::Queued | RunStatus::Suspended => {
-                let run = cancel_waiting(&mut tx, vec![run_id]).await?.pop();
-                let obs = vec![rows::run_cancelled(run_id, None)];
-                let obs = append_observations(&mut tx, tenant, thread_id, obs).await?;
-                (run, obs)
+                let (mut runs, obs) =
+                    cancel_waiting(&mut tx, tenant, thread_id, vec![run_id], None).await?;
+                (runs.pop(), obs)
             }
             RunStatus::Running => (
                 request_cancel(&mut tx, vec![run_id]).await?.pop(),

@@ -198,6 +198,33 @@ impl Q {
     }
 }
 
+/// Debug builds check that a statement's text always comes with the same number of bind
+/// values: a connection's statement cache is keyed by the text, so a text bound with another
+/// count than the one it was prepared with fails on Postgres ("bind message supplies N
+/// parameters, but prepared statement requires M") once the connection is reused. Every test
+/// run checks every statement it makes.
+#[cfg(debug_assertions)]
+fn check_arity(sql: &str, args: usize) {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    static SEEN: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if seen.len() > 100_000 {
+        seen.clear();
+    }
+    let first = *seen.entry(sql.to_owned()).or_insert(args);
+    assert_eq!(
+        first, args,
+        "a statement was bound with {args} values after {first}: {sql}"
+    );
+}
+
+#[cfg(not(debug_assertions))]
+fn check_arity(_: &str, _: usize) {}
+
 /// Render a template's tokens for a dialect (templates without tokens are borrowed as they are).
 pub(crate) fn render(d: Dialect, tpl: &str) -> Cow<'_, str> {
     if !tpl.contains('{') {
@@ -346,6 +373,7 @@ impl Conn {
     pub(crate) async fn all(&mut self, q: Q) -> StoreResult<Vec<Row>> {
         let d = self.dialect();
         let sql = render(d, &q.sql);
+        check_arity(&sql, q.args.len());
         Ok(match self.raw() {
             Raw::Pg(c) => {
                 let query = q.args.into_iter().fold(sqlx::query(&sql), bind_pg);
@@ -367,6 +395,7 @@ impl Conn {
     pub(crate) async fn opt(&mut self, q: Q) -> StoreResult<Option<Row>> {
         let d = self.dialect();
         let sql = render(d, &q.sql);
+        check_arity(&sql, q.args.len());
         Ok(match self.raw() {
             Raw::Pg(c) => {
                 let query = q.args.into_iter().fold(sqlx::query(&sql), bind_pg);
@@ -390,6 +419,7 @@ impl Conn {
     pub(crate) async fn exec(&mut self, q: Q) -> StoreResult<u64> {
         let d = self.dialect();
         let sql = render(d, &q.sql);
+        check_arity(&sql, q.args.len());
         Ok(match self.raw() {
             Raw::Pg(c) => {
                 let query = q.args.into_iter().fold(sqlx::query(&sql), bind_pg);

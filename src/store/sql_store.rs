@@ -43,6 +43,8 @@ pub struct SqlStore {
     pub(crate) outbox: Arc<tokio::sync::Notify>,
     /// The threads one tenant may hold (`PES_TENANT_MAX_THREADS`; see `threads::thread_quota`).
     pub(crate) max_threads: u64,
+    /// Steering messages one run takes (`PES_MAX_STEERS_PER_RUN`).
+    pub(crate) max_steers: u64,
 }
 
 impl SqlStore {
@@ -54,6 +56,7 @@ impl SqlStore {
             served: Arc::default(),
             outbox: Arc::default(),
             max_threads: u64::MAX,
+            max_steers: u64::MAX,
         }
     }
 
@@ -62,6 +65,14 @@ impl SqlStore {
     #[must_use]
     pub fn with_max_threads(mut self, max: u64) -> Self {
         self.max_threads = max;
+        self
+    }
+
+    /// The same store, refusing a run's steering message past `max`
+    /// ([`StoreError::SteeringQuota`]).
+    #[must_use]
+    pub fn with_max_steers(mut self, max: u64) -> Self {
+        self.max_steers = max;
         self
     }
 

@@ -342,6 +342,10 @@ pub(crate) fn one_call(
                      AND item_id = {p} AND {HELD};"
                 ));
             }
+            Op::CancelSuspensions => sql.push_str(&format!(
+                "UPDATE suspensions SET status = 'cancelled', resolved_at = {{now}}, \
+                 resolved_seq = {SEQ} WHERE run_id = $1 AND status = 'pending' AND {HELD};"
+            )),
             // The last statement.
             Op::UpdateRun(_) => {}
         }

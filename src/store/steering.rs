@@ -91,6 +91,25 @@ impl SqlStore {
                 "a flowchart run takes no steering: it runs a fixed procedure".into(),
             ));
         }
+        // Counted under the thread's lock, so concurrent steers never pass the limit.
+        let max = self.max_steers;
+        let held = tx
+            .one(
+                q(
+                    "SELECT COUNT(*) AS n FROM (SELECT 1 FROM messages WHERE tenant = $1 \
+                   AND thread_id = $2 AND run_id = $3 AND name = $4 LIMIT $5) s",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str())
+                .bind(run_id)
+                .bind(crate::agent::STEERING_NAME)
+                .bind(i64::try_from(max).unwrap_or(i64::MAX)),
+            )
+            .await?
+            .int("n")?;
+        if u64::try_from(held).unwrap_or(0) >= max {
+            return Err(StoreError::SteeringQuota { max });
+        }
         let observations =
             append_observations(&mut tx, tenant, thread_id, vec![observation]).await?;
         // The message carries the seq of the observation that reports it (history and forks).

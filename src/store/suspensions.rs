@@ -7,9 +7,10 @@ use super::apply::append_observations;
 use super::rows;
 use super::sql::q;
 use super::sql_store::SqlStore;
+use super::tenant_spend::insert_tenant_raise;
 use super::threads::{lock_thread, map_rows};
 use super::{Resolution, ResolvedSuspension, Signal, StoreError, StoreResult};
-use crate::model::{RunStatus, Suspension, ThreadId};
+use crate::model::{RaiseBy, RunStatus, Suspension, ThreadId};
 
 impl SqlStore {
     /// Pending suspensions of a thread (all of them with `include_resolved`), oldest first;
@@ -37,6 +38,27 @@ impl SqlStore {
             )
             .await?;
         map_rows(&found, rows::suspension_from_row).map(Some)
+    }
+
+    /// A run's suspensions, any status, oldest first.
+    pub async fn run_suspensions(
+        &self,
+        tenant: &str,
+        run_id: Uuid,
+    ) -> StoreResult<Vec<Suspension>> {
+        let found = self
+            .read()
+            .await?
+            .all(
+                q(
+                    "SELECT * FROM suspensions WHERE tenant = $1 AND run_id = $2 \
+                   ORDER BY created_at, suspension_id",
+                )
+                .bind(tenant)
+                .bind(run_id),
+            )
+            .await?;
+        map_rows(&found, rows::suspension_from_row)
     }
 
     /// A suspension by id, within `tenant`.
@@ -71,6 +93,33 @@ impl SqlStore {
         tenant: &str,
         suspension_id: Uuid,
         resolution: Resolution,
+    ) -> StoreResult<ResolvedSuspension> {
+        self.resolve(tenant, suspension_id, resolution, None).await
+    }
+
+    /// Resolve a pending suspension as [`SqlStore::resolve_suspension`] does, and in the same
+    /// transaction raise its tenant's daily limits by `raise` (the operator's approval of a
+    /// suspension on the tenant's day): the raise is made exactly when the suspension moves.
+    ///
+    /// # Errors
+    /// As [`SqlStore::resolve_suspension`].
+    pub async fn resolve_suspension_raising(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        resolution: Resolution,
+        raise: RaiseBy,
+    ) -> StoreResult<ResolvedSuspension> {
+        self.resolve(tenant, suspension_id, resolution, Some(raise))
+            .await
+    }
+
+    async fn resolve(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        resolution: Resolution,
+        raise: Option<RaiseBy>,
     ) -> StoreResult<ResolvedSuspension> {
         let Resolution {
             status,
@@ -150,6 +199,9 @@ impl SqlStore {
                 "the suspension's run is {run_status}: it takes no more decisions"
             )));
         };
+        if let Some(raise) = raise {
+            insert_tenant_raise(&mut tx, tenant, raise, Some(suspension_id)).await?;
+        }
         let obs = vec![rows::agent_resumed(&suspension, &decision, expired)];
         let observations = append_observations(&mut tx, tenant, &thread_id, obs).await?;
         tx.notify(&Signal::RunReady).await?;

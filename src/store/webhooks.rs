@@ -218,6 +218,9 @@ pub struct ClaimedDelivery {
     /// The suspension a `run.suspended` event is about.
     pub suspension_id: Option<Uuid>,
     pub body: Option<String>,
+    /// Attempts of this round, this one included: the delivery's attempts since it was made or
+    /// last retried by hand (each round gets `PES_WEBHOOK_MAX_ATTEMPTS`).
+    pub round_attempts: i64,
 }
 
 /// What one attempt came to.
@@ -309,6 +312,7 @@ impl SqlStore {
                     run: run_from_snapshot(&r.json("run_snapshot")?)?,
                     suspension_id: r.opt_uuid("suspension_id")?,
                     body: r.opt_text("body")?,
+                    round_attempts: r.int("attempts")? - r.int("round_start")?,
                 })
             })
             .collect()
@@ -462,7 +466,8 @@ impl SqlStore {
         found.iter().map(delivery_from_row).collect()
     }
 
-    /// Send a failed delivery again: it is pending at once, its attempts counted from zero.
+    /// Send a failed delivery again: it is pending at once, for a new round of attempts; its
+    /// `attempts` go on counting every attempt of its life.
     /// `None` when the tenant has no such delivery; `Some((delivery, false))` when it is not
     /// failed (nothing changed).
     ///
@@ -477,7 +482,7 @@ impl SqlStore {
         let retried = conn
             .opt(
                 q(
-                    "UPDATE webhook_deliveries SET status = 'pending', attempts = 0, \
+                    "UPDATE webhook_deliveries SET status = 'pending', round_start = attempts, \
                      next_attempt_at = {now}, lease_owner = NULL \
                    WHERE tenant = $1 AND delivery_id = $2 AND status = 'failed' RETURNING *",
                 )

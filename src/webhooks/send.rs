@@ -233,7 +233,7 @@ impl Deliverer {
 
     /// A failed attempt: retried after the backoff, or the last one.
     fn again(&self, c: &ClaimedDelivery, error: String, code: Option<u16>) -> DeliveryOutcome {
-        let made = c.delivery.attempts;
+        let made = c.round_attempts;
         let max = i64::from(self.settings.max_attempts);
         let status_code = code.map(i64::from);
         if made >= max {

@@ -841,7 +841,7 @@ async fn a_card_cannot_send_our_requests_or_headers_to_another_origin(backend: B
     let e = failed(&execs[1]);
     assert!(
         e.contains("did not take the task")
-            && e.contains("127.0.0.1 is a loopback address")
+            && e.contains("127.0.0.1 is not an allowed address (a loopback address)")
             && e.ends_with("the operator can allow it in PES_A2A_ALLOW"),
         "{e}"
     );
@@ -897,7 +897,8 @@ async fn redirects_do_not_carry_our_requests_or_headers_to_another_origin(backen
     let execs = delegate_to_each(&app, &llm, &["moved", "moved_ok", "hop"]).await;
     let e = failed(&execs[0]);
     assert!(
-        e.contains("is unavailable") && e.contains("127.0.0.1 is a loopback address"),
+        e.contains("is unavailable")
+            && e.contains("127.0.0.1 is not an allowed address (a loopback address)"),
         "{e}"
     );
     assert_eq!(b.seen(), vec![], "B received nothing");

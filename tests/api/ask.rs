@@ -403,6 +403,17 @@ async fn ask_cancels_the_run_after_ctrl_c_and_a_yes() {
     let (thread, run) = ids(&out);
     let (_, r) = app.get(&format!("/v1/threads/{thread}/runs/{run}")).await;
     assert_eq!(r["status"], "cancelled");
+    // The run's work ended with it, as the tree shows; the next question on the thread runs
+    // only its own call, never the one that waited for approval.
+    assert!(out.contains("→ cancelled"), "{out}");
+    let next = Ask::start(&app.base, "What is 2+3?", &["--thread", &thread], Some(""));
+    let (status, out, err) = next.finish().await;
+    assert_eq!(status.code(), Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("calculator → {\"expression\":\"2+3\""),
+        "{out}"
+    );
+    assert!(!out.contains("6*7"), "the cancelled call never runs: {out}");
     app.stop().await;
 }
 

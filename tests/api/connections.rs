@@ -136,7 +136,7 @@ async fn exchange(stream: &mut TcpStream, request: &[u8]) -> RawResponse {
     }
 }
 
-const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n";
+const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_connection_is_closed_after_the_header_read_timeout() {
@@ -161,7 +161,7 @@ async fn a_trickled_request_head_is_closed_at_the_header_read_timeout() {
     // A byte every 100 ms: each gap is far below the clock, the whole head never arrives.
     let trickle = tokio::spawn(async move {
         write
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n")
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
             .await?;
         for _ in 0..100 {
             write.write_all(b"X").await?;
@@ -218,7 +218,7 @@ async fn a_late_first_byte_does_not_restart_the_header_read_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_or_dripping_request_body_is_answered_408() {
     let app = spawn_with(Backend::Sqlite, None, short_clocks).await;
-    let head = b"POST /v1/threads HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
+    let head = b"POST /v1/threads HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
     let stalled = async {
         let mut stream = connect(&app).await;
         let start = Instant::now();
@@ -351,7 +351,7 @@ async fn a_client_waiting_at_the_cap_takes_the_place_of_a_connection_gone_idle()
     // `Expect: 100-continue`: the server says "100 Continue" once the handler reads the body,
     // so the connection is known to be busy (a half-sent head would be idle, and evicted).
     let head = format!(
-        "POST /v1/threads HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/threads HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     busy.write_all(head.as_bytes()).await.unwrap();
@@ -444,7 +444,7 @@ async fn oversized_heads_are_answered_as_problem_json() {
     })
     .await;
     let get = |target: String, headers: String| {
-        format!("GET {target} HTTP/1.1\r\nHost: test\r\n{headers}\r\n").into_bytes()
+        format!("GET {target} HTTP/1.1\r\nHost: localhost\r\n{headers}\r\n").into_bytes()
     };
     let mut stream = connect(&app).await;
 

@@ -487,3 +487,189 @@ async fn a_fork_is_continued_by_the_other_replica() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A local receiver of POSTs that counts them: a side effect the tests can count.
+async fn receiver() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = hits.clone();
+    let app = axum::Router::new().route(
+        "/pay",
+        axum::routing::post(move || {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                "paid"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://127.0.0.1:{}/pay",
+        listener.local_addr().unwrap().port()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, hits)
+}
+
+/// A decision is for one execution: forks cut after an approval but before the call's result
+/// ask again (under a new id, the run suspended on it), so forking twice and deciding nothing
+/// makes no request; a fork cut after the result keeps the decision and runs nothing again; an
+/// approval on a fork executes there once.
+async fn a_fork_asks_again_for_a_decision_its_call_did_not_use(backend: Backend) {
+    use crate::fake_llm::{Reply, plan};
+    use std::sync::atomic::Ordering;
+    let (url, hits) = receiver().await;
+    let llm = FakeLlm::start().await;
+    let app = spawn_with(backend, Some(&llm), |c| {
+        c.http_tool = true;
+        c.http_tool_allow = Some("127.0.0.1/32".into());
+    })
+    .await;
+    llm.push("plan", plan(&[("p", "Pay it", &["http_request"], &[])]));
+    llm.push_item(
+        "p",
+        Reply::ToolCalls(vec![(
+            "http_request".into(),
+            json!({"method": "POST", "url": url, "body": "one payment"}),
+        )]),
+    );
+    let t = app
+        .thread(json!({"config": {"requireApproval": ["http_request"]}}))
+        .await;
+    let run = app.run_wait(&t, "pay the bill").await;
+    assert_eq!(run["status"], "suspended", "{run}");
+    let sid = run["suspension"]["suspensionId"].as_str().unwrap();
+    let rid = run["runId"].as_str().unwrap();
+    let (s, b) = app
+        .post(
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    app.wait_run(&t, rid, |r| r["status"] == "completed").await;
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "approved once, paid once");
+    let log = app.observations(&t).await;
+    let approved_at = seq(log.iter().find(|o| o["type"] == "AGENT_RESUMED").unwrap());
+    let executed_at = seq(log.iter().find(|o| o["type"] == "TOOL_EXECUTION").unwrap());
+    assert!(approved_at < executed_at);
+
+    // Two forks at the approval: each asks again, and nothing is paid.
+    let mut forks = Vec::new();
+    for n in 0..2 {
+        let fork = fork_of(
+            &app,
+            &t,
+            json!({"atSeq": approved_at, "threadId": format!("again-{n}")}),
+        )
+        .await;
+        let f = fork["threadId"].as_str().unwrap().to_owned();
+        let (_, st) = app.get(&format!("/v1/threads/{f}/state")).await;
+        assert_eq!(st["isPaused"], true, "{st}");
+        let fsid = st["suspension"]["suspensionId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_ne!(fsid, sid, "asked again under a new id");
+        let (_, pending) = app.get(&format!("/v1/suspensions/{fsid}")).await;
+        assert_eq!(pending["status"], "pending", "{pending}");
+        assert!(pending.get("decision").is_none(), "{pending}");
+        let (_, runs) = app.get(&format!("/v1/threads/{f}/runs")).await;
+        assert_eq!(runs["items"][0]["status"], "suspended", "{runs}");
+        // The fork's log says so after the prefix it copied.
+        let flog = app.observations(&f).await;
+        let tail: Vec<&str> = flog
+            .iter()
+            .filter(|o| seq(o) > approved_at)
+            .map(|o| o["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(tail, ["AGENT_SUSPENDED", "RUN_SUSPENDED"], "{flog:?}");
+        let asked = flog.iter().find(|o| seq(o) > approved_at).unwrap();
+        assert_eq!(asked["content"]["suspensionId"], fsid.as_str());
+        forks.push((
+            f,
+            fsid,
+            runs["items"][0]["runId"].as_str().unwrap().to_owned(),
+        ));
+    }
+    // A fork after the result keeps the decision: the call ran on the source, and not again.
+    let after = fork_of(&app, &t, json!({"atSeq": executed_at, "threadId": "after"})).await;
+    let (_, st) = app.get("/v1/threads/after/state").await;
+    assert_eq!(st["isPaused"], false, "{st}");
+    let (_, runs) = app.get("/v1/threads/after/runs").await;
+    let arid = runs["items"][0]["runId"].as_str().unwrap().to_owned();
+    app.wait_run("after", &arid, |r| r["status"] == "completed")
+        .await;
+    assert_eq!(after["threadId"], "after");
+    // Deciding nothing on the first fork; approving on the second pays once, there.
+    let (f, fsid, frid) = &forks[1];
+    let (s, b) = app
+        .post(
+            &format!("/v1/suspensions/{fsid}/resume"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    app.wait_run(f, frid, |r| r["status"] == "completed").await;
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        2,
+        "one more payment: the one approved on the fork"
+    );
+    let (_, first) = app.get(&format!("/v1/threads/{}/runs", forks[0].0)).await;
+    assert_eq!(first["items"][0]["status"], "suspended", "{first}");
+    app.stop().await;
+}
+both_stores!(
+    decisions_once,
+    a_fork_asks_again_for_a_decision_its_call_did_not_use
+);
+
+/// Forks on one long-lived service whose few connections have served other work before: at every
+/// point of a thread (runs under way with and without suspensions, none at all) and with 409s
+/// between them, never a 500 (a connection's cached statements once mismatched a fork's).
+async fn forks_on_a_long_lived_service_never_fail(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = spawn_with(backend, Some(&llm), |c| c.database_max_connections = 2).await;
+    // Other work first, so the connections hold prepared statements.
+    for _ in 0..3 {
+        let t = app.thread(json!({})).await;
+        assert_eq!(
+            app.run_wait(&t, "what is 2+2?").await["status"],
+            "completed"
+        );
+    }
+    let (t, run, sid) = suspended(&app).await;
+    let (s, b) = app
+        .post(
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    app.wait_run(&t, run["runId"].as_str().unwrap(), |r| {
+        r["status"] == "completed"
+    })
+    .await;
+    let last = seq(app.observations(&t).await.last().unwrap());
+    for at in (1..=last).rev().chain(1..=last) {
+        let (s, b) = app
+            .post(&format!("/v1/threads/{t}/fork"), json!({"atSeq": at}))
+            .await;
+        assert_eq!(s, 201, "a fork at {at}: {b}");
+        let id = b["threadId"].as_str().unwrap();
+        let (s, b) = app
+            .post(
+                &format!("/v1/threads/{t}/fork"),
+                json!({"atSeq": at, "threadId": id}),
+            )
+            .await;
+        assert_eq!(s, 409, "the same id again at {at}: {b}");
+    }
+    app.stop().await;
+}
+both_stores!(
+    forks_reused_connections,
+    forks_on_a_long_lived_service_never_fail
+);

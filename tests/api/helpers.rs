@@ -35,6 +35,9 @@ pub fn test_config(database_url: &str, llm: Option<&FakeLlm>) -> Config {
     c.database_url = database_url.to_owned();
     c.database_max_connections = 5;
     c.api_keys = None;
+    // Tests name models of their own freely; `models.rs` checks the default (the configured
+    // and priced models only).
+    c.allowed_models = Some("*".into());
     c.poll_interval_ms = 50;
     c.shutdown_grace_seconds = 5;
     // A developer's own keys configure nothing here.

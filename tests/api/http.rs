@@ -399,9 +399,10 @@ async fn cancelling_a_running_run_stops_it(backend: Backend) {
     assert!(run["endedAt"].is_string());
     let (_, state) = app.get(&format!("/v1/threads/{t}/state")).await;
     assert_eq!(
-        state["todoList"][0]["status"], "pending",
-        "the interrupted item can run again"
+        state["todoList"][0]["status"], "cancelled",
+        "the interrupted item ends with its run: no later run takes it up"
     );
+    assert_eq!(state["todoList"][0]["error"]["code"], "run_cancelled");
     let obs = app.observations(&t).await;
     assert_eq!(obs.last().unwrap()["type"], "RUN_CANCELLED");
     app.stop().await;

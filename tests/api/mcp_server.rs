@@ -487,8 +487,15 @@ async fn a_flowchart_is_a_tool_of_its_own(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn_with(backend, Some(&llm), |_| {}).await;
     put_flowchart(&app, None, "triage", triage()).await;
-    let (result, progress, _) =
-        call(&py, &app, "triage", json!({"amount": 40}), &["--progress"], None).await;
+    let (result, progress, _) = call(
+        &py,
+        &app,
+        "triage",
+        json!({"amount": 40}),
+        &["--progress"],
+        None,
+    )
+    .await;
     assert_eq!(result["isError"], false, "{result}");
     let output = json!({"decision": "approved", "amount": 40});
     let text: Value = serde_json::from_str(result["text"].as_str().unwrap())
@@ -517,8 +524,14 @@ async fn a_flowchart_is_a_tool_of_its_own(backend: Backend) {
         .iter()
         .map(|p| p["message"].as_str().unwrap())
         .collect();
-    assert!(messages.iter().any(|m| m.starts_with("FLOWCHART_STEP")), "{messages:?}");
-    assert!(messages.last().unwrap().starts_with("RUN_COMPLETED"), "{messages:?}");
+    assert!(
+        messages.iter().any(|m| m.starts_with("FLOWCHART_STEP")),
+        "{messages:?}"
+    );
+    assert!(
+        messages.last().unwrap().starts_with("RUN_COMPLETED"),
+        "{messages:?}"
+    );
 
     // Arguments that do not fit its input schema are refused before any run.
     let (ok, lines) = sdk(

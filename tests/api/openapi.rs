@@ -122,9 +122,15 @@ async fn schemathesis_finds_nothing(backend: Backend) {
         }
     };
     let key = format!("st-{}", Uuid::new_v4().simple());
+    // With operator keys too, so that the operator's routes answer a request without a key 401
+    // (schemathesis sends the tenant's key: 403 there) as every guarded route does.
     let server = Proc::start(&[
         ("PES_DATABASE_URL", database_url),
         ("PES_API_KEYS", key.clone()),
+        (
+            "PES_OPERATOR_KEYS",
+            format!("op-{}", Uuid::new_v4().simple()),
+        ),
     ])
     .await;
 

@@ -340,3 +340,129 @@ async fn steering_posted_on_another_replica_reaches_the_run() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Steering is bounded: one run takes `PES_MAX_STEERS_PER_RUN` messages (429 past it, counted
+/// exactly under concurrency), `…/steer` and `multitaskStrategy: "steer"` share one size limit,
+/// and a model call reads the latest ten messages at most.
+async fn steering_is_bounded_per_run_in_size_and_in_the_prompt(backend: Backend) {
+    let llm = FakeLlm::start().await;
+    let app = crate::helpers::spawn_with(backend, Some(&llm), |c| c.max_steers_per_run = 12).await;
+    let t = app
+        .thread(json!({"config": {"requireApproval": ["calculator"]}}))
+        .await;
+    let run = app.run_wait(&t, "what is 2+2?").await;
+    assert_eq!(run["status"], "suspended", "{run}");
+    let rid = run["runId"].as_str().unwrap().to_owned();
+    // Twenty at once, through both doors: exactly twelve are taken.
+    let mut tasks = Vec::new();
+    for n in 0..20 {
+        let (app_base, client, t, rid) =
+            (app.base.clone(), app.client.clone(), t.clone(), rid.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = if n % 2 == 0 {
+                client
+                    .post(format!("{app_base}/v1/threads/{t}/runs/{rid}/steer"))
+                    .json(&json!({"message": format!("steer number {n:02}")}))
+                    .send()
+                    .await
+            } else {
+                client
+                    .post(format!("{app_base}/v1/threads/{t}/runs"))
+                    .json(&json!({"query": format!("steer number {n:02}"),
+                                  "multitaskStrategy": "steer"}))
+                    .send()
+                    .await
+            };
+            let r = r.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }));
+    }
+    let mut taken = 0;
+    for task in tasks {
+        let (s, body) = task.await.unwrap();
+        match s {
+            202 | 200 => taken += 1,
+            429 => {
+                assert_eq!(body["code"], "quota_exceeded", "{body}");
+                assert!(
+                    body["detail"]
+                        .as_str()
+                        .unwrap()
+                        .contains("PES_MAX_STEERS_PER_RUN"),
+                    "{body}"
+                );
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(taken, 12, "exactly the limit");
+    let log = app.observations(&t).await;
+    let steers: Vec<&str> = log
+        .iter()
+        .filter(|o| o["type"] == "STEERING")
+        .map(|o| o["content"]["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(steers.len(), 12);
+
+    // One size limit for both doors.
+    let long = "x".repeat(8001);
+    let (s, b) = steer(&app, &t, &rid, &long).await;
+    assert_eq!(s, 422, "{b}");
+    let (s, b) = app
+        .post(
+            &format!("/v1/threads/{t}/runs"),
+            json!({"query": long, "multitaskStrategy": "steer"}),
+        )
+        .await;
+    assert_eq!(s, 422, "{b}");
+    assert!(b["detail"].as_str().unwrap().contains("8000"), "{b}");
+
+    // The run goes on (approving every call it asks for): its next model calls read the
+    // latest ten, not the two oldest.
+    let mut sid = run["suspension"]["suspensionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    loop {
+        let (s, b) = app
+            .post(
+                &format!("/v1/suspensions/{sid}/resume"),
+                json!({"decision": "approve"}),
+            )
+            .await;
+        assert_eq!(s, 202, "{b}");
+        let r = app
+            .wait_run(&t, &rid, |r| {
+                r["status"] == "completed"
+                    || (r["status"] == "suspended"
+                        && r["suspension"]["suspensionId"] != sid.as_str())
+            })
+            .await;
+        if r["status"] == "completed" {
+            break;
+        }
+        sid = r["suspension"]["suspensionId"].as_str().unwrap().to_owned();
+    }
+    let after: Vec<Value> = llm
+        .requests()
+        .into_iter()
+        .filter(|r| mentions(r, "steered the run"))
+        .collect();
+    assert!(!after.is_empty(), "a model call read the steering");
+    for r in &after {
+        for (k, text) in steers.iter().enumerate() {
+            assert_eq!(
+                mentions(r, &format!("- {text}")),
+                k >= 2,
+                "message {k} ({text}) in a prompt: {}",
+                phase_of(r)
+            );
+        }
+    }
+    app.stop().await;
+}
+both_stores!(
+    bounded,
+    steering_is_bounded_per_run_in_size_and_in_the_prompt
+);

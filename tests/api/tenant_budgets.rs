@@ -25,6 +25,7 @@ fn config(url: &str, llm: &FakeLlm) -> pes_server::config::Config {
     let mut c = test_config(url, Some(llm));
     c.api_keys = Some(KEYS.into());
     c.tenant_budgets = Some(BUDGETS.into());
+    c.operator_keys = Some("op".into());
     c
 }
 
@@ -129,7 +130,7 @@ async fn a_tenant_over_its_day_is_stopped_and_others_are_not(backend: Backend) {
     let other = run_as(&app, "kb", "t1", "what is 2+2?").await;
     assert_eq!(other["status"], "completed", "{other}");
 
-    // A raise lets that one run go on; the tenant's other run stays stopped.
+    // The tenant cannot raise its own day; the operator's raise lets both stopped runs go on.
     let sid = second["suspension"]["suspensionId"].as_str().unwrap();
     let (code, p) = post_as(
         &app,
@@ -138,15 +139,25 @@ async fn a_tenant_over_its_day_is_stopped_and_others_are_not(backend: Backend) {
         json!({"decision": "approve", "raiseBy": {"tokens": 100000}}),
     )
     .await;
+    assert_eq!(
+        (code, p["code"].as_str()),
+        (403, Some("operator_only")),
+        "{p}"
+    );
+    let (code, p) = post_as(
+        &app,
+        "op",
+        &format!("/v1/admin/suspensions/{sid}/resume"),
+        json!({"decision": "approve", "raiseBy": {"tokens": 100000}}),
+    )
+    .await;
     assert_eq!(code, 202, "{p}");
     let rid = second["runId"].as_str().unwrap();
     let done = wait_run_as(&app, "ka", "t2", rid).await;
     assert_eq!(done["status"], "completed", "{done}");
     let rid3 = third["runId"].as_str().unwrap();
-    let (_, still) = app
-        .get_as("ka", &format!("/v1/threads/t3/runs/{rid3}"))
-        .await;
-    assert_eq!(still["status"], "suspended", "{still}");
+    let done = wait_run_as(&app, "ka", "t3", rid3).await;
+    assert_eq!(done["status"], "completed", "{done}");
 
     // initech's day fails its run instead.
     let first = run_as(&app, "kc", "t1", "what is 2+2?").await;

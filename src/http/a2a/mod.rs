@@ -244,7 +244,8 @@ fn store_error(e: StoreError) -> RpcError {
 fn api_error(e: ApiError) -> RpcError {
     match e.status().as_u16() {
         400 | 422 => RpcError::invalid_params(e),
-        409 => RpcError::unsupported(e),
+        // Only the operator may do that (approve a raise of the tenant's day).
+        403 | 409 => RpcError::unsupported(e),
         503 => RpcError::internal().with("detail", e.to_string()),
         // A tenant quota: the caller may try again later (`detail` says which quota).
         429 => RpcError::internal()

@@ -453,7 +453,8 @@ fn result_text(c: &Value) -> String {
 /// and `responseSchema` says what the resume entry's `payload` is (the decision for an approval,
 /// the answer itself for a question).
 pub fn interrupt(s: &Suspension) -> Interrupt {
-    let decisions: Vec<&str> = s.allowed_decisions.iter().map(|d| d.as_str()).collect();
+    let offered = s.tenant_decisions();
+    let decisions: Vec<&str> = offered.iter().map(|d| d.as_str()).collect();
     let call = &s.tool_call;
     let (reason, message, tool_call_id, schema) = match s.kind {
         SuspensionKind::Approval => (

@@ -22,6 +22,14 @@ pub(super) const UNAUTHORIZED: Shared = (
     "The server has API keys (`PES_API_KEYS`) and the request carries no valid \
      `Authorization: Bearer <key>` (`unauthorized`).",
 );
+pub(super) const FORBIDDEN: Shared = (
+    "Forbidden",
+    "403",
+    "The request names a `Host` the service does not answer (`host_refused`: \
+     `PES_ALLOWED_HOSTS`; while bound to loopback, only `localhost`, `127.0.0.1` and `[::1]`), \
+     or is a write from an `Origin` other than the service's own and those of \
+     `PES_ALLOWED_ORIGINS` (`origin_refused`).",
+);
 pub(super) const URI_TOO_LONG: Shared = (
     "UriTooLong",
     "414",
@@ -90,8 +98,9 @@ pub(super) const QUOTA_ROUTES: [(&str, &str); 12] = [
 ];
 
 /// Every shared response, for the components section.
-pub(super) const SHARED: [Shared; 10] = [
+pub(super) const SHARED: [Shared; 11] = [
     QUOTA_EXCEEDED,
+    FORBIDDEN,
     MALFORMED_JSON,
     REQUEST_TIMEOUT,
     UNAUTHORIZED,
@@ -103,12 +112,12 @@ pub(super) const SHARED: [Shared; 10] = [
     HEADERS_TOO_LARGE,
 ];
 
-pub(super) fn shared_response((_, status, description): Shared) -> Response {
+pub(super) fn shared_response((name, status, description): Shared) -> Response {
     let mut response = json!({
         "description": description,
         "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
     });
-    if status == "401" {
+    if status == "401" && name == "Unauthorized" {
         response["headers"] = json!({"WWW-Authenticate": {
             "description": "Always `Bearer`.",
             "schema": {"type": "string"},

@@ -154,7 +154,15 @@ fn open_routes_need_no_key_and_every_v1_route_documents_401() {
     let doc = document();
     assert_eq!(doc["security"], json!([{"bearer": []}]));
     for (path, method, op) in operations(&doc) {
-        if path.starts_with("/v1/") || path == super::A2A_PATH || path == super::MCP_PATH {
+        if path.starts_with("/v1/admin/") {
+            assert_eq!(
+                op["security"],
+                json!([{"operatorKey": []}]),
+                "{method} {path} takes the operator's key"
+            );
+            assert!(response(&doc, &op, "401").is_some(), "{method} {path}");
+            assert!(response(&doc, &op, "403").is_some(), "{method} {path}");
+        } else if path.starts_with("/v1/") || path == super::A2A_PATH || path == super::MCP_PATH {
             assert!(
                 op.get("security").is_none(),
                 "{method} {path} overrides the bearer"
@@ -248,10 +256,11 @@ fn every_error_response_is_a_problem_and_body_routes_document_their_rejections()
         }
     }
     assert_eq!(
-        bodies, 20,
+        bodies, 22,
         "threads POST/PATCH, thread fork, runs, runs/wait, resume, flowcharts PUT, flowchart \
          runs, assistants POST/PUT, assistant current, threads prune, ag-ui, crons POST/PATCH, \
-         store items PUT/DELETE, store search, store namespaces, steer"
+         store items PUT/DELETE, store search, store namespaces, steer, admin budget-raises and \
+         resume"
     );
     let events = &doc["paths"]["/v1/threads/{threadId}/events"]["get"];
     assert!(response(&doc, events, "400").is_some(), "bad Last-Event-ID");

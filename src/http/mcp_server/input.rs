@@ -80,7 +80,7 @@ fn form(s: &Suspension) -> (String, Value) {
             json!({
                 "type": "object",
                 "properties": {
-                    "decision": {"type": "string", "enum": ["approve", "reject"], "description": "approve (with a raise) or reject (the run fails budget_exceeded)"},
+                    "decision": {"type": "string", "enum": s.tenant_decisions(), "description": "approve (with a raise) or reject (the run fails budget_exceeded); only the operator may approve a raise of the tenant's daily budget"},
                     "raiseTokens": {"type": "integer", "minimum": 1, "description": "approve: tokens to add"},
                     "raiseUsd": {"type": "number", "minimum": 0, "description": "approve: US dollars to add"},
                     "reason": {"type": "string"}
@@ -169,11 +169,12 @@ pub fn decision(s: &Suspension, answer: &Value) -> Result<Option<DecisionRequest
                     .and_then(Value::as_str)
                     .and_then(|d| d.parse().ok())
                     .ok_or_else(|| bad("`decision` must be approve or reject"))?;
-                let tokens = content.get("raiseTokens").and_then(Value::as_u64);
-                let usd = content.get("raiseUsd").and_then(Value::as_f64);
+                // The numbers as given: the use case refuses what is not a raise it takes.
+                let tokens = content.get("raiseTokens").cloned();
+                let usd = content.get("raiseUsd").cloned();
                 DecisionRequest {
                     raise_by: (decision == Decision::Approve)
-                        .then_some(crate::model::RaiseBy { tokens, usd }),
+                        .then(|| crate::model::RaiseRequest::of(tokens, usd)),
                     decision,
                     reason,
                     modified_args: None,

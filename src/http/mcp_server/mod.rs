@@ -66,16 +66,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .with_max_request_body_bytes(
             usize::try_from(config.mcp_max_body_bytes).unwrap_or(usize::MAX),
         );
-    server = match config.mcp_allowed_hosts.as_deref() {
-        Some(hosts) => server.with_allowed_hosts(
-            hosts
-                .split(',')
-                .map(str::trim)
-                .filter(|h| !h.is_empty())
-                .map(str::to_owned),
-        ),
-        None => server.disable_allowed_hosts(),
-    };
+    // `Host` is checked in front of every door (`super::hosts`), this one included.
+    server = server.disable_allowed_hosts();
     let handler = McpServer {
         state: state.clone(),
     };
@@ -533,7 +525,7 @@ pub fn document_route(api: &mut utoipa::openapi::OpenApi) {
                 .content("application/json", message())
                 .build(),
         )
-        .response("403", problem("A `Host` not in `PES_MCP_ALLOWED_HOSTS`"))
+        .response("403", problem("A `Host` not in `PES_ALLOWED_HOSTS` (`host_refused`), or a write from an `Origin` not allowed (`origin_refused`)"))
         .response("406", problem("`Accept` lacks `application/json` or `text/event-stream`"))
         .build();
     api.paths

@@ -411,8 +411,9 @@ impl Guard {
             .parse::<IpAddr>()
             && let Some(r) = self.refusal(ip)
         {
+            // The caller wrote this address: saying what kind it is discloses nothing.
             return Err(GuardError::Refused(
-                format!("{ip} is {r}"),
+                format!("{ip} is not an allowed address ({r})"),
                 self.allow.setting,
             ));
         }
@@ -447,17 +448,18 @@ impl Guard {
         if !ok.is_empty() {
             return Ok(ok.into_iter().map(|(a, _)| a).collect());
         }
-        let why = match refused.as_slice() {
-            [(a, Some(r))] => format!("`{host}` resolves to {}, {r}", a.ip()),
-            _ => {
-                let each: Vec<String> = refused
-                    .iter()
-                    .filter_map(|(a, r)| r.map(|r| format!("{} ({r})", a.ip())))
-                    .collect();
-                format!("`{host}` resolves only to {}", each.join(", "))
-            }
-        };
-        Err(GuardError::Refused(why, self.allow.setting))
+        // The refusal reaches the tenant (a tool result, a webhook's `lastError`): it names the
+        // rule, never what the name resolved to, which would map the operator's internal DNS.
+        // The operator reads the addresses in the log.
+        let each: Vec<String> = refused
+            .iter()
+            .filter_map(|(a, r)| r.map(|r| format!("{} ({r})", a.ip())))
+            .collect();
+        tracing::info!(host, resolved = %each.join(", "), "refused: a name that resolves only to addresses not allowed");
+        Err(GuardError::Refused(
+            format!("`{host}` is not an allowed address"),
+            self.allow.setting,
+        ))
     }
 }
 
@@ -657,12 +659,15 @@ mod tests {
         let err = check("http://127.0.0.1:8080/").unwrap_err().to_string();
         assert_eq!(
             err,
-            "refused: 127.0.0.1 is a loopback address; the operator can allow it in \
-             PES_HTTP_TOOL_ALLOW"
+            "refused: 127.0.0.1 is not an allowed address (a loopback address); the operator can \
+             allow it in PES_HTTP_TOOL_ALLOW"
         );
         let err = check("http://[::ffff:10.0.0.1]/").unwrap_err().to_string();
         assert!(
-            err.contains("::ffff:10.0.0.1 is an IPv4-mapped form of 10.0.0.1, a private address"),
+            err.contains(
+                "::ffff:10.0.0.1 is not an allowed address (an IPv4-mapped form of 10.0.0.1, a \
+                 private address)"
+            ),
             "{err}"
         );
         // The URL parser reads every spelling of an IPv4 address, so none slips by as a name.
@@ -684,18 +689,19 @@ mod tests {
             .to_string();
         assert_eq!(
             err,
-            "refused: `localhost` resolves to 127.0.0.1, a loopback address; the operator can \
-             allow it in PES_HTTP_TOOL_ALLOW"
+            "refused: `localhost` is not an allowed address; the operator can allow it in \
+             PES_HTTP_TOOL_ALLOW",
+            "the rule, never the address the name resolved to"
         );
         let err = g
-            .filter_resolved("localhost", [sa("::1"), sa("127.0.0.1"), sa("::1")])
+            .filter_resolved("internal.example", [sa("::1"), sa("10.1.2.3"), sa("::1")])
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains(
-                "`localhost` resolves only to ::1 (a loopback address), 127.0.0.1 (a loopback \
-                 address)"
-            ),
+            err.contains("`internal.example` is not an allowed address")
+                && !err.contains("10.1.2.3")
+                && !err.contains("::1")
+                && !err.contains("private"),
             "{err}"
         );
         assert_eq!(

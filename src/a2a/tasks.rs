@@ -15,7 +15,11 @@ use super::types::{
     Artifact, Message, Part, Role, StreamResponse, Task, TaskArtifactUpdateEvent, TaskState,
     TaskStatus, TaskStatusUpdateEvent,
 };
+use crate::model::payloads::{
+    AgentResumedContent, AgentSuspendedContent, RunFailedContent, RunSuspendedContent,
+};
 use crate::model::{Observation, ObservationType, Run, RunStatus};
+use serde::Deserialize;
 
 /// The id of the artifact that holds a run's final response.
 pub const RESPONSE_ARTIFACT: &str = "response";
@@ -56,33 +60,24 @@ pub fn statuses_of_state(state: TaskState) -> (Vec<RunStatus>, Option<bool>) {
 /// a text part a person can read, and a data part with what a program needs (the suspension id,
 /// kind, tool call, allowed decisions, input schema). Answering it is a message with the task's
 /// id: its data (or text) becomes the suspended call's result (`respond`).
-pub fn suspension_message(task_id: &str, context_id: &str, s: &Value) -> Message {
-    let question = match s["question"].as_str() {
-        Some(q) => q.to_owned(),
+pub fn suspension_message(task_id: &str, context_id: &str, s: &AgentSuspendedContent) -> Message {
+    let question = match &s.question {
+        Some(q) => q.clone(),
         None => format!(
             "Approval needed: the agent wants to call `{}` with {}. Reply to this task: your \
              message becomes the call's result instead (to approve, edit or reject the call \
              itself, use the pes-server API's suspension {}).",
-            s["toolCall"]["name"].as_str().unwrap_or("a tool"),
-            s["toolCall"]["arguments"],
-            s["suspensionId"].as_str().unwrap_or("")
+            s.tool_call.name, s.tool_call.arguments, s.suspension_id
         ),
     };
-    let mut details = Map::new();
-    for key in [
-        "suspensionId",
-        "kind",
-        "itemId",
-        "toolCall",
-        "allowedDecisions",
-        "inputSchema",
-        "expiresAt",
-    ] {
-        if let Some(v) = s.get(key).filter(|v| !v.is_null()) {
-            details.insert(key.to_owned(), v.clone());
-        }
-    }
-    let id = s["suspensionId"].as_str().unwrap_or(task_id).to_owned();
+    // The suspension's fields but its question (the text part says it), nulls left out.
+    let mut details = match serde_json::to_value(s) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    details.remove("question");
+    details.retain(|_, v| !v.is_null());
+    let id = s.suspension_id.to_string();
     let mut m = Message::agent(
         id,
         vec![
@@ -155,7 +150,8 @@ pub fn task_of_run(run: &Run, history_length: Option<i64>, with_artifacts: bool)
         TaskState::InputRequired => run
             .suspension
             .as_ref()
-            .map(|s| suspension_message(&task_id, &context_id, s)),
+            .and_then(|s| AgentSuspendedContent::deserialize(s).ok())
+            .map(|s| suspension_message(&task_id, &context_id, &s)),
         TaskState::Failed => run.error.as_ref().map(|e| {
             failure_message(
                 &task_id,
@@ -224,7 +220,7 @@ pub struct TaskFold {
     changed: DateTime<Utc>,
     artifact: Option<Artifact>,
     /// Suspensions announced and not yet resumed: `(suspensionId, AGENT_SUSPENDED content)`.
-    pending: Vec<(String, Value)>,
+    pending: Vec<AgentSuspendedContent>,
 }
 
 impl TaskFold {
@@ -284,23 +280,21 @@ impl TaskFold {
         self.changed = o.created_at;
         match o.kind {
             ObservationType::AgentSuspended => {
-                if let Some(id) = o.content["suspensionId"].as_str() {
-                    self.pending.push((id.to_owned(), o.content.clone()));
-                }
+                self.pending.extend(o.payload::<AgentSuspendedContent>());
                 Vec::new()
             }
             ObservationType::RunSuspended => {
-                let waits_on: Vec<&str> = o.content["suspensionIds"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                let waits_on = o
+                    .payload::<RunSuspendedContent>()
+                    .map(|c| c.suspension_ids)
                     .unwrap_or_default();
                 let first = self
                     .pending
                     .iter()
-                    .find(|(id, _)| waits_on.is_empty() || waits_on.contains(&id.as_str()));
+                    .find(|s| waits_on.is_empty() || waits_on.contains(&s.suspension_id));
                 self.state = TaskState::InputRequired;
                 self.message =
-                    first.map(|(_, s)| suspension_message(&self.task_id, &self.context_id, s));
+                    first.map(|s| suspension_message(&self.task_id, &self.context_id, s));
                 vec![self.status_event(Some(o))]
             }
             ObservationType::FinalResponse => {
@@ -317,14 +311,18 @@ impl TaskFold {
             }
             ObservationType::RunCompleted => self.end(TaskState::Completed, None, o),
             ObservationType::RunFailed => {
-                let m = failure_message(&self.task_id, &self.context_id, &o.content["error"]);
+                let error = o
+                    .payload::<RunFailedContent>()
+                    .and_then(|c| serde_json::to_value(c.error).ok())
+                    .unwrap_or(Value::Null);
+                let m = failure_message(&self.task_id, &self.context_id, &error);
                 self.end(TaskState::Failed, Some(m), o)
             }
             ObservationType::RunCancelled => self.end(TaskState::Canceled, None, o),
             kind => {
-                if kind == ObservationType::AgentResumed {
-                    let id = o.content["suspensionId"].as_str().unwrap_or_default();
-                    self.pending.retain(|(p, _)| p != id);
+                if let Some(resumed) = o.payload::<AgentResumedContent>() {
+                    self.pending
+                        .retain(|p| p.suspension_id != resumed.suspension_id);
                 }
                 if !reports_progress(kind) {
                     return Vec::new();

@@ -7,14 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use serde_json::Value;
 
 use super::changes::Batch;
 use crate::llm::{LlmError, LlmProvider, Phase, TokenSink, Tokens};
 use crate::model::payloads::ItemStatusChangeContent;
 use crate::model::{
-    AgentConfig, AgentStateRow, ErrorInfo, ItemStatus, Message, NewObservation, ObservationType,
-    Run, Suspension, ThreadId, TodoItem, Usage,
+    AgentConfig, AgentStateRow, ErrorInfo, ItemStatus, Message, NewObservation, Run, Suspension,
+    ThreadId, TodoItem, Usage,
 };
 
 use super::{EngineError, Signals};
@@ -222,22 +221,6 @@ pub(super) struct Ctx<'a> {
 impl Ctx<'_> {
     pub(super) fn batch(&self) -> Batch {
         Batch::new(self.env.tenant.clone(), self.env.thread_id.clone())
-    }
-
-    pub(super) fn obs(
-        &self,
-        parent: Option<&str>,
-        kind: ObservationType,
-        title: impl Into<String>,
-        content: Value,
-    ) -> NewObservation {
-        NewObservation::new(
-            self.run.run_id,
-            parent.map(str::to_owned),
-            kind,
-            title,
-            content,
-        )
     }
 
     /// An observation of `payload`'s type from this run (serialized once, here).

@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use crate::model::{
     AgentRole, ItemId, ItemKind, ItemStatus, StepType, TodoItem, ToolValidationMode, Usage,
@@ -322,18 +321,22 @@ impl PlanDiff {
     /// (the added and changed items as they are now, the removed ones as they were: all of them
     /// pending, so small); `todoList` is the [`summary`] of the whole list, whose finished items
     /// may hold large results.
-    pub fn observation_content(&self) -> Value {
-        let pick = |ids: &[ItemId]| -> Vec<&TodoItem> {
+    pub fn observation_content(&self) -> crate::model::payloads::PlanUpdateContent {
+        let pick = |ids: &[ItemId]| -> Vec<TodoItem> {
             ids.iter()
-                .filter_map(|id| self.items.iter().find(|i| &i.id == id))
+                .filter_map(|id| self.items.iter().find(|i| &i.id == id).cloned())
                 .collect()
         };
-        json!({
-            "added": pick(&self.added),
-            "changed": pick(&self.changed),
-            "removed": self.removed_items,
-            "todoList": summary(&self.items),
-        })
+        crate::model::payloads::PlanUpdateContent {
+            added: pick(&self.added),
+            changed: pick(&self.changed),
+            removed: self.removed_items.clone(),
+            todo_list: summary(&self.items),
+            plan: None,
+            steering_message_ids: None,
+            unchanged: None,
+            error: None,
+        }
     }
 }
 

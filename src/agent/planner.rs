@@ -17,8 +17,8 @@ use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase};
 use crate::model::RunPhase;
 use crate::model::{
-    AgentConfig, ErrorInfo, ItemStatus, MessageRole, NewObservation, ObservationType,
-    ToolCallRecord, ToolResultRecord, ToolResultStatus, ToolValidationMode,
+    AgentConfig, ErrorInfo, ItemStatus, MessageRole, NewObservation, ToolCallRecord,
+    ToolResultRecord, ToolResultStatus, ToolValidationMode,
 };
 
 use super::Engine;
@@ -231,8 +231,8 @@ impl Engine {
             },
         ));
         if let Some(mut c) = update {
-            c["plan"] = json!(reply.plan);
-            b.observe(ctx.obs(None, ObservationType::PlanUpdate, "Plan refined", c));
+            c.plan = Some(reply.plan.clone());
+            b.observe(ctx.emit(None, "Plan refined", &c));
         } else {
             b.observe(ctx.emit(
                 None,
@@ -316,7 +316,7 @@ impl Engine {
             "added": diff.added, "changed": diff.changed, "removed": diff.removed,
             "unchanged": diff.frozen,
         });
-        let obs = ctx.obs(None, ObservationType::PlanUpdate, "Plan updated", content);
+        let obs = ctx.emit(None, "Plan updated", &content);
         (
             ToolResultRecord {
                 tool_call_id: call.id.clone(),

@@ -7,7 +7,6 @@
 //! (`steeringMessageIds`), so a run re-claimed after a crash neither loses a message nor plans for
 //! one twice.
 
-use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::Engine;
@@ -16,6 +15,7 @@ use super::journal::{Ctx, Halt};
 use super::plan::{self, PlanReply};
 use super::prompts::{self, truncate};
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase};
+use crate::model::payloads::{PlanUpdateContent, SteeringContent};
 use crate::model::{ItemStatus, Message, MessageRole, ObservationType, ToolValidationMode};
 
 /// The `name` of a user message that steers a run (beside the run's own query).
@@ -89,25 +89,14 @@ impl Ctx<'_> {
             .collect();
         let mut all = Vec::new();
         for o in &found {
-            match o.kind {
-                ObservationType::PlanUpdate => planned.extend(
-                    o.content["steeringMessageIds"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|v| v.as_str()?.parse::<Uuid>().ok()),
-                ),
-                _ => {
-                    let id = o.content["messageId"].as_str().and_then(|s| s.parse().ok());
-                    let text = o.content["message"].as_str();
-                    if let (Some(id), Some(text)) = (id, text) {
-                        all.push(Steer {
-                            id,
-                            text: text.to_owned(),
-                            planned: false,
-                        });
-                    }
-                }
+            if let Some(update) = o.payload::<PlanUpdateContent>() {
+                planned.extend(update.steering_message_ids.into_iter().flatten());
+            } else if let Some(steer) = o.payload::<SteeringContent>() {
+                all.push(Steer {
+                    id: steer.message_id,
+                    text: steer.message,
+                    planned: false,
+                });
             }
         }
         for s in &mut all {
@@ -171,7 +160,7 @@ impl Engine {
             tokens: crate::llm::Tokens::none(),
         };
         let value = ctx.ask_structured(req).await?;
-        let ids: Vec<String> = fresh.iter().map(|s| s.id.to_string()).collect();
+        let ids: Vec<Uuid> = fresh.iter().map(|s| s.id).collect();
         for s in &mut ctx.steering {
             s.planned = true;
         }
@@ -196,7 +185,7 @@ impl Engine {
                 .map(|v| (r, v))
             });
         let mut b = ctx.batch();
-        let content: Value = match checked {
+        let mut content = match checked {
             Ok((reply, valid)) => {
                 let mode = ctx
                     .env
@@ -217,23 +206,23 @@ impl Engine {
                 }
                 ctx.state.plan = Some(reply.plan.clone());
                 b.op(Op::SetAgentState(ctx.state.clone()));
-                c["plan"] = json!(reply.plan);
+                c.plan = Some(reply.plan);
                 c
             }
             // The plan stays as it was; the items still read the steering.
-            Err(errors) => json!({
-                "unchanged": true,
-                "error": truncate(&errors.join("; "), 500),
-            }),
+            Err(errors) => PlanUpdateContent {
+                added: vec![],
+                changed: vec![],
+                removed: vec![],
+                todo_list: crate::model::payloads::summary(&ctx.items),
+                plan: None,
+                steering_message_ids: None,
+                unchanged: Some(true),
+                error: Some(truncate(&errors.join("; "), 500)),
+            },
         };
-        let mut content = content;
-        content["steeringMessageIds"] = json!(ids);
-        b.observe(ctx.obs(
-            None,
-            ObservationType::PlanUpdate,
-            "Plan refined after steering",
-            content,
-        ));
+        content.steering_message_ids = Some(ids);
+        b.observe(ctx.emit(None, "Plan refined after steering", &content));
         ctx.stage(b);
         Ok(())
     }

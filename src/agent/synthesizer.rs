@@ -5,12 +5,14 @@
 
 use crate::model::payloads::{RunCompletedContent, SynthesisContent};
 use chrono::Utc;
-use serde_json::{Value, json};
+use serde::Deserialize;
+use serde_json::Value;
 
 use super::changes::{Op, RunUpdate};
 use crate::llm::{ChatMessage, ChatRequest, JsonSchemaFormat, Phase};
 use crate::model::RunPhase;
-use crate::model::{ItemStatus, Message, MessageRole, ObservationType, RunStatus, new_id};
+use crate::model::payloads::FinalResponseContent;
+use crate::model::{ItemStatus, Message, MessageRole, RunStatus, new_id};
 
 use super::Engine;
 use super::journal::{Ctx, Halt};
@@ -73,11 +75,12 @@ impl Engine {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        let final_response = json!({
-            "response": response,
-            "sources": non_null_or_empty(value.get("sources")),
-            "suggestions": non_null_or_empty(value.get("suggestions")),
-        });
+        let answer = FinalResponseContent {
+            response: response.clone(),
+            sources: list_of(value.get("sources")),
+            suggestions: list_of(value.get("suggestions")),
+            output: None,
+        };
         ctx.state.current_step_id = None;
         let mut b = ctx.batch();
         b.op(Op::AppendMessage(Message {
@@ -93,12 +96,7 @@ impl Engine {
             created_at: Utc::now(),
         }));
         b.op(Op::SetAgentState(ctx.state.clone()));
-        b.observe(ctx.obs(
-            None,
-            ObservationType::FinalResponse,
-            "Final response",
-            final_response.clone(),
-        ));
+        b.observe(ctx.emit(None, "Final response", &answer));
         let duration_ms = ctx
             .run
             .started_at
@@ -116,7 +114,7 @@ impl Engine {
             status: Some(RunStatus::Completed),
             phase: Some(RunPhase::Done),
             usage: Some(ctx.usage),
-            final_response: Some(final_response),
+            final_response: Some(serde_json::to_value(&answer).unwrap_or_default()),
             ended: true,
             ..Default::default()
         }));
@@ -126,10 +124,9 @@ impl Engine {
     }
 }
 
-/// A nullable array of a structured reply: null or absent is empty.
-fn non_null_or_empty(v: Option<&Value>) -> Value {
-    match v {
-        Some(v @ Value::Array(_)) => v.clone(),
-        _ => json!([]),
-    }
+/// A nullable array of a structured reply: null, absent or not of that shape is empty (the reply
+/// was checked against the synthesis schema; this only guards a provider that ignored it).
+fn list_of<T: serde::de::DeserializeOwned>(v: Option<&Value>) -> Vec<T> {
+    v.and_then(|v| Vec::<T>::deserialize(v).ok())
+        .unwrap_or_default()
 }

@@ -80,9 +80,9 @@ pub async fn steer_run(
         AppJson(SteerResponse {
             run_id,
             status: steered.run.status,
-            message_id: o.content["messageId"]
-                .as_str()
-                .and_then(|s| s.parse().ok())
+            message_id: o
+                .payload::<crate::model::payloads::SteeringContent>()
+                .map(|c| c.message_id)
                 .unwrap_or_default(),
             seq: o.seq,
         }),

@@ -1,10 +1,12 @@
-//! What each observation's `content` holds: one type per observation type, built by the code
-//! that emits it and serialized once, when the observation is made ([`Payload`],
-//! [`NewObservation::of`]). The OpenAPI document describes `content` with these same types
-//! (`src/http/doc/observations.rs`), so the document and the stream cannot drift apart.
+//! What each observation's `content` holds: one type per observation type, both ways. Emitters
+//! build it and serialize it once, when the observation is made ([`Payload`],
+//! [`NewObservation::of`]); readers (the terminal client, AG-UI, A2A, MCP, the engine reading its
+//! own log) take it back with [`Observation::payload`] instead of picking keys out of JSON. The
+//! OpenAPI document describes `content` with these same types (`src/http/doc/observations.rs`),
+//! so the document, the stream and the readers cannot drift apart.
 //!
 //! `FLOWCHART_STEP` and `A2A_TASK_UPDATE` are open: each stage kind and each remote event adds
-//! fields of its own, so their emitters build JSON and these types describe the common part.
+//! fields of its own, kept whole in their `extra` map.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -18,7 +20,7 @@ use super::{
 };
 
 /// The content of one observation type.
-pub trait Payload: Serialize {
+pub trait Payload: Serialize + serde::de::DeserializeOwned {
     /// The type of the observations that carry it.
     const KIND: ObservationType;
 }
@@ -51,6 +53,20 @@ payloads! {
     CompactionContent => Compaction,
     BudgetContent => Budget,
     SteeringContent => Steering,
+    FlowchartStepContent => FlowchartStep,
+    A2aTaskUpdateContent => A2aTaskUpdate,
+}
+
+impl super::Observation {
+    /// The content as its type's payload: `None` when the observation is of another type, or
+    /// its content does not read as that type (a row written by an older version may lack a
+    /// field a reader needs; readers treat it as absent, never as a reason to fail).
+    pub fn payload<P: Payload>(&self) -> Option<P> {
+        if self.kind != P::KIND {
+            return None;
+        }
+        P::deserialize(&self.content).ok()
+    }
 }
 
 impl NewObservation {
@@ -68,7 +84,7 @@ impl NewObservation {
 }
 
 /// `RUN_STARTED`: the run began (again, after a crash or a resume: `attempt` counts).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunStartedContent {
     /// The run's query.
@@ -94,13 +110,13 @@ pub struct RunStartedContent {
 }
 
 /// `INTENT`: what the planner understood the query to ask.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct IntentContent {
     pub intent: String,
 }
 
 /// `TITLE`: the thread's title, as the planner wrote it.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TitleContent {
     pub title: String,
 }
@@ -108,7 +124,7 @@ pub struct TitleContent {
 /// One todo item as `PLAN` and `PLAN_UPDATE` list it: enough to draw the list and its graph, none
 /// of the item's work (results, tool calls, thoughts, conversation), so the size of an observation
 /// does not grow with what the thread has done. The whole item is in the thread's state.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TodoSummary {
     pub id: ItemId,
@@ -148,7 +164,7 @@ pub fn summary(items: &[TodoItem]) -> Vec<TodoSummary> {
 }
 
 /// `PLAN`: the run's plan (run-level), or a team item's plan of its children (under the team).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlanContent {
     pub plan: String,
@@ -162,21 +178,35 @@ pub struct PlanContent {
 /// `PLAN_UPDATE`: the plan changed (refined by a follow-up, or by the `update_plan` tool). The
 /// added and changed items as they are now, the removed ones as they were (all pending), and the
 /// whole list after the change.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlanUpdateContent {
     pub added: Vec<TodoItem>,
     pub changed: Vec<TodoItem>,
     pub removed: Vec<TodoItem>,
     pub todo_list: Vec<TodoSummary>,
-    /// Only when a follow-up refined the plan: its new text.
+    /// Only when a follow-up or steering refined the plan: its new text.
     #[schema(nullable = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan: Option<String>,
+    /// Only when steering refined the plan: the steering messages the planner took in (so a run
+    /// taken over after a crash plans for none of them twice).
+    #[schema(nullable = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steering_message_ids: Option<Vec<Uuid>>,
+    /// Only when the planner's refinement for steering was not valid: `true`, the plan stays
+    /// as it was (the lists are empty; `todoList` is the plan as it is).
+    #[schema(nullable = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unchanged: Option<bool>,
+    /// With `unchanged`: why the refinement was not taken.
+    #[schema(nullable = false)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `ITEM_STATUS_CHANGE`: an item moved from one status to another.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ItemStatusChangeContent {
     pub item_id: ItemId,
@@ -185,7 +215,7 @@ pub struct ItemStatusChangeContent {
 }
 
 /// Why an answer was sent back: the required tools it skipped, and which retry this is.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RequiredToolRetry {
     pub missing_tools: Vec<String>,
@@ -193,7 +223,7 @@ pub struct RequiredToolRetry {
 }
 
 /// `THOUGHTS`: what the model wrote in one turn of an item; `final` on the item's answer.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ThoughtsContent {
     pub item_id: ItemId,
@@ -230,7 +260,7 @@ impl ThoughtsContent {
 }
 
 /// `TOOL_CALL`: the model asked for a tool call (its arguments as the model wrote them).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolCallContent {
     pub tool_call_id: String,
@@ -240,7 +270,7 @@ pub struct ToolCallContent {
 }
 
 /// `TOOL_EXECUTION`: how a tool call ended.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolExecutionContent {
     pub tool_call_id: String,
@@ -255,7 +285,7 @@ pub struct ToolExecutionContent {
 
 /// `AGENT_SUSPENDED`: an item waits for a person (the suspension, as `GET
 /// /v1/suspensions/{suspensionId}` shows it in full).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSuspendedContent {
     pub suspension_id: Uuid,
@@ -275,7 +305,7 @@ pub struct AgentSuspendedContent {
 }
 
 /// `AGENT_RESUMED`: a suspension was decided (or expired).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentResumedContent {
     pub suspension_id: Uuid,
@@ -288,7 +318,7 @@ pub struct AgentResumedContent {
 }
 
 /// `SYNTHESIS`: the answer is being written from the items of the run, which ended so.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SynthesisContent {
     pub completed: u32,
     pub failed: u32,
@@ -296,14 +326,14 @@ pub struct SynthesisContent {
 }
 
 /// A source the final answer cites.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FinalResponseSource {
     pub title: String,
     pub url: String,
 }
 
 /// `FINAL_RESPONSE`: the run's answer (also the run's `finalResponse`).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FinalResponseContent {
     /// The answer's text (a `flowchart` run's: its output, a JSON text unless it is a string).
     pub response: String,
@@ -317,7 +347,7 @@ pub struct FinalResponseContent {
 }
 
 /// Where an error happened.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ErrorPhase {
     Plan,
@@ -326,7 +356,7 @@ pub enum ErrorPhase {
 }
 
 /// `ERROR`: a run or an item failed (under the item when one did).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ErrorContent {
     #[schema(inline)]
@@ -340,7 +370,7 @@ pub struct ErrorContent {
 }
 
 /// `RUN_COMPLETED`: the run ended with its answer.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunCompletedContent {
     pub usage: Usage,
@@ -348,14 +378,14 @@ pub struct RunCompletedContent {
 }
 
 /// `RUN_FAILED`: the run ended without an answer.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RunFailedContent {
     pub error: ErrorInfo,
     pub usage: Usage,
 }
 
 /// Why a run was cancelled.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum CancelReason {
     /// A client cancelled it.
@@ -365,7 +395,7 @@ pub enum CancelReason {
 }
 
 /// `RUN_CANCELLED`: the run ended early.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunCancelledContent {
     #[schema(inline)]
@@ -381,7 +411,7 @@ pub struct RunCancelledContent {
 }
 
 /// `RUN_SUSPENDED`: nothing in the run can go on until a person decides.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunSuspendedContent {
     /// The pending suspensions the run waits on.
@@ -390,7 +420,7 @@ pub struct RunSuspendedContent {
 }
 
 /// `COMPACTION`: an item's long result was summarized for the items that read it.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CompactionContent {
     pub item_id: ItemId,
@@ -403,7 +433,7 @@ pub struct CompactionContent {
 /// sub-flow's stages under their `flow` stage's step). Besides the fields here, a stage kind
 /// adds its own (`decision` on `decide` and `select`, `matched` on `loop`, `usage` on `llm`,
 /// `lastStep` on `flow`, `errorStage` on a failed call): the object is open.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FlowchartStepContent {
     pub flowchart: String,
@@ -443,10 +473,15 @@ pub struct FlowchartStepContent {
     #[schema(nullable = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The fields of the stage's own kind (`decision`, `matched`, `usage`, `lastStep`,
+    /// `errorStage`, …).
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// What a remote agent sent as an artifact.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct A2aArtifactContent {
     #[schema(required = true)]
     pub name: Option<String>,
@@ -457,7 +492,7 @@ pub struct A2aArtifactContent {
 /// `A2A_TASK_UPDATE`: what a remote agent reported of a task delegated to it, under the
 /// delegating `TOOL_CALL`. Each update carries the fields of what happened (the task, a status,
 /// an artifact, a message, an answer forwarded, how the call settled): the object is open.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct A2aTaskUpdateContent {
     pub tool_call_id: String,
@@ -495,10 +530,14 @@ pub struct A2aTaskUpdateContent {
     #[schema(nullable = false)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel_requested: Option<bool>,
+    /// Anything else the update carries.
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// Which mark of its budget a run's spend reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum BudgetState {
     /// 80 % of a limit: the run goes on.
@@ -522,7 +561,7 @@ pub enum BudgetScope {
 /// `BUDGET`: the spend reached 80 % of a budget, or its limit (run-level). `scope` says whose:
 /// the run's (its spend and limits, as raised so far) or the tenant's daily budget (the tenant's
 /// spend today, and the limits as raised for this run).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetContent {
     #[schema(inline)]
@@ -543,7 +582,7 @@ pub struct BudgetContent {
 
 /// `STEERING`: a person's message to a run in flight (run-level). The run reads it at its next
 /// safe point; it is in the thread's conversation as a user message (`messageId`).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SteeringContent {
     pub message: String,

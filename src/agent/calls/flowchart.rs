@@ -15,6 +15,7 @@ use crate::flowchart::FlowchartRecord;
 use crate::flowchart::interpreter::{FlowCall, FlowHost, FlowLimits, Gate, Paused, StepRecord};
 use crate::flowchart::tool::FlowTool;
 use crate::llm::{ChatMessage, ChatRequest, LlmProvider, Phase};
+use crate::model::payloads::{FlowchartStepContent, ToolCallContent};
 use crate::model::{
     NewObservation, ObservationType, ResumeDecision, Suspension, SuspensionKind, SuspensionStatus,
     ThreadId, ToolCallRecord, ToolResultRecord, ToolResultStatus, Usage,
@@ -327,7 +328,8 @@ async fn run(
         .iter()
         .rev()
         .find(|o| {
-            o.kind == ObservationType::ToolCall && o.content["toolCallId"] == call.id.as_str()
+            o.payload::<ToolCallContent>()
+                .is_some_and(|c| c.tool_call_id == call.id)
         })
         .map(|o| o.id.to_string());
     let steps: Vec<_> = committed
@@ -337,8 +339,9 @@ async fn run(
     // A call that had started runs on the version it started with.
     let version = steps
         .iter()
-        .find(|o| o.content["toolCallId"] == call.id.as_str() && o.content["parentStep"].is_null())
-        .and_then(|o| o.content["version"].as_i64());
+        .filter_map(|o| o.payload::<FlowchartStepContent>())
+        .find(|s| s.tool_call_id == call.id && s.parent_step.is_none())
+        .map(|s| s.version);
     let record = match version {
         Some(v) if v != tool.record.version => match host.load(&tool.record.name, Some(v)).await {
             Ok(Some(r)) => Arc::new(r),

@@ -30,10 +30,15 @@ use uuid::Uuid;
 use super::answer::AnswerText;
 use super::events::{Body, Event, Interrupt, Outcome, PROTOCOL_VERSION, TokenUsage};
 pub use super::state::Base;
-use super::state::usage_of;
 use crate::events::TokenDelta;
 use crate::llm::Phase;
-use crate::model::{Observation, ObservationType, Run, RunStatus, Suspension, SuspensionKind};
+use crate::model::payloads::{
+    FinalResponseContent, ItemStatusChangeContent, RunCancelledContent, RunCompletedContent,
+    RunFailedContent, RunSuspendedContent, ToolCallContent, ToolExecutionContent,
+};
+use crate::model::{
+    ItemStatus, Observation, ObservationType, Run, RunStatus, Suspension, SuspensionKind, Usage,
+};
 
 /// The final answer's text as it streams: read until the answer begins, then a message.
 #[derive(Debug, Default)]
@@ -132,21 +137,17 @@ impl Fold {
             return Vec::new();
         }
         let at = millis(o);
-        let c = &o.content;
-        let text = |k: &str| {
-            c.get(k)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
         let mut out = Vec::new();
         match o.kind {
             ObservationType::Plan | ObservationType::PlanUpdate => self.state(o, &mut out),
             ObservationType::ItemStatusChange => {
                 self.state(o, &mut out);
-                let item = text("itemId");
-                match text("status").as_str() {
-                    "in_progress" | "waiting" => {
+                let Some(c) = o.payload::<ItemStatusChangeContent>() else {
+                    return out;
+                };
+                let item = c.item_id.to_string();
+                match c.status {
+                    ItemStatus::InProgress | ItemStatus::Waiting => {
                         if !self.open_steps.contains(&item) {
                             self.open_steps.push(item.clone());
                             out.push(Event::at(Body::StepStarted { step_name: item }, at));
@@ -161,64 +162,71 @@ impl Fold {
                 }
             }
             ObservationType::ToolCall => {
-                let id = text("toolCallId");
-                let args = c.get("arguments").cloned().unwrap_or(Value::Null);
+                let Some(c) = o.payload::<ToolCallContent>() else {
+                    return out;
+                };
+                let id = c.tool_call_id;
                 out.push(Event::at(
                     Body::ToolCallStart {
                         tool_call_id: id.clone(),
-                        tool_call_name: text("name"),
+                        tool_call_name: c.name,
                     },
                     at,
                 ));
                 out.push(Event::at(
                     Body::ToolCallArgs {
                         tool_call_id: id.clone(),
-                        delta: args.to_string(),
+                        delta: c.arguments.to_string(),
                     },
                     at,
                 ));
                 out.push(Event::at(Body::ToolCallEnd { tool_call_id: id }, at));
             }
             ObservationType::ToolExecution => {
-                out.push(Event::at(
-                    Body::ToolCallResult {
-                        message_id: o.id.to_string(),
-                        tool_call_id: text("toolCallId"),
-                        content: result_text(c),
-                        role: "tool",
-                    },
-                    at,
-                ));
+                if let Some(c) = o.payload::<ToolExecutionContent>() {
+                    out.push(Event::at(
+                        Body::ToolCallResult {
+                            message_id: o.id.to_string(),
+                            content: result_text(&c),
+                            tool_call_id: c.tool_call_id,
+                            role: "tool",
+                        },
+                        at,
+                    ));
+                }
             }
             ObservationType::RunStarted => self.base.started(o),
             ObservationType::FinalResponse => {
-                self.answer = Some(c.clone());
-                self.final_text(&text("response"), at, &mut out);
+                if let Some(c) = o.payload::<FinalResponseContent>() {
+                    self.answer = Some(o.content.clone());
+                    self.final_text(&c.response, at, &mut out);
+                }
             }
             ObservationType::RunCompleted => {
                 self.close(at, &mut out);
-                let usage = self.usage(c);
+                let usage = o.payload::<RunCompletedContent>().map(|c| c.usage);
+                let usage = self.usage(usage);
                 out.push(self.finish(Outcome::Success, self.answer.clone(), usage, at));
             }
             ObservationType::RunCancelled => {
                 self.close(at, &mut out);
-                let usage = self.usage(c);
+                let usage = o.payload::<RunCancelledContent>().and_then(|c| c.usage);
+                let usage = self.usage(usage);
                 out.push(self.finish(Outcome::Cancelled, None, usage, at));
             }
             ObservationType::RunSuspended => {
                 self.close(at, &mut out);
-                let usage = self.usage(c);
+                let usage = o.payload::<RunSuspendedContent>().map(|c| c.usage);
+                let usage = self.usage(usage);
                 out.push(self.interrupted(suspensions, usage, at));
             }
             ObservationType::RunFailed => {
-                let error = c.get("error").cloned().unwrap_or(Value::Null);
-                let message = error
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("the run failed")
-                    .to_owned();
-                let code = error.get("code").and_then(Value::as_str).map(str::to_owned);
-                let usage = self.usage(c);
+                let c = o.payload::<RunFailedContent>();
+                let (message, code) = match &c {
+                    Some(c) => (c.error.message.clone(), Some(c.error.code.clone())),
+                    None => ("the run failed".to_owned(), None),
+                };
+                let usage = self.usage(c.map(|c| c.usage));
                 out.push(self.error(message, code, usage, at));
             }
             _ => {}
@@ -275,7 +283,7 @@ impl Fold {
         let at = Some(now);
         let mut out = Vec::new();
         self.close(at, &mut out);
-        let usage = self.usage(&json!({"usage": run.usage}));
+        let usage = self.usage(Some(run.usage));
         out.push(match run.status {
             RunStatus::Completed => {
                 self.finish(Outcome::Success, run.final_response.clone(), usage, at)
@@ -365,8 +373,8 @@ impl Fold {
     }
 
     /// This AG-UI run's usage: the run's so far, less what it had spent when it last suspended.
-    fn usage(&self, content: &Value) -> Option<Vec<TokenUsage>> {
-        let total = usage_of(content)?;
+    fn usage(&self, total: Option<Usage>) -> Option<Vec<TokenUsage>> {
+        let total = total?;
         let base = &self.base.usage;
         let input = total.prompt_tokens.saturating_sub(base.prompt_tokens);
         let output = total
@@ -438,14 +446,14 @@ impl Fold {
 }
 
 /// A tool result as text: a string output as it is, anything else as JSON; an error's message.
-fn result_text(c: &Value) -> String {
-    if let Some(e) = c.get("error").and_then(Value::as_str) {
+fn result_text(c: &ToolExecutionContent) -> String {
+    if let Some(e) = &c.error {
         return format!("error: {e}");
     }
-    match c.get("output") {
-        Some(Value::String(s)) => s.clone(),
-        Some(v) => v.to_string(),
-        None => String::new(),
+    match &c.output {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        v => v.to_string(),
     }
 }
 

@@ -46,6 +46,7 @@ fn every_enum_schema_spells_the_values_on_the_wire() {
     let doc = document();
     let expected: BTreeMap<&str, Value> = [
         ("RunStatus", wire(RunStatus::ALL)),
+        ("RunKind", wire(crate::model::RunKind::ALL)),
         ("ThreadStatus", wire(ThreadStatus::ALL)),
         ("MultitaskStrategy", wire(MultitaskStrategy::ALL)),
         ("ItemStatus", wire(ItemStatus::ALL)),

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use crate::a2a::client::agents::DELEGATE_TOOL;
+use crate::model::payloads::{A2aTaskUpdateContent, ToolCallContent, ToolExecutionContent};
 use crate::model::{Observation, ObservationType};
 
 /// One delegation as its log records it.
@@ -70,39 +71,36 @@ impl DelegationLedger {
     pub fn read<'a>(log: impl IntoIterator<Item = &'a Observation>) -> Self {
         let mut ledger = Self::default();
         for o in log {
-            let c = &o.content;
-            let Some(call) = c["toolCallId"].as_str() else {
-                continue;
-            };
-            match o.kind {
-                ObservationType::ToolCall if c["name"] == DELEGATE_TOOL => {
-                    ledger.entry(call).parent = Some(o.id.to_string());
+            if let Some(c) = o.payload::<ToolCallContent>() {
+                if c.name == DELEGATE_TOOL {
+                    ledger.entry(&c.tool_call_id).parent = Some(o.id.to_string());
                 }
-                ObservationType::ToolExecution => {
-                    if let Some(r) = ledger.calls.iter_mut().find(|r| r.call_id == call) {
-                        r.answered = true;
-                    }
+            } else if let Some(c) = o.payload::<ToolExecutionContent>() {
+                if let Some(r) = ledger
+                    .calls
+                    .iter_mut()
+                    .find(|r| r.call_id == c.tool_call_id)
+                {
+                    r.answered = true;
                 }
-                ObservationType::A2aTaskUpdate => {
-                    let r = ledger.entry(call);
-                    if r.task_id.is_none()
-                        && let Some(task) = c["taskId"].as_str()
-                    {
-                        r.task_id = Some(task.to_owned());
-                        r.submitted_at = Some(o.created_at);
-                        r.item_id = c["itemId"].as_str().map(str::to_owned);
-                        r.agent = c["agent"].as_str().map(str::to_owned);
-                        r.parent = r.parent.take().or_else(|| o.parent_id.clone());
-                    }
-                    if let Some(sid) = c["forwarded"].as_str() {
-                        r.forwarded.push(sid.to_owned());
-                        r.settled = None;
-                    }
-                    if c["settled"].is_object() {
-                        r.settled = Some(c["settled"].clone());
-                    }
+            } else if let Some(c) = o.payload::<A2aTaskUpdateContent>() {
+                let r = ledger.entry(&c.tool_call_id);
+                if r.task_id.is_none()
+                    && let Some(task) = c.task_id
+                {
+                    r.task_id = Some(task);
+                    r.submitted_at = Some(o.created_at);
+                    r.item_id = c.item_id.map(|i| i.to_string());
+                    r.agent = Some(c.agent);
+                    r.parent = r.parent.take().or_else(|| o.parent_id.clone());
                 }
-                _ => {}
+                if let Some(sid) = c.forwarded {
+                    r.forwarded.push(sid.to_string());
+                    r.settled = None;
+                }
+                if let Some(settled) = c.settled.filter(Value::is_object) {
+                    r.settled = Some(settled);
+                }
             }
         }
         ledger
@@ -150,6 +148,9 @@ mod tests {
         }
     }
 
+    /// A suspension's id, as a forwarded answer names it.
+    const FORWARDED: &str = "01a22374-5df4-7353-9ed0-0708cd5efbcc";
+
     #[test]
     fn settles_forwards_and_answers_in_log_order() {
         let call = obs(
@@ -165,7 +166,7 @@ mod tests {
                 2,
                 ObservationType::ToolCall,
                 Some("step-1"),
-                json!({"toolCallId": "c2", "name": "calculator"}),
+                json!({"toolCallId": "c2", "name": "calculator", "arguments": {}}),
             ),
             obs(
                 3,
@@ -177,20 +178,20 @@ mod tests {
                 4,
                 ObservationType::A2aTaskUpdate,
                 Some(&parent),
-                json!({"toolCallId": "c1", "taskId": "T", "settled": {"question": "why?"}}),
+                json!({"toolCallId": "c1", "agent": "a", "taskId": "T", "settled": {"question": "why?"}}),
             ),
             obs(
                 5,
                 ObservationType::A2aTaskUpdate,
                 Some(&parent),
-                json!({"toolCallId": "c1", "taskId": "T", "forwarded": "s1"}),
+                json!({"toolCallId": "c1", "agent": "a", "taskId": "T", "forwarded": FORWARDED}),
             ),
         ];
         let ledger = DelegationLedger::read(&log);
         let r = ledger.call("c1").expect("recorded");
         assert_eq!(r.task_id.as_deref(), Some("T"));
         assert_eq!(r.parent.as_deref(), Some(parent.as_str()));
-        assert_eq!(r.forwarded, ["s1"]);
+        assert_eq!(r.forwarded, [FORWARDED]);
         assert!(
             r.settled.is_none(),
             "an answer forwarded after it settled reopens it"
@@ -206,13 +207,14 @@ mod tests {
             6,
             ObservationType::A2aTaskUpdate,
             Some(&parent),
-            json!({"toolCallId": "c1", "taskId": "T", "settled": {"result": 1}}),
+            json!({"toolCallId": "c1", "agent": "a", "taskId": "T", "settled": {"result": 1}}),
         ));
         log.push(obs(
             7,
             ObservationType::ToolExecution,
             Some("step-1"),
-            json!({"toolCallId": "c1"}),
+            json!({"toolCallId": "c1", "name": DELEGATE_TOOL, "status": "success", "output": 1,
+                   "error": null}),
         ));
         let ledger = DelegationLedger::read(&log);
         assert_eq!(

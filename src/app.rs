@@ -222,7 +222,8 @@ impl App {
         let store = Arc::new(
             Arc::unwrap_or_clone(store)
                 .with_max_threads(config.tenant_max_threads)
-                .with_max_steers(config.max_steers_per_run),
+                .with_max_steers(config.max_steers_per_run)
+                .with_tenant_quotas(config.tenant_max_active_runs, config.tenant_max_flowcharts),
         );
         let metrics = Metrics::new();
         let (providers, default_provider) = build_providers(&config)?;
@@ -416,7 +417,6 @@ impl App {
             commands: commands.clone(),
             shutdown: shutdown.clone(),
             webhooks,
-            quota_counts: Arc::default(),
             memory,
         };
         let state = AppState {

@@ -217,6 +217,16 @@ impl From<StoreError> for ApiError {
                 ),
                 retry_after_seconds: 60,
             },
+            StoreError::OverQuota {
+                what,
+                setting,
+                max,
+                hint,
+                retry_after_seconds,
+            } => Self::QuotaExceeded {
+                detail: format!("the tenant has {max} {what}, its quota ({setting}): {hint}"),
+                retry_after_seconds,
+            },
             StoreError::SteeringQuota { max } => Self::QuotaExceeded {
                 detail: format!(
                     "the run has {max} steering messages, the most one run takes \

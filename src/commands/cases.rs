@@ -24,9 +24,6 @@ pub struct UseCases {
     pub shutdown: CancellationToken,
     /// How webhooks are signed and where they may go (`PES_WEBHOOK_*`).
     pub webhooks: crate::webhooks::WebhookSettings,
-    /// Per tenant, its active runs as last counted and when (see `UseCases::enqueue`).
-    pub quota_counts:
-        Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>>,
     /// The memory store's use cases (shared with the agent's memory tools).
     pub memory: super::memory::Memory,
 }

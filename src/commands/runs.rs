@@ -123,16 +123,6 @@ impl UseCases {
             .await?;
         self.check_priced(&tenant, &thread_id, assistant.as_ref(), &config)
             .await?;
-        let max_active = self.config.tenant_max_active_runs;
-        if self.active_runs(&tenant, max_active).await? >= max_active {
-            return Err(ApiError::QuotaExceeded {
-                detail: format!(
-                    "the tenant has {max_active} runs queued or running, its quota \
-                     (PES_TENANT_MAX_ACTIVE_RUNS): post again when some have ended"
-                ),
-                retry_after_seconds: 5,
-            });
-        }
         let strategy = request.strategy.unwrap_or(MultitaskStrategy::Enqueue);
         let create_thread = request.create_thread;
         let shown_id = thread_id.to_string();
@@ -168,39 +158,6 @@ impl UseCases {
                 other => other.into(),
             })?;
         Ok((created.run, created.created))
-    }
-
-    /// The tenant's queued and running runs, as the quota compares them with `max`. A tenant far
-    /// below its quota (under half of it, counted less than a second ago, with the runs posted
-    /// here since added) is not counted again: the common post costs no extra query. Near the
-    /// quota every post counts in the store, so the limit holds to within what other replicas
-    /// posted in that second.
-    async fn active_runs(&self, tenant: &str, max: u64) -> Result<u64, ApiError> {
-        const FRESH: Duration = Duration::from_secs(1);
-        {
-            let mut seen = self
-                .quota_counts
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some((count, at)) = seen.get_mut(tenant)
-                && at.elapsed() < FRESH
-                && (*count + 1) * 2 < max
-            {
-                *count += 1;
-                return Ok(*count);
-            }
-        }
-        let count = self.store.count_active_runs(tenant, max).await?;
-        let mut seen = self
-            .quota_counts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if seen.len() > 10_000 {
-            // Bounded: tenants not seen for a second are forgotten.
-            seen.retain(|_, (_, at)| at.elapsed() < FRESH);
-        }
-        seen.insert(tenant.to_owned(), (count, std::time::Instant::now()));
-        Ok(count)
     }
 
     /// Wait until a run completes, fails, is cancelled or suspends, then return it.

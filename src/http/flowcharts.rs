@@ -131,16 +131,6 @@ pub async fn put_flowchart(
         .into_iter()
         .map(|r| (r.name, r.spec))
         .collect();
-    let max = state.config.tenant_max_flowcharts;
-    if !flowcharts.contains_key(&name) && flowcharts.len() as u64 >= max {
-        return Err(ApiError::QuotaExceeded {
-            detail: format!(
-                "the tenant has {max} flowcharts, its quota (PES_TENANT_MAX_FLOWCHARTS): delete \
-                 one to register `{name}`"
-            ),
-            retry_after_seconds: 60,
-        });
-    }
     let is_tool = |n: &str| tools.is_known(n);
     let env = ValidationEnv {
         is_tool: &is_tool,

@@ -156,17 +156,6 @@ pub async fn fork_thread(
             detail: format!("atSeq must be 0 or more, not {at}"),
         });
     }
-    // A fork may continue a run: it counts against the run quota like a new one.
-    let max = state.config.tenant_max_active_runs;
-    if state.store.count_active_runs(&tenant, max).await? >= max {
-        return Err(ApiError::QuotaExceeded {
-            detail: format!(
-                "the tenant has {max} runs queued or running, its quota \
-                 (PES_TENANT_MAX_ACTIVE_RUNS): fork again when some have ended"
-            ),
-            retry_after_seconds: 5,
-        });
-    }
     let req = ForkRequest {
         at_seq: body.at_seq,
         thread_id: body.thread_id.unwrap_or_else(ThreadId::generate),

@@ -6,7 +6,7 @@
 use super::rows;
 use super::sql::{Row, q};
 use super::sql_store::SqlStore;
-use super::{PutFlowchart, StoreResult};
+use super::{PutFlowchart, StoreError, StoreResult};
 use crate::flowchart::{FlowchartRecord, FlowchartSpec};
 
 const COLUMNS: &str = "name, version, spec, created_at";
@@ -29,6 +29,10 @@ impl SqlStore {
     /// Store `spec` as the next version of the tenant's flowchart `name`: one more than its
     /// highest version, deleted ones included (after a delete the numbering goes on).
     /// Concurrent calls for one name get distinct versions.
+    ///
+    /// # Errors
+    /// [`StoreError::OverQuota`] when `name` is new and the tenant holds as many flowcharts as
+    /// it may (counted exactly, see `quotas`).
     pub async fn put_flowchart(
         &self,
         tenant: &str,
@@ -48,6 +52,27 @@ impl SqlStore {
             )
             .await?;
         let (top, live) = (seen.int("top")?, seen.int("live")?);
+        let counted = "FROM (SELECT DISTINCT name FROM flowcharts \
+                       WHERE tenant = $1 AND deleted_at IS NULL) f";
+        if live == 0
+            && !super::quotas::room(
+                &mut tx,
+                "flowcharts",
+                counted,
+                tenant,
+                self.max_flowcharts,
+                1,
+            )
+            .await?
+        {
+            return Err(StoreError::OverQuota {
+                what: "flowcharts",
+                setting: "PES_TENANT_MAX_FLOWCHARTS",
+                max: self.max_flowcharts,
+                hint: "delete one to register another",
+                retry_after_seconds: 60,
+            });
+        }
         let row = tx
             .one(
                 q(format!(

@@ -20,7 +20,9 @@ use super::sql_store::SqlStore;
 use super::tables::{ITEM_COLUMNS, STATE_COLUMNS};
 use super::threads::lock_thread;
 use super::{Signal, StoreError};
-use crate::model::{Decision, Run, Suspension, SuspensionStatus, Thread, ThreadId, new_id};
+use crate::model::{
+    Decision, Run, RunStatus, Suspension, SuspensionStatus, Thread, ThreadId, new_id,
+};
 
 /// What to fork.
 #[derive(Debug, Clone)]
@@ -458,6 +460,10 @@ impl SqlStore {
                 )
                 .await?;
             runs.push(rows::run_from_row(&row)?);
+        }
+        if runs.iter().any(|r| r.status == RunStatus::Queued) {
+            // A fork that continues runs posts them: they count, with the rest of the tenant's.
+            super::quotas::active_runs(&mut tx, tenant, self.max_active_runs, 0).await?;
         }
         let renamed = |old: &Uuid| {
             renames

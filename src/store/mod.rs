@@ -53,6 +53,7 @@ mod leases;
 mod memory;
 mod memory_scan;
 pub mod postgres;
+mod quotas;
 mod retention;
 mod rows;
 mod runs;
@@ -106,6 +107,21 @@ pub enum StoreError {
     /// The tenant holds as many threads as `PES_TENANT_MAX_THREADS` allows; nothing was made.
     #[error("the tenant has {max} threads, its quota")]
     ThreadQuota { max: u64 },
+    /// The tenant holds as many of something as its quota allows (`setting` names it); nothing
+    /// was made. Counted in the creating transaction under a per-tenant lock, so creations on
+    /// several replicas at once never pass it.
+    #[error("the tenant has {max} {what}, its quota ({setting})")]
+    OverQuota {
+        /// What is counted, as a person reads it ("runs queued or running").
+        what: &'static str,
+        /// The setting that sets the quota (`PES_TENANT_MAX_ACTIVE_RUNS`).
+        setting: &'static str,
+        max: u64,
+        /// What the client can do about it.
+        hint: &'static str,
+        /// When trying again may succeed, in seconds.
+        retry_after_seconds: u64,
+    },
     /// The run holds as many steering messages as `PES_MAX_STEERS_PER_RUN` allows.
     #[error("the run has {max} steering messages, its limit")]
     SteeringQuota { max: u64 },

@@ -301,6 +301,8 @@ impl SqlStore {
                 }
             }
         }
+        // Counted after an interrupt cancelled the queued runs it displaces.
+        super::quotas::active_runs(&mut tx, tenant, self.max_active_runs, 1).await?;
         let start_seq = observations.last().map_or(last_seq, |o| o.seq);
         let kind = if new.flowchart.is_some() {
             RunKind::Flowchart

@@ -45,6 +45,10 @@ pub struct SqlStore {
     pub(crate) max_threads: u64,
     /// Steering messages one run takes (`PES_MAX_STEERS_PER_RUN`).
     pub(crate) max_steers: u64,
+    /// Runs one tenant may have queued or running (`PES_TENANT_MAX_ACTIVE_RUNS`; see `quotas`).
+    pub(crate) max_active_runs: u64,
+    /// Flowcharts one tenant may hold (`PES_TENANT_MAX_FLOWCHARTS`).
+    pub(crate) max_flowcharts: u64,
 }
 
 impl SqlStore {
@@ -57,6 +61,8 @@ impl SqlStore {
             outbox: Arc::default(),
             max_threads: u64::MAX,
             max_steers: u64::MAX,
+            max_active_runs: u64::MAX,
+            max_flowcharts: u64::MAX,
         }
     }
 
@@ -65,6 +71,16 @@ impl SqlStore {
     #[must_use]
     pub fn with_max_threads(mut self, max: u64) -> Self {
         self.max_threads = max;
+        self
+    }
+
+    /// At most `max` runs queued or running per tenant, and `flowcharts` flowcharts: enqueueing
+    /// or forking a run past the first, or registering a new flowchart past the second, fails
+    /// with [`StoreError::OverQuota`] (unlimited until set).
+    #[must_use]
+    pub fn with_tenant_quotas(mut self, max_active_runs: u64, flowcharts: u64) -> Self {
+        self.max_active_runs = max_active_runs;
+        self.max_flowcharts = flowcharts;
         self
     }
 

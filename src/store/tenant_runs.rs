@@ -62,23 +62,6 @@ impl SqlStore {
         .await
     }
 
-    /// How many of the tenant's runs are queued or running, counted up to `cap` (a count past
-    /// it answers `cap`): what the per-tenant quota compares with its limit.
-    pub async fn count_active_runs(&self, tenant: &str, cap: u64) -> StoreResult<u64> {
-        let n = self
-            .read()
-            .await?
-            .one(
-                q("SELECT COUNT(*) AS n FROM (SELECT 1 FROM runs \
-                   WHERE tenant = $1 AND status IN ('queued', 'running') LIMIT $2) a")
-                .bind(tenant)
-                .bind(i64::try_from(cap).unwrap_or(i64::MAX)),
-            )
-            .await?
-            .int("n")?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
     /// The tenant's runs that `filter` selects, across threads, newest first (`created_at` desc,
     /// then id desc), at most `limit` after `cursor`; with the number of runs the filter selects
     /// in all.

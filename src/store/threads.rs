@@ -18,25 +18,14 @@ use crate::model::{
 };
 
 /// Refuse one more thread of `tenant` when it holds `max` already ([`StoreError::ThreadQuota`]):
-/// a count that stops at the quota, in the transaction that creates the thread. Two creations
-/// of one tenant at once on two replicas may both take the last free place: the quota can be
-/// passed by the creations in flight at that moment, as the active-run quota can.
+/// counted exactly, under the tenant's lock, in the transaction that creates the thread (see
+/// `quotas`). Forks count, the ones still being copied included.
 pub(crate) async fn thread_quota(conn: &mut Conn, tenant: &str, max: u64) -> StoreResult<()> {
-    if max == u64::MAX {
+    let counted = "FROM threads WHERE tenant = $1";
+    if super::quotas::room(conn, "threads", counted, tenant, max, 1).await? {
         return Ok(());
     }
-    let n = conn
-        .one(
-            q("SELECT COUNT(*) AS n FROM (SELECT 1 FROM threads WHERE tenant = $1 LIMIT $2) x")
-                .bind(tenant)
-                .bind(i64::try_from(max).unwrap_or(i64::MAX)),
-        )
-        .await?
-        .int("n")?;
-    if u64::try_from(n).unwrap_or(0) >= max {
-        return Err(StoreError::ThreadQuota { max });
-    }
-    Ok(())
+    Err(StoreError::ThreadQuota { max })
 }
 
 /// A thread with its status derived from its runs: `busy` while one is queued or running,

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
-use crate::helpers::{Backend, TestApp, read, spawn_with};
+use crate::helpers::{Backend, TestApp, database_url, read, spawn_config, spawn_with, test_config};
 
 /// POST `body` as `tenant`'s key.
 async fn post_as(app: &TestApp, key: &str, path: &str, body: Value) -> reqwest::Response {
@@ -581,3 +581,157 @@ both_stores!(
     omitted_nullables,
     a_plan_that_leaves_out_nullable_fields_is_read_as_null
 );
+
+/// Send `(method, path, body)` to `app` as tenant key `key`; the status.
+async fn status_of(
+    app: &TestApp,
+    key: &str,
+    method: reqwest::Method,
+    path: String,
+    body: Value,
+) -> u16 {
+    let r = app
+        .client
+        .request(method, app.url(&path))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    if status != 429 {
+        let (_, body) = read(r).await;
+        assert!(status < 300, "{path}: {status} {body}");
+    } else {
+        assert_quota(&r);
+    }
+    status
+}
+
+/// Fire every request at once, alternating between the replicas; how many succeeded.
+async fn at_once(replicas: &[&TestApp], requests: Vec<(reqwest::Method, String, Value)>) -> usize {
+    let sent = requests
+        .into_iter()
+        .enumerate()
+        .map(|(k, (method, path, body))| {
+            status_of(replicas[k % replicas.len()], "ka", method, path, body)
+        });
+    futures::future::join_all(sent)
+        .await
+        .into_iter()
+        .filter(|s| *s < 300)
+        .count()
+}
+
+/// Creations of one tenant fired at once on two replicas of one Postgres (one service on
+/// SQLite) never pass a quota: threads, runs queued or running, flowcharts, assistants and crons
+/// each end exactly at their quota, however many were asked for in parallel.
+async fn concurrent_creations_never_pass_a_quota(backend: Backend) {
+    let url = database_url(backend).await;
+    let config = || {
+        let mut c = test_config(&url, None);
+        c.api_keys = Some("ka:acme".into());
+        // No worker: runs stay queued, so the count of active runs is exact.
+        c.worker_concurrency = 0;
+        c.tenant_max_threads = 10;
+        c.tenant_max_active_runs = 4;
+        c.tenant_max_flowcharts = 3;
+        c.tenant_max_assistants = 3;
+        c.tenant_max_crons = 3;
+        c.database_max_connections = 16;
+        c
+    };
+    let a = spawn_config(config()).await;
+    let b = match backend {
+        Backend::Postgres => Some(spawn_config(config()).await),
+        Backend::Sqlite => None,
+    };
+    let replicas: Vec<&TestApp> = std::iter::once(&a).chain(b.as_ref()).collect();
+    let post = reqwest::Method::POST;
+
+    // Threads: 9 held, 12 asked for at once: one more, and the tenant holds exactly 10.
+    for i in 0..9 {
+        let body = json!({"threadId": format!("held{i}")});
+        assert_eq!(
+            status_of(&a, "ka", post.clone(), "/v1/threads".into(), body).await,
+            201
+        );
+    }
+    let asked = (0..12)
+        .map(|i| {
+            (
+                post.clone(),
+                "/v1/threads".to_owned(),
+                json!({"threadId": format!("new{i}")}),
+            )
+        })
+        .collect();
+    assert_eq!(at_once(&replicas, asked).await, 1, "threads past the quota");
+    let r = a
+        .client
+        .get(a.url("/v1/threads?limit=100"))
+        .bearer_auth("ka")
+        .send()
+        .await
+        .unwrap();
+    let (_, threads) = read(r).await;
+    assert_eq!(threads["items"].as_array().unwrap().len(), 10, "{threads}");
+
+    // Runs: 12 posted at once on the tenant's threads, 4 queued.
+    let asked = (0..12)
+        .map(|i| {
+            let path = format!("/v1/threads/held{}/runs", i % 9);
+            (post.clone(), path, json!({"query": "What is 2+2?"}))
+        })
+        .collect();
+    assert_eq!(at_once(&replicas, asked).await, 4, "runs past the quota");
+
+    // Flowcharts, assistants and crons: 8 asked for at once, 3 made.
+    let chart = json!({
+        "description": "Echo the input",
+        "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+        "flowchart": {"start": "out", "stages": {
+            "out": {"kind": "end", "result": {"echo": {"var": "args.x"}}}
+        }}
+    });
+    let asked = (0..8)
+        .map(|i| {
+            (
+                reqwest::Method::PUT,
+                format!("/v1/flowcharts/echo_{i}"),
+                chart.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        at_once(&replicas, asked).await,
+        3,
+        "flowcharts past the quota"
+    );
+    let asked = (0..8)
+        .map(|i| {
+            (
+                post.clone(),
+                "/v1/assistants".to_owned(),
+                json!({"name": format!("a{i}"), "config": {}}),
+            )
+        })
+        .collect();
+    assert_eq!(
+        at_once(&replicas, asked).await,
+        3,
+        "assistants past the quota"
+    );
+    let asked = (0..8)
+        .map(|_| {
+            let body = json!({"schedule": "0 0 * * *", "query": "What is 2+2?"});
+            (post.clone(), "/v1/crons".to_owned(), body)
+        })
+        .collect();
+    assert_eq!(at_once(&replicas, asked).await, 3, "crons past the quota");
+    if let Some(b) = b {
+        b.stop().await;
+    }
+    a.stop().await;
+}
+both_stores!(exact_quotas, concurrent_creations_never_pass_a_quota);

@@ -418,6 +418,7 @@ impl App {
             shutdown: shutdown.clone(),
             webhooks,
             memory,
+            storage: crate::commands::StorageCounts::default(),
         };
         let state = AppState {
             store,

@@ -291,6 +291,20 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub tenant_max_store_items: u64,
 
+    /// Bytes one tenant may store (its threads' logs, messages, items, runs and history, and
+    /// its memory store items, as `GET /v1/threads/{id}/storage` counts them, summed); past it,
+    /// anything that grows them (a run, a fork, a steering message, a new thread, a store put) is
+    /// refused with 429 `quota_exceeded`. Reads and deletes go on.
+    #[arg(long, env = "PES_TENANT_MAX_STORAGE_BYTES", default_value_t = 10 * 1024 * 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub tenant_max_storage_bytes: u64,
+
+    /// How old a tenant's byte count (`PES_TENANT_MAX_STORAGE_BYTES`) may be before a write
+    /// counts it again, in seconds (each replica counts on its own; 0 counts on every write).
+    #[arg(long, env = "PES_TENANT_STORAGE_RECOUNT_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(0..=60))]
+    pub tenant_storage_recount_seconds: u64,
+
     /// How often the memory sweeper deletes expired items (milliseconds); each pass deletes at
     /// most `PES_STORE_SWEEP_BATCH`, and several replicas never delete the same rows.
     #[arg(long, env = "PES_STORE_SWEEP_MS", default_value_t = 5000,

@@ -26,4 +26,6 @@ pub struct UseCases {
     pub webhooks: crate::webhooks::WebhookSettings,
     /// The memory store's use cases (shared with the agent's memory tools).
     pub memory: super::memory::Memory,
+    /// The replica's counts of tenants' bytes (`PES_TENANT_MAX_STORAGE_BYTES`).
+    pub storage: super::StorageCounts,
 }

@@ -35,6 +35,7 @@ mod policy;
 pub mod replicas;
 pub mod retention;
 mod runs;
+mod storage;
 mod webhooks;
 
 use std::sync::Arc;
@@ -60,6 +61,7 @@ pub use operators::TenantRaised;
 pub use policy::check_policy_floor;
 pub use retention::{PruneRequest, Pruned};
 pub use runs::RunRequest;
+pub use storage::StorageCounts;
 
 /// Issues run commands (see the module doc). Cheap to clone: every clone shares the store, the
 /// bus, the worker's wake-up and the registry of local runs.

@@ -51,7 +51,7 @@ impl UseCases {
     ///
     /// # Errors
     /// 422 for a bad query or config or a run that would loosen its thread's tool policy; 429
-    /// `quota_exceeded` past `PES_TENANT_MAX_ACTIVE_RUNS`; 404 for a missing thread (unless
+    /// `quota_exceeded` past `PES_TENANT_MAX_ACTIVE_RUNS` or `PES_TENANT_MAX_STORAGE_BYTES`; 404 for a missing thread (unless
     /// `create_thread`), saying how to create it; 409 for a busy thread with `reject`.
     pub async fn enqueue(
         &self,
@@ -63,6 +63,7 @@ impl UseCases {
         if query.is_empty() {
             return Err(ApiError::Validation("query must not be empty".into()));
         }
+        self.storage_room(&tenant).await?;
         if query.chars().count() > self.config.max_query_chars {
             return Err(ApiError::Validation(format!(
                 "query is longer than {} characters (PES_MAX_QUERY_CHARS)",

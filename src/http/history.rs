@@ -156,6 +156,7 @@ pub async fn fork_thread(
             detail: format!("atSeq must be 0 or more, not {at}"),
         });
     }
+    state.cases.storage_room(&tenant).await?;
     let req = ForkRequest {
         at_seq: body.at_seq,
         thread_id: body.thread_id.unwrap_or_else(ThreadId::generate),

@@ -152,6 +152,7 @@ pub async fn put_item(
         value: body.value,
         ttl_seconds: body.ttl_seconds,
     };
+    state.cases.storage_room(&tenant).await?;
     state.cases.memory.put(&tenant, item, None).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -70,6 +70,7 @@ pub async fn steer_run(
             "message is longer than {MAX_STEERING_CHARS} characters"
         )));
     }
+    state.cases.storage_room(&tenant).await?;
     let steered = state.commands.steer(&tenant, &id, run_id, message).await?;
     let o = steered
         .observations

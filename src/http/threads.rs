@@ -191,6 +191,7 @@ pub async fn create_thread(
 ) -> Result<(StatusCode, AppJson<Thread>), ApiError> {
     check_metadata(&body.metadata)?;
     check_version(body.assistant_version, body.assistant_id.is_some())?;
+    state.cases.storage_room(&tenant).await?;
     let config = body.config.unwrap_or_default();
     state.cases.check_config(&tenant, &config).await?;
     let assistant = body.assistant_id.map(|assistant_id| AssistantPin {

@@ -169,6 +169,48 @@ fn bound(sql: String, args: Vec<Arg>) -> super::sql::Q {
 
 /// `COALESCE(sum(bytes of each column), 0)`, each column counted as its text (JSON as written
 /// out), NULL as nothing.
+/// What a thread stores, table by table: (the kind `ThreadStorage` reports it as, the table,
+/// the columns whose size counts). The thread's own row comes first: no rows there, no thread.
+const THREAD_TABLES: [(&str, &str, &[&str]); 7] = [
+    ("thread", "threads", &["thread_id"]),
+    (
+        "observations",
+        "observations",
+        &["type", "title", "parent_id", "content"],
+    ),
+    (
+        "messages",
+        "messages",
+        &[
+            "role",
+            "content",
+            "item_id",
+            "tool_call_id",
+            "name",
+            "tool_calls",
+        ],
+    ),
+    ("items", "todo_items", ITEM_TEXT),
+    (
+        "runs",
+        "runs",
+        &[
+            "query",
+            "config",
+            "usage",
+            "error",
+            "final_response",
+            "idempotency_key",
+        ],
+    ),
+    (
+        "history",
+        "agent_state_versions",
+        &["intent", "title", "plan", "current_step_id"],
+    ),
+    ("history", "todo_item_versions", ITEM_TEXT),
+];
+
 fn bytes_of(columns: &[&str]) -> String {
     let each: Vec<String> = columns
         .iter()
@@ -257,6 +299,33 @@ impl SqlStore {
         Ok(deleted)
     }
 
+    /// The bytes the tenant stores: what [`SqlStore::thread_storage`] counts, over all its
+    /// threads, plus its memory store items. One read of every row the tenant owns, so callers
+    /// count it now and then (see `PES_TENANT_STORAGE_RECOUNT_SECONDS`), not on every write.
+    pub async fn tenant_bytes(&self, tenant: &str) -> StoreResult<u64> {
+        let parts: Vec<String> = THREAD_TABLES
+            .iter()
+            .map(|(_, table, columns)| (*table, *columns))
+            .chain([(
+                "memory_items",
+                &["namespace", "key", "value", "content"][..],
+            )])
+            .map(|(table, columns)| {
+                format!(
+                    "(SELECT {bytes} FROM {table} WHERE tenant = $1)",
+                    bytes = bytes_of(columns)
+                )
+            })
+            .collect();
+        let n = self
+            .read()
+            .await?
+            .one(q(format!("SELECT {} AS bytes", parts.join(" + "))).bind(tenant))
+            .await?
+            .int("bytes")?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// What the thread stores: rows and bytes of its observations, messages, todo items, runs
     /// and history, read in one statement (one consistent view); `None` when the tenant has no such
     /// thread.
@@ -265,53 +334,17 @@ impl SqlStore {
         tenant: &str,
         thread_id: &ThreadId,
     ) -> StoreResult<Option<ThreadStorage>> {
-        let kind = |name: &str, table: &str, columns: &[&str]| {
-            format!(
-                "SELECT '{name}' AS kind, count(*) AS n, {bytes} AS bytes FROM {table} \
-                 WHERE tenant = $1 AND thread_id = $2",
-                bytes = bytes_of(columns)
-            )
-        };
-        let sql = [
-            kind("thread", "threads", &["thread_id"]),
-            kind(
-                "observations",
-                "observations",
-                &["type", "title", "parent_id", "content"],
-            ),
-            kind(
-                "messages",
-                "messages",
-                &[
-                    "role",
-                    "content",
-                    "item_id",
-                    "tool_call_id",
-                    "name",
-                    "tool_calls",
-                ],
-            ),
-            kind("items", "todo_items", ITEM_TEXT),
-            kind(
-                "runs",
-                "runs",
-                &[
-                    "query",
-                    "config",
-                    "usage",
-                    "error",
-                    "final_response",
-                    "idempotency_key",
-                ],
-            ),
-            kind(
-                "history",
-                "agent_state_versions",
-                &["intent", "title", "plan", "current_step_id"],
-            ),
-            kind("history", "todo_item_versions", ITEM_TEXT),
-        ]
-        .join(" UNION ALL ");
+        let sql = THREAD_TABLES
+            .iter()
+            .map(|(name, table, columns)| {
+                format!(
+                    "SELECT '{name}' AS kind, count(*) AS n, {bytes} AS bytes FROM {table} \
+                     WHERE tenant = $1 AND thread_id = $2",
+                    bytes = bytes_of(columns)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
         let rows = self
             .read()
             .await?

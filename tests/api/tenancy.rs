@@ -735,3 +735,98 @@ async fn concurrent_creations_never_pass_a_quota(backend: Backend) {
     a.stop().await;
 }
 both_stores!(exact_quotas, concurrent_creations_never_pass_a_quota);
+
+/// `PES_TENANT_MAX_STORAGE_BYTES`: past it, every write that grows the tenant's bytes (a thread,
+/// a run, a fork, a steering message, a store put) is 429 naming the setting; reads and deletes
+/// go on, another tenant is not affected, and deleting makes room again.
+async fn a_tenant_past_its_bytes_grows_nothing_but_reads_and_deletes(backend: Backend) {
+    let app = spawn_with(backend, None, |c| {
+        c.api_keys = Some("ka:acme,kb:globex".into());
+        // An empty tenant has room; one thread (its id's two bytes) fills it.
+        c.tenant_max_storage_bytes = 1;
+        c.tenant_storage_recount_seconds = 0;
+    })
+    .await;
+    let post = reqwest::Method::POST;
+    let thread = json!({"threadId": "t1"});
+    assert_eq!(
+        status_of(
+            &app,
+            "ka",
+            post.clone(),
+            "/v1/threads".into(),
+            thread.clone()
+        )
+        .await,
+        201
+    );
+    let run = format!("/v1/threads/t1/runs/{}/steer", uuid::Uuid::new_v4());
+    for (method, path, body) in [
+        (
+            post.clone(),
+            "/v1/threads".to_owned(),
+            json!({"threadId": "t2"}),
+        ),
+        (
+            post.clone(),
+            "/v1/threads/t1/runs".to_owned(),
+            json!({"query": "What is 2+2?"}),
+        ),
+        (post.clone(), "/v1/threads/t1/fork".to_owned(), json!({})),
+        (post.clone(), run, json!({"message": "faster"})),
+        (
+            reqwest::Method::PUT,
+            "/v1/store/items".to_owned(),
+            json!({"namespace": ["n"], "key": "k", "value": {"a": 1}}),
+        ),
+    ] {
+        let r = app
+            .client
+            .request(method, app.url(&path))
+            .bearer_auth("ka")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_quota(&r);
+        let (_, problem) = read(r).await;
+        assert_eq!(problem["code"], "quota_exceeded", "{path}: {problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("PES_TENANT_MAX_STORAGE_BYTES"),
+            "{path}: {problem}"
+        );
+    }
+    // Reads go on; the other tenant has its own bytes.
+    let (s, _) = app.get_as("ka", "/v1/threads/t1").await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        status_of(
+            &app,
+            "kb",
+            post.clone(),
+            "/v1/threads".into(),
+            thread.clone()
+        )
+        .await,
+        201
+    );
+    // A delete goes on, and frees the room.
+    let r = app
+        .client
+        .delete(app.url("/v1/threads/t1"))
+        .bearer_auth("ka")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(
+        status_of(&app, "ka", post, "/v1/threads".into(), thread).await,
+        201
+    );
+    app.stop().await;
+}
+both_stores!(
+    storage_quota,
+    a_tenant_past_its_bytes_grows_nothing_but_reads_and_deletes
+);

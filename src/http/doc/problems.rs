@@ -77,12 +77,14 @@ pub(super) const QUOTA_EXCEEDED: Shared = (
      (`PES_TENANT_MAX_ACTIVE_RUNS`), threads, forks included (`PES_TENANT_MAX_THREADS`), open \
      event streams (`PES_TENANT_MAX_STREAMS`), flowcharts \
      (`PES_TENANT_MAX_FLOWCHARTS`), assistants (`PES_TENANT_MAX_ASSISTANTS`) or memory store \
-     items (`PES_TENANT_MAX_STORE_ITEMS`); `detail` names \
+     items (`PES_TENANT_MAX_STORE_ITEMS`), steering messages of a run \
+     (`PES_MAX_STEERS_PER_RUN`), or bytes stored (`PES_TENANT_MAX_STORAGE_BYTES`: anything that \
+     grows them is refused, reads and deletes go on); `detail` names \
      which (`quota_exceeded`). `Retry-After` says when to try again.",
 );
 
 /// The routes that start something a tenant quota counts (method, path).
-pub(super) const QUOTA_ROUTES: [(&str, &str); 12] = [
+pub(super) const QUOTA_ROUTES: [(&str, &str); 13] = [
     ("post", "/v1/threads"),
     ("post", "/v1/threads/{threadId}/runs"),
     ("post", "/v1/threads/{threadId}/fork"),
@@ -95,6 +97,7 @@ pub(super) const QUOTA_ROUTES: [(&str, &str); 12] = [
     ("post", "/v1/assistants"),
     ("post", "/v1/crons"),
     ("put", "/v1/store/items"),
+    ("post", "/v1/threads/{threadId}/runs/{runId}/steer"),
 ];
 
 /// Every shared response, for the components section.

@@ -126,13 +126,24 @@ pub struct SweepSettings {
     pub batch: u32,
 }
 
-/// One pass of the sweeper: delete at most `batch` threads whose time-to-live has passed
-/// (through [`RunCommands::delete_idle_thread`]); how many this call deleted (another replica
-/// may delete some of those it found first).
+/// How long a fork's copy may go without a batch before the sweeper takes it for stopped (its
+/// process died): far longer than any batch takes.
+const STALLED_FORK_SECONDS: u64 = 600;
+
+/// One pass of the sweeper: delete the forks whose copy stopped, then at most `batch` threads
+/// whose time-to-live has passed (through [`RunCommands::delete_idle_thread`]); how many
+/// threads past their time this call deleted (another replica may delete some it found first).
 ///
 /// # Errors
 /// A store failure; threads deleted before it stay deleted.
 pub async fn sweep_once(commands: &RunCommands, default_ttl: u64, batch: u32) -> StoreResult<u64> {
+    let stalled = commands
+        .store()
+        .delete_stalled_forks(STALLED_FORK_SECONDS, batch)
+        .await?;
+    if stalled > 0 {
+        info!(forks = stalled, "deleted forks whose copy stopped");
+    }
     let which = Idle::Expired { default_ttl };
     let mut deleted = 0;
     for (tenant, id) in commands.store().idle_threads(&which, batch).await? {

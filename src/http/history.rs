@@ -162,10 +162,14 @@ pub async fn fork_thread(
         thread_id: body.thread_id.unwrap_or_else(ThreadId::generate),
         metadata: body.metadata,
     };
+    // Its own task: a client that hangs up does not stop a fork between its transactions.
+    let store = state.store.clone();
+    let (owner, from) = (tenant.clone(), source.clone());
     let forked = state
-        .store
-        .fork_thread(&tenant, &source, req)
-        .await?
+        .tracker
+        .spawn(async move { store.fork_thread(&owner, &from, req).await })
+        .await
+        .map_err(|e| ApiError::Internal(e.into()))??
         .ok_or_else(ApiError::thread_not_found)?;
     tracing::info!(
         source = %source, fork = %forked.thread.thread_id, at_seq = forked.at_seq,

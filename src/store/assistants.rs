@@ -191,7 +191,7 @@ pub(super) async fn lock_thread_for_run(
 ) -> StoreResult<Option<LockedThread>> {
     let sql = format!(
         "SELECT last_seq, assistant_id, assistant_version, {} AS webhook FROM threads \
-         WHERE tenant = $1 AND thread_id = $2 {{lock}}",
+         WHERE tenant = $1 AND thread_id = $2 AND NOT copying {{lock}}",
         super::webhooks::config_webhook(tx.dialect(), "config")
     );
     let Some(row) = tx.opt(q(sql).bind(tenant).bind(thread_id.as_str())).await? else {

@@ -108,7 +108,7 @@ impl SqlStore {
             let found = tx
                 .opt(
                     q(
-                        "SELECT 1 AS one FROM threads WHERE tenant = $1 AND thread_id = $2 \
+                        "SELECT 1 AS one FROM threads WHERE tenant = $1 AND thread_id = $2 AND NOT copying \
                        {share of threads}",
                     )
                     .bind(tenant)

@@ -1,14 +1,22 @@
-//! Forks (DESIGN §7.2): a new thread whose log, messages, state and history are a prefix of its
+//! Forks: a new thread whose log, messages, state and history are a prefix of its
 //! source's, cut at the end of a commit. A run that was under way at that point continues on the
 //! fork as a new run, from its last commit there, which is what crash recovery does: the fork
 //! gets the run's rows as they were, and the worker that claims it reads them like any run whose
 //! lease expired. A suspension pending at that point is pending on the fork under a new id, so a
-//! person can decide differently there. The source is only read.
+//! person can decide differently there; one decided by then whose call had no result yet is
+//! asked again (a decision is for one execution). The source is only read.
+//!
+//! A fork is copied in short transactions (see [`SqlStore::fork_thread`]), so however long its
+//! source, it never holds the writer (SQLite) or locks beyond its own rows (Postgres) for more
+//! than a batch. Until its last transaction the fork's thread is `copying`: hidden from every
+//! read and write, counted by the quotas, deleted if the copy stops.
 //!
 //! Ids: observations and messages keep theirs (unique per thread, so the fork's log is the
 //! source's, ids and all); the continued run and its suspensions get new ones (runs and
 //! suspensions are addressed without their thread), and every copied row and observation text
 //! that names them names the new ones, so the engine finds its own rows on the fork.
+
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use uuid::Uuid;
@@ -116,25 +124,24 @@ impl Renames {
     }
 }
 
-/// Copy the rows of `table` whose `at` is at or before `$3` from the source thread (`$1`
-/// tenant, `$2` source, `$4` the fork), renaming ids in `run_id` and in the `texts` columns; a
-/// `seq` past `$5`, the seq asked for, becomes `$5` (the commit that holds it ends there on the
-/// fork, whose next commit takes the seqs after it).
+/// Copy the rows of `table` whose `at` is after `$6` and at or before `$3` from the source
+/// thread (`$1` tenant, `$2` source, `$4` the fork), renaming ids in `run_id` and in the `texts`
+/// columns; a `seq` past `$5`, the seq asked for, becomes `$5` (the commit that holds it ends
+/// there on the fork, whose next commit takes the seqs after it).
 async fn copy_rows(
     conn: &mut Conn,
-    table: &str,
-    columns: &[&str],
-    at: &str,
-    texts: &[(&str, bool)],
+    bulk: &Bulk,
     renames: &Renames,
     key: (&str, &ThreadId, i64, &ThreadId, i64),
+    after: i64,
 ) -> Result<u64, StoreError> {
+    let (table, columns, at, texts) = (bulk.table, &bulk.columns, bulk.at, bulk.texts);
     let d = conn.dialect();
     // Only the renames the statement refers to are bound: a statement's text must fix how many
     // parameters it takes, or a connection that prepared it once with another count (its
     // statement cache is keyed by the text) is sent a mismatched bind on the next fork.
     let ids = columns.contains(&"run_id");
-    let first_text = if ids { 6 + 2 * renames.0.len() } else { 6 };
+    let first_text = if ids { 7 + 2 * renames.0.len() } else { 7 };
     let picked: Vec<String> = columns
         .iter()
         .map(|c| match *c {
@@ -142,7 +149,7 @@ async fn copy_rows(
             "seq" | "created_seq" | "resolved_seq" => {
                 format!("CASE WHEN {c} > $5 THEN $5 ELSE {c} END")
             }
-            "run_id" => renames.column("run_id", 6),
+            "run_id" => renames.column("run_id", 7),
             c => match texts.iter().find(|(t, _)| *t == c) {
                 Some((_, json)) => renames.text(d, c, *json, first_text),
                 None => c.to_owned(),
@@ -151,7 +158,7 @@ async fn copy_rows(
         .collect();
     let sql = format!(
         "INSERT INTO {table} ({cols}) SELECT {picked} FROM {table} \
-         WHERE tenant = $1 AND thread_id = $2 AND {at} <= $3",
+         WHERE tenant = $1 AND thread_id = $2 AND {at} <= $3 AND {at} > $6",
         cols = columns.join(", "),
         picked = picked.join(", ")
     );
@@ -161,7 +168,8 @@ async fn copy_rows(
         .bind(source.as_str())
         .bind(upto)
         .bind(fork.as_str())
-        .bind(asked);
+        .bind(asked)
+        .bind(after);
     let stmt = if ids { renames.bind_ids(stmt) } else { stmt };
     let stmt = if texts.is_empty() {
         stmt
@@ -171,9 +179,116 @@ async fn copy_rows(
     conn.exec(stmt).await
 }
 
+/// What a fork's first transaction settled, for its batches and its last transaction.
+struct Plan {
+    tenant: String,
+    source: ThreadId,
+    fork: ThreadId,
+    thread: Thread,
+    /// The last observation the fork holds.
+    asked: i64,
+    /// The end of the commit that holds `asked`: the state, messages and history go up to it.
+    cut: i64,
+    /// The runs under way at the cut, which go on on the fork.
+    under_way: Vec<Uuid>,
+    renames: Renames,
+    /// Their suspensions made by the cut, each with whether its decision is asked again.
+    suspensions: Vec<(Suspension, bool)>,
+}
+
+/// How long one batch of a fork's copy should hold the writer: well under the 100 ms a fork may
+/// hold it at a time, so a batch of rows heavier than the last still stays under that.
+const BATCH_TARGET: Duration = Duration::from_millis(20);
+
+/// The widest batch, in seqs (a sparse table's batches grow to it).
+const MAX_BATCH_SEQS: i64 = 1 << 16;
+
+/// A table a fork copies in batches.
+struct Bulk {
+    table: &'static str,
+    columns: Vec<&'static str>,
+    /// The seq a row is cut by.
+    at: &'static str,
+    /// Text columns that may name a renamed id (and whether they hold JSON).
+    texts: &'static [(&'static str, bool)],
+    /// Cut at the seq asked for (the log) rather than at the end of its commit.
+    log: bool,
+}
+
+/// The log, messages, and history versions, in that order.
+fn bulk_tables() -> [Bulk; 4] {
+    let mut state = vec!["tenant", "thread_id", "seq"];
+    state.extend_from_slice(STATE_COLUMNS);
+    let mut items = vec!["tenant", "thread_id"];
+    items.extend_from_slice(ITEM_COLUMNS);
+    items.extend_from_slice(&["seq", "deleted"]);
+    [
+        Bulk {
+            table: "observations",
+            columns: vec![
+                "tenant",
+                "thread_id",
+                "seq",
+                "id",
+                "run_id",
+                "parent_id",
+                "type",
+                "title",
+                "content",
+                "created_at",
+                "commit_changed",
+                "commit_phase",
+                "commit_usage",
+            ],
+            at: "seq",
+            texts: &[("parent_id", false), ("content", true)],
+            log: true,
+        },
+        Bulk {
+            table: "messages",
+            columns: vec![
+                "id",
+                "tenant",
+                "thread_id",
+                "run_id",
+                "role",
+                "content",
+                "item_id",
+                "tool_call_id",
+                "created_at",
+                "name",
+                "tool_calls",
+                "seq",
+            ],
+            at: "COALESCE(seq, 0)",
+            texts: &[],
+            log: false,
+        },
+        Bulk {
+            table: "agent_state_versions",
+            columns: state,
+            at: "seq",
+            texts: &[],
+            log: false,
+        },
+        Bulk {
+            table: "todo_item_versions",
+            columns: items,
+            at: "seq",
+            texts: &[],
+            log: false,
+        },
+    ]
+}
+
 impl SqlStore {
-    /// Fork `source` (see the module): one transaction, which only reads the source. `None` when
-    /// the source does not exist.
+    /// Fork `source` (see the module), in short transactions: the first settles the cut and
+    /// makes the fork's thread, hidden while `copying`; batches copy the log, messages and
+    /// history, each sized to hold the writer a few tens of milliseconds; the last copies the
+    /// live state, runs and suspensions and shows the fork. Another tenant's writes wait for
+    /// one batch at most, never for the whole copy. A copy that fails is deleted (one whose
+    /// process died, by the retention sweeper). `None` when the source does not exist, or was
+    /// deleted while it was copied.
     ///
     /// # Errors
     /// [`PastError::OutOfRange`] when `at_seq` is past the source's last observation;
@@ -184,8 +299,47 @@ impl SqlStore {
         source: &ThreadId,
         req: ForkRequest,
     ) -> Result<Option<Forked>, PastError> {
+        let Some(plan) = self.begin_fork(tenant, source, req).await? else {
+            return Ok(None);
+        };
+        let done = match self.copy_in_batches(&plan).await {
+            Ok(()) => self.finish_fork(&plan).await,
+            Err(e) => Err(e.into()),
+        };
+        if !matches!(done, Ok(Some(_))) {
+            // Nothing of a fork that did not finish stays behind.
+            let dropped = self
+                .write_one()
+                .await
+                .map(|c| (c, plan.tenant.as_str(), plan.fork.as_str()));
+            if let Ok((mut c, tenant, fork)) = dropped {
+                let gone = c
+                    .exec(
+                        q("DELETE FROM threads WHERE tenant = $1 AND thread_id = $2 AND copying")
+                            .bind(tenant)
+                            .bind(fork),
+                    )
+                    .await;
+                if let Err(e) = gone {
+                    tracing::warn!(error = %e, fork, "a fork that did not finish was not deleted: \
+                        the retention sweeper will");
+                }
+            }
+        }
+        done
+    }
+
+    /// The fork's first transaction: the cut, the new thread (`copying`), the runs that go on
+    /// and the suspensions they hold, and the ids they get on the fork.
+    async fn begin_fork(
+        &self,
+        tenant: &str,
+        source: &ThreadId,
+        req: ForkRequest,
+    ) -> Result<Option<Plan>, PastError> {
         let mut tx = self.write().await?;
-        // Lock the source: no commit lands on it while it is copied (it is read, never written).
+        // Lock the source while the cut is settled (it is read, never written; the rows up to
+        // the cut never change, so the batches read them without a lock).
         let Some(last) = lock_thread(&mut tx, tenant, source).await? else {
             return Ok(None);
         };
@@ -219,9 +373,10 @@ impl SqlStore {
             .one(
                 q(
                     "INSERT INTO threads (tenant, thread_id, metadata, config, created_at, \
-                     updated_at, assistant_id, assistant_version, last_seq) \
+                     updated_at, assistant_id, assistant_version, last_seq, copying) \
                    SELECT tenant, $3, $4, config, {now}, {now}, assistant_id, \
-                     assistant_version, $5 FROM threads WHERE tenant = $1 AND thread_id = $2 \
+                     assistant_version, $5, TRUE FROM threads \
+                   WHERE tenant = $1 AND thread_id = $2 \
                    RETURNING tenant, thread_id, metadata, config, created_at, updated_at, \
                      assistant_id, assistant_version, 'idle' AS status",
                 )
@@ -238,7 +393,6 @@ impl SqlStore {
                 }
                 e => e,
             })?;
-        let key = (tenant, source, cut, fork, asked);
 
         // The runs that go on, and their suspensions made by the cut.
         let under_way: Vec<Uuid> = tx
@@ -274,34 +428,72 @@ impl SqlStore {
             }
         }
         let renames = Renames(renames);
+        tx.commit().await?;
+        Ok(Some(Plan {
+            tenant: tenant.to_owned(),
+            source: source.clone(),
+            fork: fork.clone(),
+            thread: rows::thread_from_row(&thread)?,
+            asked,
+            cut,
+            under_way,
+            renames,
+            suspensions,
+        }))
+    }
 
-        let obs = [
-            "tenant",
-            "thread_id",
-            "seq",
-            "id",
-            "run_id",
-            "parent_id",
-            "type",
-            "title",
-            "content",
-            "created_at",
-            "commit_changed",
-            "commit_phase",
-            "commit_usage",
-        ];
-        let texts = [("parent_id", false), ("content", true)];
-        let log_key = (tenant, source, asked, fork, asked);
-        copy_rows(
-            &mut tx,
-            "observations",
-            &obs,
-            "seq",
-            &texts,
-            &renames,
-            log_key,
-        )
-        .await?;
+    /// Copy the log, messages and history up to the cut, table by table, in batches of seqs:
+    /// each batch its own transaction, its width grown or shrunk so a batch takes about
+    /// [`BATCH_TARGET`] whatever the rows weigh. Each batch first checks the fork is still being
+    /// copied (a sweeper that took it for abandoned, or a delete, stops the copy).
+    async fn copy_in_batches(&self, plan: &Plan) -> Result<(), StoreError> {
+        let (tenant, source, fork) = (plan.tenant.as_str(), &plan.source, &plan.fork);
+        for bulk in bulk_tables() {
+            let upto = if bulk.log { plan.asked } else { plan.cut };
+            // Messages before any commit have no seq (`COALESCE(seq, 0)`): start below 0.
+            let mut after = -1;
+            let mut width: i64 = 256;
+            while after < upto {
+                let to = after.saturating_add(width).min(upto);
+                let mut tx = self.write().await?;
+                let started = Instant::now();
+                let kept = tx
+                    .exec(
+                        q("UPDATE threads SET updated_at = {now} \
+                           WHERE tenant = $1 AND thread_id = $2 AND copying")
+                        .bind(tenant)
+                        .bind(fork.as_str()),
+                    )
+                    .await?;
+                if kept == 0 {
+                    return Err(StoreError::ThreadNotFound);
+                }
+                let key = (tenant, source, to, fork, plan.asked);
+                copy_rows(&mut tx, &bulk, &plan.renames, key, after).await?;
+                tx.commit().await?;
+                let took = started.elapsed();
+                if took < BATCH_TARGET / 4 {
+                    width = width.saturating_mul(2).min(MAX_BATCH_SEQS);
+                } else if took > BATCH_TARGET {
+                    width = (width / 2).max(1);
+                }
+                after = to;
+            }
+        }
+        Ok(())
+    }
+
+    /// The fork's last transaction: the live state and items at the cut, the runs that go on
+    /// and their suspensions (a decision not spent by the cut asked again), and the thread
+    /// shown. `None` when the source was deleted meanwhile.
+    async fn finish_fork(&self, plan: &Plan) -> Result<Option<Forked>, PastError> {
+        let (tenant, source, fork) = (plan.tenant.as_str(), &plan.source, &plan.fork);
+        let (asked, cut) = (plan.asked, plan.cut);
+        let (renames, under_way, suspensions) = (&plan.renames, &plan.under_way, &plan.suspensions);
+        let mut tx = self.write().await?;
+        if lock_thread(&mut tx, tenant, source).await?.is_none() {
+            return Ok(None);
+        }
         if cut > asked {
             // Cut inside a commit: on the fork, the commit ends at its last observation there.
             tx.exec(
@@ -319,48 +511,6 @@ impl SqlStore {
             )
             .await?;
         }
-        let messages = [
-            "id",
-            "tenant",
-            "thread_id",
-            "run_id",
-            "role",
-            "content",
-            "item_id",
-            "tool_call_id",
-            "created_at",
-            "name",
-            "tool_calls",
-            "seq",
-        ];
-        let at = "COALESCE(seq, 0)";
-        copy_rows(&mut tx, "messages", &messages, at, &[], &renames, key).await?;
-        let mut state = vec!["tenant", "thread_id", "seq"];
-        state.extend_from_slice(STATE_COLUMNS);
-        copy_rows(
-            &mut tx,
-            "agent_state_versions",
-            &state,
-            "seq",
-            &[],
-            &renames,
-            key,
-        )
-        .await?;
-        let mut items = vec!["tenant", "thread_id"];
-        items.extend_from_slice(ITEM_COLUMNS);
-        items.extend_from_slice(&["seq", "deleted"]);
-        copy_rows(
-            &mut tx,
-            "todo_item_versions",
-            &items,
-            "seq",
-            &[],
-            &renames,
-            key,
-        )
-        .await?;
-
         // The live rows: the state as it was at the cut.
         let cols = STATE_COLUMNS.join(", ");
         let copied = tx
@@ -474,7 +624,7 @@ impl SqlStore {
                 .ok_or_else(|| StoreError::Decode("a copied row without its new id".into()))
         };
         let mut asked_again = Vec::new();
-        for (s, reask) in &suspensions {
+        for (s, reask) in suspensions {
             let new = renamed(&s.suspension_id)?;
             tx.exec(
                 q(
@@ -534,12 +684,18 @@ impl SqlStore {
             again_obs.push(rows::run_suspended(run, ids, usage));
         }
         super::apply::append_observations(&mut tx, tenant, fork, again_obs).await?;
+        tx.exec(
+            q("UPDATE threads SET copying = FALSE WHERE tenant = $1 AND thread_id = $2")
+                .bind(tenant)
+                .bind(fork.as_str()),
+        )
+        .await?;
         if !runs.is_empty() {
             tx.notify(&Signal::RunReady).await?;
         }
         tx.commit().await?;
         Ok(Some(Forked {
-            thread: rows::thread_from_row(&thread)?,
+            thread: plan.thread.clone(),
             at_seq: asked,
             runs,
         }))

@@ -418,9 +418,12 @@ impl SqlStore {
         let mut tx = self.snapshot().await?;
         let Some(row) = tx
             .opt(
-                q("SELECT last_seq FROM threads WHERE tenant = $1 AND thread_id = $2")
-                    .bind(tenant)
-                    .bind(thread_id.as_str()),
+                q(
+                    "SELECT last_seq FROM threads WHERE tenant = $1 AND thread_id = $2 \
+                   AND NOT copying",
+                )
+                .bind(tenant)
+                .bind(thread_id.as_str()),
             )
             .await?
         else {

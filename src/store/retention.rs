@@ -112,8 +112,8 @@ const ASSISTANT_JOINS: &str = "LEFT JOIN assistants a ON a.tenant = t.tenant \
      LEFT JOIN assistant_versions v ON v.tenant = a.tenant AND v.assistant_id = a.assistant_id \
        AND v.version = COALESCE(t.assistant_version, a.current_version)";
 
-/// No run of thread `t` occupies it.
-const NO_ACTIVE_RUN: &str = "NOT EXISTS (SELECT 1 FROM runs r WHERE r.tenant = t.tenant \
+/// No run of thread `t` occupies it, and no fork is being copied into it.
+const NO_ACTIVE_RUN: &str = "NOT t.copying AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.tenant = t.tenant \
     AND r.thread_id = t.thread_id AND r.status IN ('queued', 'running', 'suspended'))";
 
 /// The status of thread `t`'s newest run.
@@ -167,8 +167,6 @@ fn bound(sql: String, args: Vec<Arg>) -> super::sql::Q {
     args.into_iter().fold(q(sql), super::sql::Q::bind)
 }
 
-/// `COALESCE(sum(bytes of each column), 0)`, each column counted as its text (JSON as written
-/// out), NULL as nothing.
 /// What a thread stores, table by table: (the kind `ThreadStorage` reports it as, the table,
 /// the columns whose size counts). The thread's own row comes first: no rows there, no thread.
 const THREAD_TABLES: [(&str, &str, &[&str]); 7] = [
@@ -211,6 +209,8 @@ const THREAD_TABLES: [(&str, &str, &[&str]); 7] = [
     ("history", "todo_item_versions", ITEM_TEXT),
 ];
 
+/// `COALESCE(sum(bytes of each column), 0)`, each column counted as its text (JSON as written
+/// out), NULL as nothing.
 fn bytes_of(columns: &[&str]) -> String {
     let each: Vec<String> = columns
         .iter()
@@ -296,6 +296,45 @@ impl SqlStore {
             .await?;
         }
         tx.commit().await?;
+        Ok(deleted)
+    }
+
+    /// Delete at most `batch` forks whose copy stopped (its process died mid-copy): threads
+    /// still `copying` that no batch touched for `idle_secs`. How many were deleted.
+    pub async fn delete_stalled_forks(&self, idle_secs: u64, batch: u32) -> StoreResult<u64> {
+        let d = self.dialect();
+        let stalled = self
+            .read()
+            .await?
+            .all(
+                q(format!(
+                    "SELECT tenant, thread_id FROM threads WHERE copying \
+                     AND updated_at < {cutoff} LIMIT $2",
+                    cutoff = ago(d, "$1")
+                ))
+                .bind(i64::try_from(idle_secs).unwrap_or(i64::MAX))
+                .bind(i64::from(batch)),
+            )
+            .await?;
+        let mut deleted = 0;
+        for row in &stalled {
+            let (tenant, thread) = (row.text("tenant")?, row.text("thread_id")?);
+            let mut tx = self.write().await?;
+            // Checked again under the writer: a copy that moved since is not stalled.
+            deleted += tx
+                .exec(
+                    q(format!(
+                        "DELETE FROM threads WHERE tenant = $1 AND thread_id = $2 AND copying \
+                         AND updated_at < {cutoff}",
+                        cutoff = ago(d, "$3")
+                    ))
+                    .bind(tenant)
+                    .bind(thread)
+                    .bind(i64::try_from(idle_secs).unwrap_or(i64::MAX)),
+                )
+                .await?;
+            tx.commit().await?;
+        }
         Ok(deleted)
     }
 

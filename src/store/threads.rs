@@ -55,7 +55,7 @@ pub(crate) async fn lock_thread(
     thread_id: &ThreadId,
 ) -> StoreResult<Option<i64>> {
     conn.opt(
-        q("SELECT last_seq FROM threads WHERE tenant = $1 AND thread_id = $2 {lock}")
+        q("SELECT last_seq FROM threads WHERE tenant = $1 AND thread_id = $2 AND NOT copying {lock}")
             .bind(tenant)
             .bind(thread_id.as_str()),
     )
@@ -71,7 +71,8 @@ async fn thread_in(
 ) -> StoreResult<Option<Thread>> {
     conn.opt(
         q(format!(
-            "SELECT {THREAD_COLUMNS} FROM threads t WHERE t.tenant = $1 AND t.thread_id = $2"
+            "SELECT {THREAD_COLUMNS} FROM threads t WHERE t.tenant = $1 AND t.thread_id = $2 \
+             AND NOT t.copying"
         ))
         .bind(tenant)
         .bind(thread_id.as_str()),
@@ -93,7 +94,7 @@ impl SqlStore {
             .read()
             .await?
             .opt(
-                q("SELECT 1 AS one FROM threads WHERE tenant = $1 AND thread_id = $2")
+                q("SELECT 1 AS one FROM threads WHERE tenant = $1 AND thread_id = $2 AND NOT copying")
                     .bind(tenant)
                     .bind(thread_id.as_str()),
             )
@@ -195,7 +196,7 @@ impl SqlStore {
                 ORDER BY r.created_at DESC, r.run_id DESC LIMIT 1) AS last_query \
              FROM threads t LEFT JOIN agent_state a \
                ON a.tenant = t.tenant AND a.thread_id = t.thread_id \
-             WHERE t.tenant = $1 {after} \
+             WHERE t.tenant = $1 AND NOT t.copying {after} \
              ORDER BY t.created_at DESC, t.thread_id DESC LIMIT $2"
         ))
         .bind(tenant)

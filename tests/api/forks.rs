@@ -673,3 +673,126 @@ both_stores!(
     forks_reused_connections,
     forks_on_a_long_lived_service_never_fail
 );
+
+/// Open the app's database directly (what only a test does): to plant a fork whose copy stopped.
+async fn exec_sql(url: &str, sql: &str) {
+    if url.starts_with("postgres") {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        sqlx::query(sql).execute(&pool).await.unwrap();
+        pool.close().await;
+    } else {
+        let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+        sqlx::query(sql).execute(&pool).await.unwrap();
+        pool.close().await;
+    }
+}
+
+/// A fork of a thread longer than one copy batch is its source's prefix exactly (log, state,
+/// messages), batch boundaries included; a fork whose copy stopped (its process died) is
+/// invisible, holds its id, and is deleted by the sweeper.
+async fn a_long_fork_is_copied_whole_in_batches(backend: Backend) {
+    let url = crate::helpers::database_url(backend).await;
+    let mut c = test_config(&url, None);
+    c.retention_interval_seconds = 1;
+    let app = spawn_config(c).await;
+    let t = app.thread(json!({})).await;
+    let mut n = 0;
+    // Past the first batch (256 seqs) and into the second.
+    while seq(app
+        .observations(&t)
+        .await
+        .last()
+        .unwrap_or(&json!({"seq": 0})))
+        < 700
+    {
+        n += 1;
+        assert!(n < 200, "the thread never grew");
+        let run = app
+            .run_wait(&t, &format!("What is 2+{n}? And 3*{n}?"))
+            .await;
+        assert_eq!(run["status"], "completed", "{run}");
+    }
+    let source = app.observations(&t).await;
+    let last = seq(source.last().unwrap());
+    let middle = last / 2 + 17;
+    for at in [middle, last] {
+        let fork = fork_of(&app, &t, json!({"atSeq": at})).await;
+        let f = fork["threadId"].as_str().unwrap();
+        let copied = app.observations(f).await;
+        let prefix: Vec<&Value> = source.iter().filter(|o| seq(o) <= at).collect();
+        assert_eq!(copied.len(), prefix.len(), "every observation up to {at}");
+        for (a, b) in copied.iter().zip(prefix) {
+            for field in ["seq", "id", "type", "content", "parentId"] {
+                assert_eq!(a[field], b[field], "{field} at seq {}", b["seq"]);
+            }
+        }
+        // The fork goes on from there (a run under way continues): compare at the cut.
+        let (past, copied) = (state_at(&app, &t, at).await, state_at(&app, f, at).await);
+        assert!(
+            past["todoList"] == copied["todoList"] && past["plan"] == copied["plan"],
+            "the fork's state at {at} is the source's"
+        );
+        let (_, a) = app
+            .get(&format!("/v1/threads/{t}/messages?limit=200"))
+            .await;
+        let (_, b) = app
+            .get(&format!("/v1/threads/{f}/messages?limit=200"))
+            .await;
+        if at == last {
+            // Each message as it is, but for the thread it is on.
+            let strip = |page: &Value| -> Vec<Value> {
+                let mut items = page["items"].as_array().unwrap().clone();
+                for m in &mut items {
+                    m.as_object_mut().unwrap().remove("threadId");
+                }
+                items
+            };
+            let (a, b) = (strip(&a), strip(&b));
+            let differ = a.iter().zip(&b).find(|(x, y)| x != y);
+            assert!(
+                a.len() == b.len() && differ.is_none(),
+                "every message: {} vs {}, first differing {:.600}",
+                a.len(),
+                b.len(),
+                format!("{differ:?}")
+            );
+        }
+    }
+
+    // A copy that stopped half-way: hidden, its id taken, then swept.
+    exec_sql(
+        &url,
+        "INSERT INTO threads (tenant, thread_id, metadata, config, created_at, updated_at, \
+         last_seq, copying) VALUES ('default', 'stalled', '{}', '{}', \
+         '2000-01-01T00:00:00.000000Z', '2000-01-01T00:00:00.000000Z', 0, TRUE)",
+    )
+    .await;
+    let (s, _) = app.get("/v1/threads/stalled").await;
+    assert_eq!(s, 404, "a fork being copied is not a thread yet");
+    let (_, list) = app.get("/v1/threads?limit=200").await;
+    assert!(
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["threadId"] != "stalled"),
+        "{list}"
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (s, b) = app
+            .post("/v1/threads", json!({"threadId": "stalled"}))
+            .await;
+        if s == 201 {
+            break;
+        }
+        assert_eq!(s, 409, "{b}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled copy was never swept"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    app.stop().await;
+}
+both_stores!(long_forks, a_long_fork_is_copied_whole_in_batches);

@@ -6,8 +6,10 @@
 //! one write transaction at a time (`BEGIN IMMEDIATE`), across processes too. A count stops at
 //! the quota (`LIMIT`), so it costs no more than the quota however many rows a table holds.
 //!
-//! Lock order, to stay free of deadlocks: a thread's row, then the `threads` key, then the `runs`
-//! key (creating a thread with its first run takes them in that order, as a fork does).
+//! Lock order, to stay free of deadlocks: the `threads` key before a new thread's row; a
+//! thread's row before the `runs` key; nothing waits for the `threads` key while holding the
+//! `runs` key. A run's creation takes the `runs` key in the statement that locks its thread's
+//! active runs and counts in its insert (see `runs.rs`), so exactness costs it no round trip.
 
 use super::StoreResult;
 use super::sql::{Conn, q};
@@ -27,8 +29,7 @@ pub(crate) async fn room(
     if max == u64::MAX {
         return Ok(true);
     }
-    conn.lock_key(&format!("quota\u{1f}{kind}\u{1f}{tenant}"))
-        .await?;
+    conn.lock_key(&lock_name(kind, tenant)).await?;
     let n = conn
         .one(
             q(format!(
@@ -56,11 +57,21 @@ pub(crate) async fn active_runs(
     if room(conn, "runs", counted, tenant, max, adding).await? {
         return Ok(());
     }
-    Err(super::StoreError::OverQuota {
+    Err(over_active_runs(max))
+}
+
+/// The refusal of a run past `PES_TENANT_MAX_ACTIVE_RUNS` (`max`).
+pub(crate) fn over_active_runs(max: u64) -> super::StoreError {
+    super::StoreError::OverQuota {
         what: "runs queued or running",
         setting: "PES_TENANT_MAX_ACTIVE_RUNS",
         max,
         hint: "post again when some have ended",
         retry_after_seconds: 5,
-    })
+    }
+}
+
+/// The name of the tenant's lock on what `kind` counts (see [`super::sql::Conn::lock_key`]).
+pub(crate) fn lock_name(kind: &str, tenant: &str) -> String {
+    format!("quota\u{1f}{kind}\u{1f}{tenant}")
 }

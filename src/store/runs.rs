@@ -9,7 +9,7 @@ use super::apply::append_observations;
 use super::assistants::{lock_thread_for_run, version_for_run};
 use super::history::{copy_items, mark_commit_end};
 use super::rows;
-use super::sql::{Arg, Conn, q};
+use super::sql::{Arg, Conn, Dialect, q};
 use super::sql_store::SqlStore;
 use super::tables::{TODO_ITEMS, item_cols};
 use super::threads::{lock_thread, map_rows};
@@ -239,16 +239,26 @@ impl SqlStore {
         }
 
         // Lock the active runs: a concurrent claim either finished (we see `running`) or skips
-        // them.
+        // them. On Postgres the same statement takes the tenant's run-quota lock (see
+        // `quotas`), held to the commit, so the insert below counts after every other creation
+        // of the tenant committed: exact across replicas at no extra round trip.
+        let quota_lock = match tx.dialect() {
+            Dialect::Postgres if self.max_active_runs != u64::MAX => {
+                // A one-time filter: evaluated once, rows or none (an `EXISTS` would not call it).
+                "AND (SELECT pg_advisory_xact_lock(hashtextextended($3, 0))::text) IS NOT NULL "
+            }
+            _ => "AND $3 <> '' ",
+        };
         let active = tx
             .all(
-                q(
+                q(format!(
                     "SELECT run_id, status FROM runs WHERE tenant = $1 AND thread_id = $2 \
-                     AND status IN ('queued', 'running', 'suspended') \
-                   ORDER BY created_at, run_id {lock}",
-                )
+                     AND status IN ('queued', 'running', 'suspended') {quota_lock}\
+                   ORDER BY created_at, run_id {{lock}}"
+                ))
                 .bind(tenant)
-                .bind(thread_id.as_str()),
+                .bind(thread_id.as_str())
+                .bind(super::quotas::lock_name("runs", tenant)),
             )
             .await?
             .iter()
@@ -301,8 +311,6 @@ impl SqlStore {
                 }
             }
         }
-        // Counted after an interrupt cancelled the queued runs it displaces.
-        super::quotas::active_runs(&mut tx, tenant, self.max_active_runs, 1).await?;
         let start_seq = observations.last().map_or(last_seq, |o| o.seq);
         let kind = if new.flowchart.is_some() {
             RunKind::Flowchart
@@ -311,16 +319,20 @@ impl SqlStore {
         };
         let flowchart = rows::opt_json(new.flowchart.as_ref())?;
         // {clock}: taken after the thread lock, so runs of a thread sort in the order they were
-        // enqueued.
+        // enqueued. The tenant's runs queued or running are counted in the same statement,
+        // after an interrupt cancelled the queued runs it displaces: no row, no room.
         let row = tx
-            .one(
+            .opt(
                 q(
                     "INSERT INTO runs (run_id, tenant, thread_id, status, query, config, \
                      multitask_strategy, idempotency_key, created_at, usage, attempt, phase, \
                      cancel_requested, start_seq, trace_context, assistant_id, \
                      assistant_version, webhook, cron_id, kind, flowchart) \
-                   VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, {clock}, $8, 0, 'new', FALSE, \
-                     $9, $10, $11, $12, $13, $14, $15, $16) RETURNING *",
+                   SELECT $1, $2, $3, 'queued', $4, $5, $6, $7, {clock}, $8, 0, 'new', FALSE, \
+                     $9, $10, $11, $12, $13, $14, $15, $16 \
+                   WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM runs WHERE tenant = $2 \
+                     AND status IN ('queued', 'running') LIMIT $17) x) < $17 \
+                   RETURNING *",
                 )
                 .bind(run_id)
                 .bind(tenant)
@@ -337,9 +349,11 @@ impl SqlStore {
                 .bind(Arg::Json(webhook))
                 .bind(Arg::Text(new.cron_id.map(|id| id.to_string())))
                 .bind(kind.as_str())
-                .bind(Arg::Json(flowchart)),
+                .bind(Arg::Json(flowchart))
+                .bind(i64::try_from(self.max_active_runs).unwrap_or(i64::MAX)),
             )
-            .await?;
+            .await?
+            .ok_or(super::quotas::over_active_runs(self.max_active_runs))?;
         tx.notify(&Signal::RunReady).await?;
         tx.commit().await?;
         if !observations.is_empty() {

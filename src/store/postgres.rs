@@ -72,7 +72,14 @@ impl PgStore {
             })
             .connect(url)
             .await?;
-        Ok(Self::from_pool(pool))
+        // No more transactions of all replicas together are ever in flight than the server
+        // takes connections: what lets a tenant far below a quota skip its lock (`quotas`).
+        let most: String = sqlx::query_scalar("SHOW max_connections")
+            .fetch_one(&pool)
+            .await?;
+        let mut store = Self::from_pool(pool);
+        store.in_flight = most.trim().parse().unwrap_or(u64::MAX);
+        Ok(store)
     }
 
     /// Open and close one connection to `url`: whether the server answers and lets us in,

@@ -8,8 +8,14 @@
 //!
 //! Lock order, to stay free of deadlocks: the `threads` key before a new thread's row; a
 //! thread's row before the `runs` key; nothing waits for the `threads` key while holding the
-//! `runs` key. A run's creation takes the `runs` key in the statement that locks its thread's
-//! active runs and counts in its insert (see `runs.rs`), so exactness costs it no round trip.
+//! `runs` key.
+//!
+//! A run's creation counts in its own insert (see `runs.rs`). A tenant with more room left than
+//! the database has transactions in flight (Postgres's `max_connections`, every replica's
+//! together) is inserted without the lock: even if every other transaction in flight added a run
+//! of the same tenant at that moment, the quota would hold. So the common run, far below its
+//! quota, pays no lock and no round trip; near the quota the lock is taken and the insert counts
+//! again.
 
 use super::StoreResult;
 use super::sql::{Conn, q};

@@ -9,7 +9,7 @@ use super::apply::append_observations;
 use super::assistants::{lock_thread_for_run, version_for_run};
 use super::history::{copy_items, mark_commit_end};
 use super::rows;
-use super::sql::{Arg, Conn, Dialect, q};
+use super::sql::{Arg, Conn, q};
 use super::sql_store::SqlStore;
 use super::tables::{TODO_ITEMS, item_cols};
 use super::threads::{lock_thread, map_rows};
@@ -239,26 +239,16 @@ impl SqlStore {
         }
 
         // Lock the active runs: a concurrent claim either finished (we see `running`) or skips
-        // them. On Postgres the same statement takes the tenant's run-quota lock (see
-        // `quotas`), held to the commit, so the insert below counts after every other creation
-        // of the tenant committed: exact across replicas at no extra round trip.
-        let quota_lock = match tx.dialect() {
-            Dialect::Postgres if self.max_active_runs != u64::MAX => {
-                // A one-time filter: evaluated once, rows or none (an `EXISTS` would not call it).
-                "AND (SELECT pg_advisory_xact_lock(hashtextextended($3, 0))::text) IS NOT NULL "
-            }
-            _ => "AND $3 <> '' ",
-        };
+        // them.
         let active = tx
             .all(
-                q(format!(
+                q(
                     "SELECT run_id, status FROM runs WHERE tenant = $1 AND thread_id = $2 \
-                     AND status IN ('queued', 'running', 'suspended') {quota_lock}\
-                   ORDER BY created_at, run_id {{lock}}"
-                ))
+                     AND status IN ('queued', 'running', 'suspended') \
+                   ORDER BY created_at, run_id {lock}",
+                )
                 .bind(tenant)
-                .bind(thread_id.as_str())
-                .bind(super::quotas::lock_name("runs", tenant)),
+                .bind(thread_id.as_str()),
             )
             .await?
             .iter()
@@ -320,40 +310,55 @@ impl SqlStore {
         let flowchart = rows::opt_json(new.flowchart.as_ref())?;
         // {clock}: taken after the thread lock, so runs of a thread sort in the order they were
         // enqueued. The tenant's runs queued or running are counted in the same statement,
-        // after an interrupt cancelled the queued runs it displaces: no row, no room.
-        let row = tx
-            .opt(
-                q(
-                    "INSERT INTO runs (run_id, tenant, thread_id, status, query, config, \
-                     multitask_strategy, idempotency_key, created_at, usage, attempt, phase, \
-                     cancel_requested, start_seq, trace_context, assistant_id, \
-                     assistant_version, webhook, cron_id, kind, flowchart) \
-                   SELECT $1, $2, $3, 'queued', $4, $5, $6, $7, {clock}, $8, 0, 'new', FALSE, \
-                     $9, $10, $11, $12, $13, $14, $15, $16 \
-                   WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM runs WHERE tenant = $2 \
-                     AND status IN ('queued', 'running') LIMIT $17) x) < $17 \
-                   RETURNING *",
-                )
-                .bind(run_id)
-                .bind(tenant)
-                .bind(thread_id.as_str())
-                .bind(&new.query)
-                .bind(rows::to_json(&new.config)?)
-                .bind(new.strategy.as_str())
-                .bind(&new.idempotency_key)
-                .bind(rows::to_json(&Usage::default())?)
-                .bind(start_seq)
-                .bind(&new.trace_context)
-                .bind(assistant.as_ref().map(|a| a.assistant_id.as_str()))
-                .bind(Arg::Int(assistant.as_ref().map(|a| a.version)))
-                .bind(Arg::Json(webhook))
-                .bind(Arg::Text(new.cron_id.map(|id| id.to_string())))
-                .bind(kind.as_str())
-                .bind(Arg::Json(flowchart))
-                .bind(i64::try_from(self.max_active_runs).unwrap_or(i64::MAX)),
+        // after an interrupt cancelled the queued runs it displaces (see `quotas`): a tenant
+        // with more room than the database has transactions in flight is inserted at once;
+        // nearer its quota, under the tenant's lock, in a statement that sees every creation
+        // committed before it.
+        let (config, usage) = (
+            rows::to_json(&new.config)?,
+            rows::to_json(&Usage::default())?,
+        );
+        let insert = |below: u64| {
+            q(
+                "INSERT INTO runs (run_id, tenant, thread_id, status, query, config, \
+                 multitask_strategy, idempotency_key, created_at, usage, attempt, phase, \
+                 cancel_requested, start_seq, trace_context, assistant_id, \
+                 assistant_version, webhook, cron_id, kind, flowchart) \
+               SELECT $1, $2, $3, 'queued', $4, $5, $6, $7, {clock}, $8, 0, 'new', FALSE, \
+                 $9, $10, $11, $12, $13, $14, $15, $16 \
+               WHERE (SELECT COUNT(*) FROM (SELECT 1 FROM runs WHERE tenant = $2 \
+                 AND status IN ('queued', 'running') LIMIT $17) x) < $17 \
+               RETURNING *",
             )
-            .await?
-            .ok_or(super::quotas::over_active_runs(self.max_active_runs))?;
+            .bind(run_id)
+            .bind(tenant)
+            .bind(thread_id.as_str())
+            .bind(&new.query)
+            .bind(config.clone())
+            .bind(new.strategy.as_str())
+            .bind(&new.idempotency_key)
+            .bind(usage.clone())
+            .bind(start_seq)
+            .bind(&new.trace_context)
+            .bind(assistant.as_ref().map(|a| a.assistant_id.as_str()))
+            .bind(Arg::Int(assistant.as_ref().map(|a| a.version)))
+            .bind(Arg::Json(webhook.clone()))
+            .bind(Arg::Text(new.cron_id.map(|id| id.to_string())))
+            .bind(kind.as_str())
+            .bind(Arg::Json(flowchart.clone()))
+            .bind(i64::try_from(below).unwrap_or(i64::MAX))
+        };
+        let max = self.max_active_runs;
+        let mut row = None;
+        if max > self.in_flight {
+            row = tx.opt(insert(max - self.in_flight)).await?;
+        }
+        if row.is_none() {
+            tx.lock_key(&super::quotas::lock_name("runs", tenant))
+                .await?;
+            row = tx.opt(insert(max)).await?;
+        }
+        let row = row.ok_or(super::quotas::over_active_runs(max))?;
         tx.notify(&Signal::RunReady).await?;
         tx.commit().await?;
         if !observations.is_empty() {

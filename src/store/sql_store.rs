@@ -49,10 +49,17 @@ pub struct SqlStore {
     pub(crate) max_active_runs: u64,
     /// Flowcharts one tenant may hold (`PES_TENANT_MAX_FLOWCHARTS`).
     pub(crate) max_flowcharts: u64,
+    /// The most transactions that can be in flight at once on the database, every replica's
+    /// together: Postgres's `max_connections` (unknown: `u64::MAX`); SQLite's one writer, 1.
+    pub(crate) in_flight: u64,
 }
 
 impl SqlStore {
     pub(crate) fn new(db: Db) -> Self {
+        let in_flight = match &db {
+            Db::Pg(_) => u64::MAX,
+            Db::Lite { .. } => 1,
+        };
         SqlStore {
             db,
             origin: crate::model::new_id().to_string().into(),
@@ -63,6 +70,7 @@ impl SqlStore {
             max_steers: u64::MAX,
             max_active_runs: u64::MAX,
             max_flowcharts: u64::MAX,
+            in_flight,
         }
     }
 

@@ -32,33 +32,12 @@ pub(crate) struct HistoryReport {
 
 /// Grow the thread, then read past states.
 pub(crate) async fn history_mode(args: &Args, server: &Server) -> Result<HistoryReport> {
-    let limit = args.phase_deadline();
-    let thread = phase("creating the thread", limit, server.create_thread()).await?;
-    let started = Instant::now();
-    let mut runs = 0;
-    let mut last = 0;
-    while last < args.observations {
-        runs += 1;
-        let run = phase(
-            &format!("run {runs}"),
-            limit,
-            server.post_json(
-                &format!("/v1/threads/{thread}/runs/wait"),
-                &json!({"query": format!("What is 2+{runs}?")}),
-                limit,
-            ),
-        )
-        .await?;
-        if run["status"] != "completed" {
-            bail!(
-                "run {runs} ended {}: {}",
-                run["status"],
-                truncate(&run["error"].to_string(), 300)
-            );
-        }
-        last = last_seq(server, &thread).await?;
-    }
-    let build = started.elapsed();
+    let Grown {
+        thread,
+        last,
+        runs,
+        took: build,
+    } = grow_thread(server, args.phase_deadline(), args.observations).await?;
     let mut reads = Vec::with_capacity(args.reads);
     let mut largest_state = 0;
     for k in 0..args.reads {
@@ -95,9 +74,62 @@ pub(crate) async fn history_mode(args: &Args, server: &Server) -> Result<History
     })
 }
 
+/// A thread grown by follow-ups ([`grow_thread`]).
+pub(crate) struct Grown {
+    pub(crate) thread: String,
+    /// Its last seq (at least the observations asked for).
+    pub(crate) last: i64,
+    /// The follow-ups it took.
+    pub(crate) runs: usize,
+    pub(crate) took: Duration,
+}
+
+/// Create a thread and grow it with follow-ups (`What is 2+<n>?`, each a run of the fake
+/// model's 3-item workload posted with `/runs/wait`, one after another) until its log holds
+/// `observations` observations. A long thread is only made by using it: follow-ups write the
+/// log, messages, state items and history a real conversation does. Every run has the phase
+/// deadline `limit`, and must complete.
+pub(crate) async fn grow_thread(
+    server: &Server,
+    limit: Duration,
+    observations: i64,
+) -> Result<Grown> {
+    let thread = phase("creating the thread", limit, server.create_thread()).await?;
+    let started = Instant::now();
+    let mut runs = 0;
+    let mut last = 0;
+    while last < observations {
+        runs += 1;
+        let run = phase(
+            &format!("run {runs}"),
+            limit,
+            server.post_json(
+                &format!("/v1/threads/{thread}/runs/wait"),
+                &json!({"query": format!("What is 2+{runs}?")}),
+                limit,
+            ),
+        )
+        .await?;
+        if run["status"] != "completed" {
+            bail!(
+                "run {runs} ended {}: {}",
+                run["status"],
+                truncate(&run["error"].to_string(), 300)
+            );
+        }
+        last = last_seq(server, &thread).await?;
+    }
+    Ok(Grown {
+        thread,
+        last,
+        runs,
+        took: started.elapsed(),
+    })
+}
+
 /// The thread's last seq, from its newest history point (every run ends with a commit that
 /// changes the state).
-async fn last_seq(server: &Server, thread: &str) -> Result<i64> {
+pub(crate) async fn last_seq(server: &Server, thread: &str) -> Result<i64> {
     let page = server
         .get_json(&format!("/v1/threads/{thread}/history?limit=1"))
         .await?;

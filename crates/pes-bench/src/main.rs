@@ -46,10 +46,15 @@
 //! - `--mode history`: one thread grown to `--observations` observations (default 10,000) by
 //!   follow-ups, then `--reads` past states read at seqs spread over its log: p50/p99/max of a
 //!   past-state read (see `history`).
+//! - `--mode fork-stall`: as one tenant, one thread grown to `--observations` observations, then
+//!   `--forks` forks of it at once while another tenant writes memory-store items one after
+//!   another: the other tenant's write latency alone and during the forks, against the bound
+//!   (p99 ≤ 250 ms), and each fork's duration (see `fork_stall`). The service gets two API keys.
 //!
 //! Every phase has a deadline (`--phase-timeout`); the bench fails with a clear message when one
 //! passes, and always stops the service and removes the store it made.
 
+mod fork_stall;
 mod history;
 mod inflight;
 mod long_thread;
@@ -119,12 +124,16 @@ pub(crate) struct Args {
     /// Also print one JSON line with the results.
     #[arg(long)]
     pub(crate) json: bool,
-    /// History mode: observations the thread is grown to before reading its past states.
+    /// History and fork-stall modes: observations the thread is grown to before reading its
+    /// past states (forking it).
     #[arg(long, default_value_t = 10_000)]
     pub(crate) observations: i64,
     /// History mode: past states read, one after another.
     #[arg(long, default_value_t = 500)]
     pub(crate) reads: usize,
+    /// Fork-stall mode: forks of the grown thread, all at once.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) forks: usize,
     /// Store mode: items written before searching.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) items: usize,
@@ -195,6 +204,8 @@ enum Mode {
     Store,
     /// Past-state reads of one thread grown to `--observations` observations.
     History,
+    /// Another tenant's write latency while `--forks` forks of a long thread run.
+    ForkStall,
 }
 
 impl Args {
@@ -210,6 +221,7 @@ impl Args {
             "--observations and --reads must be at least 1"
         );
         ensure!(self.searches > 0, "--searches must be at least 1");
+        ensure!(self.forks > 0, "--forks must be at least 1");
         ensure!(
             self.server_url.is_none() || self.mode == Mode::LongThread,
             "--server-url is for --mode long-thread only"
@@ -272,6 +284,11 @@ impl Args {
                 (self.items + 1000).to_string(),
             ));
         }
+        if self.mode == Mode::ForkStall {
+            // Two tenants; the bystander writes a new item each time, for as long as forks take.
+            env.push(("PES_API_KEYS", fork_stall::api_keys()));
+            env.push(("PES_TENANT_MAX_STORE_ITEMS", "100000000".to_owned()));
+        }
         if self.budget {
             env.push((
                 "PES_MODEL_PRICES",
@@ -299,6 +316,7 @@ impl Args {
         match self.mode {
             Mode::Runs | Mode::LongThread | Mode::History => 0,
             Mode::Store => self.concurrency,
+            Mode::ForkStall => self.forks + 1,
             Mode::Sse | Mode::Both => self.subscribers,
             Mode::Inflight => self.runs,
         }
@@ -383,6 +401,11 @@ async fn measure(
         let r = memory_store::store_mode(args, server).await?;
         r.print(args, db, machine);
         report["store"] = r.to_json(args);
+    }
+    if args.mode == Mode::ForkStall {
+        let r = fork_stall::fork_stall_mode(args, server).await?;
+        r.print(args, db, machine);
+        report["forkStall"] = r.to_json(args);
     }
     if args.mode == Mode::Inflight {
         let r = inflight::inflight_mode(args, server, fake, machine).await?;

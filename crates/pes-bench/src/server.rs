@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use futures::StreamExt;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
@@ -28,7 +29,8 @@ pub(crate) fn server_binary() -> Result<PathBuf> {
 }
 
 /// A running `pes-server`; stopped by [`Server::stop`], killed if dropped. A server the bench
-/// did not start ([`Server::remote`]) has no child and is left running.
+/// did not start ([`Server::remote`]), or one tenant's view of it ([`Server::as_tenant`]), has no
+/// child and is left running.
 pub(crate) struct Server {
     child: Option<tokio::sync::Mutex<Child>>,
     pub(crate) pid: u32,
@@ -110,6 +112,26 @@ impl Server {
             base: base.trim_end_matches('/').to_owned(),
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
+                .build()?,
+        })
+    }
+
+    /// The same service as the tenant holding API key `key` sees it (the service has the key in
+    /// `PES_API_KEYS`): every request carries `Authorization: Bearer <key>`, so every helper here
+    /// acts for that tenant. The view owns no process: stopping or dropping it leaves the
+    /// service running.
+    pub(crate) fn as_tenant(&self, key: &str) -> Result<Server> {
+        let mut bearer = HeaderValue::from_str(&format!("Bearer {key}"))
+            .context("an API key must be a valid header value")?;
+        bearer.set_sensitive(true);
+        let headers = HeaderMap::from_iter([(AUTHORIZATION, bearer)]);
+        Ok(Server {
+            child: None,
+            pid: self.pid,
+            base: self.base.clone(),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .default_headers(headers)
                 .build()?,
         })
     }

@@ -197,8 +197,10 @@ struct Plan {
 }
 
 /// How long one batch of a fork's copy should hold the writer: well under the 100 ms a fork may
-/// hold it at a time, so a batch of rows heavier than the last still stays under that.
-const BATCH_TARGET: Duration = Duration::from_millis(20);
+/// hold it at a time, so a batch of rows heavier than the last still stays under that, and short
+/// enough that another writer queued behind the batches of ten forks at once (SQLite serves the
+/// writer's waiters in turn) waits about a tenth of a second.
+const BATCH_TARGET: Duration = Duration::from_millis(8);
 
 /// The widest batch, in seqs (a sparse table's batches grow to it).
 const MAX_BATCH_SEQS: i64 = 1 << 16;

@@ -210,13 +210,6 @@ impl From<StoreError> for ApiError {
                 detail: "a thread with this id already exists".into(),
             },
             StoreError::ThreadNotFound => Self::thread_not_found(),
-            StoreError::ThreadQuota { max } => Self::QuotaExceeded {
-                detail: format!(
-                    "the tenant has {max} threads, its quota (PES_TENANT_MAX_THREADS; forks \
-                     count): delete threads, or let them expire, first"
-                ),
-                retry_after_seconds: 60,
-            },
             StoreError::OverQuota {
                 what,
                 setting,

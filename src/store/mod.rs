@@ -104,9 +104,6 @@ pub enum StoreError {
     /// `multitaskStrategy: reject` and the thread has a queued, running or suspended run.
     #[error("the thread already has an active run ({active_run})")]
     ThreadBusy { active_run: Uuid },
-    /// The tenant holds as many threads as `PES_TENANT_MAX_THREADS` allows; nothing was made.
-    #[error("the tenant has {max} threads, its quota")]
-    ThreadQuota { max: u64 },
     /// The tenant holds as many of something as its quota allows (`setting` names it); nothing
     /// was made. Counted in the creating transaction under a per-tenant lock, so creations on
     /// several replicas at once never pass it.

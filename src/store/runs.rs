@@ -353,7 +353,8 @@ impl SqlStore {
         if max > self.in_flight {
             row = tx.opt(insert(max - self.in_flight)).await?;
         }
-        if row.is_none() {
+        // With nothing else in flight (SQLite) that count was exact already.
+        if row.is_none() && self.in_flight > 0 {
             tx.lock_key(&super::quotas::lock_name("runs", tenant))
                 .await?;
             row = tx.opt(insert(max)).await?;

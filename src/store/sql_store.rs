@@ -49,8 +49,9 @@ pub struct SqlStore {
     pub(crate) max_active_runs: u64,
     /// Flowcharts one tenant may hold (`PES_TENANT_MAX_FLOWCHARTS`).
     pub(crate) max_flowcharts: u64,
-    /// The most transactions that can be in flight at once on the database, every replica's
-    /// together: Postgres's `max_connections` (unknown: `u64::MAX`); SQLite's one writer, 1.
+    /// The most other transactions that can be in flight beside a write transaction, every
+    /// replica's together: at most Postgres's `max_connections` (unknown: `u64::MAX`); none on
+    /// SQLite, whose one writer runs one write transaction at a time.
     pub(crate) in_flight: u64,
 }
 
@@ -58,7 +59,7 @@ impl SqlStore {
     pub(crate) fn new(db: Db) -> Self {
         let in_flight = match &db {
             Db::Pg(_) => u64::MAX,
-            Db::Lite { .. } => 1,
+            Db::Lite { .. } => 0,
         };
         SqlStore {
             db,
@@ -75,7 +76,7 @@ impl SqlStore {
     }
 
     /// At most `max` threads per tenant: creating or forking one past it fails with
-    /// [`StoreError::ThreadQuota`] (unlimited until set).
+    /// [`StoreError::OverQuota`] (unlimited until set).
     #[must_use]
     pub fn with_max_threads(mut self, max: u64) -> Self {
         self.max_threads = max;

@@ -17,7 +17,7 @@ use crate::model::{
     ThreadSummary,
 };
 
-/// Refuse one more thread of `tenant` when it holds `max` already ([`StoreError::ThreadQuota`]):
+/// Refuse one more thread of `tenant` when it holds `max` already ([`StoreError::OverQuota`]):
 /// counted exactly, under the tenant's lock, in the transaction that creates the thread (see
 /// `quotas`). Forks count, the ones still being copied included.
 pub(crate) async fn thread_quota(conn: &mut Conn, tenant: &str, max: u64) -> StoreResult<()> {
@@ -25,7 +25,13 @@ pub(crate) async fn thread_quota(conn: &mut Conn, tenant: &str, max: u64) -> Sto
     if super::quotas::room(conn, "threads", counted, tenant, max, 1).await? {
         return Ok(());
     }
-    Err(StoreError::ThreadQuota { max })
+    Err(StoreError::OverQuota {
+        what: "threads",
+        setting: "PES_TENANT_MAX_THREADS; forks count",
+        max,
+        hint: "delete threads, or let them expire, first",
+        retry_after_seconds: 60,
+    })
 }
 
 /// A thread with its status derived from its runs: `busy` while one is queued or running,

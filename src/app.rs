@@ -195,6 +195,11 @@ pub struct App {
     listener: TcpListener,
     addr: SocketAddr,
     state: AppState,
+    /// The process's own handles for its background tasks (the doors reach them only through
+    /// the use cases in `state`).
+    store: Arc<crate::store::SqlStore>,
+    commands: RunCommands,
+    tracker: TaskTracker,
     worker: Worker,
     hard_stop: CancellationToken,
     tools_stop: CancellationToken,
@@ -410,23 +415,18 @@ impl App {
         .with_metrics(metrics.clone());
         let grace = Duration::from_secs(config.shutdown_grace_seconds);
         let config = Arc::new(config);
-        let cases = crate::commands::UseCases {
+        let cases = crate::commands::UseCases::new(crate::commands::Handles {
             store: store.clone(),
-            engine: engine.clone(),
+            engine,
             config: config.clone(),
             commands: commands.clone(),
             shutdown: shutdown.clone(),
+            tracker: tracker.clone(),
             webhooks,
             memory,
-            storage: crate::commands::StorageCounts::default(),
-        };
+        });
         let state = AppState {
-            store,
-            bus,
-            engine,
             shutdown,
-            tracker,
-            commands,
             metrics,
             api_keys: Arc::new(api_keys),
             operator_keys: Arc::new(config.parsed_operator_keys().into_iter().collect()),
@@ -439,6 +439,9 @@ impl App {
             listener,
             addr,
             state,
+            store,
+            commands,
+            tracker,
             worker,
             hard_stop,
             tools_stop,
@@ -471,6 +474,9 @@ impl App {
             listener,
             addr,
             state,
+            store,
+            commands,
+            tracker,
             worker,
             hard_stop,
             tools_stop,
@@ -486,25 +492,24 @@ impl App {
                 .unwrap_or_default()
                 .trim_end_matches('/')
         );
-        info!(%addr, store = state.store.backend(), %console, "pes-server listening");
+        info!(%addr, store = store.backend(), %console, "pes-server listening");
         info!("the web console is at {console}");
         let shutdown = state.shutdown.clone();
-        let tracker = state.tracker.clone();
         tracker.spawn(crate::worker::sweep_suspensions(
-            state.commands.clone(),
+            commands.clone(),
             Duration::from_millis(state.config.suspension_sweep_ms.max(10)),
             shutdown.clone(),
         ));
         replicas::spawn(
             &tracker,
-            &state.commands,
+            &commands,
             Duration::from_millis(state.config.stream_poll_ms.max(10)),
             &state.metrics,
             &shutdown,
         )
         .await?;
         tracker.spawn(crate::commands::retention::sweep_expired_threads(
-            state.commands.clone(),
+            commands.clone(),
             crate::commands::retention::SweepSettings {
                 default_ttl: state.config.thread_ttl_seconds,
                 every: Duration::from_secs(state.config.retention_interval_seconds.max(1)),
@@ -513,7 +518,7 @@ impl App {
             state.metrics.clone(),
             shutdown.clone(),
         ));
-        tracker.spawn(crate::memory::trim_periodically(
+        tracker.spawn(crate::heap::trim_periodically(
             Duration::from_secs(state.config.memory_trim_seconds),
             shutdown.clone(),
         ));
@@ -522,7 +527,7 @@ impl App {
         // retries) at the next look; they stop with the shutdown token, a delivery in flight
         // being sent again by whoever claims it next.
         tracker.spawn(crate::webhooks::deliver_until_stopped(
-            state.store.clone(),
+            store.clone(),
             state.cases.webhooks.clone(),
             owner.clone(),
             shutdown.clone(),
@@ -537,7 +542,7 @@ impl App {
             shutdown.clone(),
         ));
         tracker.spawn(crate::commands::memory::sweep_periodically(
-            state.store.clone(),
+            store.clone(),
             Duration::from_millis(state.config.store_sweep_ms),
             state.config.store_sweep_batch,
             shutdown.clone(),

@@ -861,7 +861,8 @@ impl Config {
         self
     }
 
-    /// The default provider, per the precedence of the DESIGN table.
+    /// The provider: `PES_LLM_PROVIDER` when set; else OpenAI-compatible when any of its URL or
+    /// key settings is set, else Anthropic when one of its is, else the offline model.
     pub fn provider(&self) -> ProviderKind {
         self.llm_provider.unwrap_or(
             if self.llm_base_url.is_some()

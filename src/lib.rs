@@ -1,32 +1,31 @@
 //! pes-server: durable Plan-Execute-Synthesize agents behind an HTTP API.
 //!
-//! Crate map:
-//! - [`a2a`]: the A2A server (agent card, JSON-RPC `POST /a2a`) and the protocol types;
-//! - [`app`]: start-up and shutdown ([`App::build`], [`App::run_until_stopped`]);
-//! - [`ask`]: `pes-server ask`, the terminal client that follows a run and asks the person;
-//! - [`cli`]: the command line (what to do, and the settings);
-//! - [`config`]: every setting (flag + `PES_*` environment variable);
-//! - [`http`]: routers per resource, problem+json errors, SSE;
-//! - [`json`]: strict reading of request bodies and JSON Schema validation, shared by every layer;
-//! - [`agent`]: the PES engine, pure logic over traits;
-//! - [`commands`]: the use-case layer every door calls ([`commands::UseCases`]: enqueue with its
-//!   checks, the wait for a run, decisions, config checks) and the run commands (store write,
-//!   publish, wake, reach the local run);
-//! - [`worker`]: claims runs under a lease and drives the engine;
-//! - [`registry`]: the runs this process drives, so commands reach them at once;
-//! - [`events`]: in-process fan-out of committed observations, and wake-ups from other replicas;
+//! Crate map, by layer from the process down (a module uses only its own layer and those below;
+//! `scripts/check-layers` checks it, and `docs/src/internals.md` explains it):
+//! - [`app`], [`cli`]: start-up and shutdown ([`App::build`], [`App::run_until_stopped`]), and
+//!   the command line;
+//! - the doors: [`http`] (the REST API, SSE, and under it the A2A server, AG-UI, the MCP server
+//!   and the console) and [`ask`] (`pes-server ask`, the terminal client); a door uses neither
+//!   the store nor the engine, only the use cases;
+//! - [`commands`]: the use cases every door calls ([`commands::UseCases`]: threads, runs and
+//!   their checks, following a thread's observations, decisions carried out exactly once, forks,
+//!   flowcharts, the tool catalogue, assistants, crons, webhooks, the memory store) and the run
+//!   commands (store write, publish, wake, reach the local run); [`worker`]: claims runs under a
+//!   lease and drives the engine; [`problem`]: why a request is refused, for every door;
 //! - [`store`]: all SQL, in one concrete type [`store::SqlStore`] (Postgres and SQLite);
-//! - [`llm`]: model providers (`openai`, `anthropic`, `offline`);
-//! - [`tools`]: the tool registry and built-in tools;
-//! - [`memory`]: returns freed heap memory to the system (glibc);
-//! - [`text`]: cutting long text for messages;
-//! - [`redact`]: URLs with their secrets replaced, for logs and errors;
-//! - [`problem`]: why a request is refused ([`problem::ApiError`]), for every door;
-//! - [`model`]: domain types shared by every layer, a module per concept;
-//! - [`flowchart`]: flowchart definitions, validation, expressions and the interpreter;
-//! - [`net`]: outbound HTTP clients;
+//!   [`registry`]: the runs this process drives; [`events`]: in-process fan-out of committed
+//!   observations and token deltas; [`config`]: every setting (flag + `PES_*` variable);
+//!   [`webhooks`]: signing and sending the webhook outbox (Standard Webhooks);
+//! - [`agent`]: the PES engine (plan, execute, synthesize; durable call kinds);
+//! - [`a2a`]: the A2A protocol types and the client that delegates to remote agents;
+//! - [`llm`]: model providers (`openai`, `anthropic`, `offline`); [`tools`]: the tool registry,
+//!   built-in, HTTP and MCP tools; [`flowchart`]: flowchart definitions, validation,
+//!   expressions and the interpreter;
 //! - [`telemetry`]: metrics, spans, trace export;
-//! - [`webhooks`]: signing and sending the webhook outbox (Standard Webhooks).
+//! - leaves: [`model`] (domain types shared by every layer, a module per concept), [`json`]
+//!   (strict reading and JSON Schema validation), [`text`] (cutting long text), [`redact`]
+//!   (URLs with their secrets replaced), [`net`] (outbound HTTP clients), [`heap`] (returns
+//!   freed heap memory to the system; "memory" elsewhere is the agent's memory store).
 
 pub mod a2a;
 pub mod agent;
@@ -37,10 +36,10 @@ pub mod commands;
 pub mod config;
 pub mod events;
 pub mod flowchart;
+pub mod heap;
 pub mod http;
 pub mod json;
 pub mod llm;
-pub mod memory;
 pub mod model;
 pub mod net;
 pub mod problem;

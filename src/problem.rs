@@ -1,9 +1,8 @@
-//! Why a request is refused: [`ApiError`], one variant per kind of refusal, each with its HTTP
-//! status and a stable `code`. It is what every use case answers with, whatever door the request
-//! came through (the REST API, A2A, and the doors of later waves); each door words it its own way
-//! (`crate::http::error` as problem+json, the A2A server as a JSON-RPC error).
+//! Why a use case refuses a request: [`Refusal`], one variant per kind of refusal, each with a
+//! stable `code`. It is what every use case answers with, whatever door the request came through,
+//! and it knows no transport: each door words it its own way (`crate::http::error` as a status
+//! and problem+json, the A2A server as a JSON-RPC error, the MCP server as a tool error).
 
-use axum::http::StatusCode;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -17,23 +16,19 @@ pub struct FieldError {
     pub message: String,
 }
 
-/// Every way a request can fail.
+/// Every way a use case can refuse a request.
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub enum Refusal {
+    /// A request the use case cannot read at all.
     #[error("{0}")]
     BadRequest(String),
-    /// 400 `invalid_header`: a request header that cannot be parsed.
-    #[error("{0}")]
-    BadHeader(String),
-    /// 400 `malformed_json`: the body is not syntactically JSON.
-    #[error("{0}")]
-    MalformedJson(String),
+    /// `validation_failed`: a field does not fit.
     #[error("{0}")]
     Validation(String),
-    /// 422 with a specific code.
+    /// Understood, and refused with a specific code (`decision_not_allowed`, `invalid_raise`…).
     #[error("{detail}")]
     Unprocessable { code: &'static str, detail: String },
-    /// 422 `validation_failed` naming every invalid field (also in `detail`).
+    /// `validation_failed` naming every invalid field (also in `detail`).
     #[error("{detail}")]
     InvalidFields {
         detail: String,
@@ -43,51 +38,27 @@ pub enum ApiError {
     NotFound { code: &'static str, detail: String },
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String },
-    #[error("the request body is larger than the limit (PES_MAX_BODY_BYTES)")]
-    PayloadTooLarge,
-    /// The body did not arrive in full within `PES_BODY_READ_TIMEOUT_SECONDS`.
-    #[error("the request body did not arrive within {0} s (PES_BODY_READ_TIMEOUT_SECONDS)")]
-    RequestTimeout(u64),
-    /// The header section is larger than `PES_MAX_HEADER_BYTES`.
-    #[error("the request headers take {size} bytes; the limit is {limit} (PES_MAX_HEADER_BYTES)")]
-    HeadersTooLarge { size: usize, limit: usize },
-    /// The request target is longer than `PES_MAX_URI_BYTES`.
-    #[error("the request URI takes {size} bytes; the limit is {limit} (PES_MAX_URI_BYTES)")]
-    UriTooLong { size: usize, limit: usize },
-    #[error("{0}")]
-    UnsupportedMediaType(String),
-    #[error("a valid API key is required: send `Authorization: Bearer <key>`")]
-    Unauthorized,
-    /// 401 `unauthorized`: an operator key (`PES_OPERATOR_KEYS`) on a tenant's route.
-    #[error(
-        "an operator key acts on `/v1/admin/*` only: a tenant's routes need one of the tenant's \
-         keys (`PES_API_KEYS`)"
-    )]
-    OperatorKeyOnTenantRoute,
-    /// 403 with a specific code: the request is understood and refused for who or where it
-    /// comes from (`operator_only`, `host_refused`, `origin_refused`).
+    /// Understood and refused for who or where it comes from (`operator_only`, `host_refused`,
+    /// `origin_refused`).
     #[error("{detail}")]
     Forbidden { code: &'static str, detail: String },
-    #[error("no route for {0}")]
-    RouteNotFound(String),
-    #[error("method {0} is not allowed here")]
-    MethodNotAllowed(String),
-    #[error("the service is not ready: {0}")]
-    Unavailable(String),
-    /// 429 `quota_exceeded`: the tenant holds as much of something as its quota allows (the
-    /// detail names the quota's setting); `Retry-After` says when to try again.
+    /// `quota_exceeded`: the tenant holds as much of something as its quota allows (the detail
+    /// names the quota's setting); try again after `retry_after_seconds`.
     #[error("{detail}")]
     QuotaExceeded {
         detail: String,
         retry_after_seconds: u64,
     },
+    /// The service cannot take the request now.
+    #[error("the service is not ready: {0}")]
+    Unavailable(String),
     /// Something failed that the client cannot fix; the source error (and its chain) is kept so
-    /// it is logged once, whole, in the request's span (which carries the request id).
+    /// a door logs it once, whole.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
 
-impl ApiError {
+impl Refusal {
     pub fn thread_not_found() -> Self {
         Self::NotFound {
             code: "thread_not_found",
@@ -107,83 +78,23 @@ impl ApiError {
         }
     }
 
-    /// The HTTP status this error answers with.
-    pub fn status(&self) -> StatusCode {
-        self.parts().0
-    }
-
-    /// The status, the stable `code` and the title of the problem.
-    pub fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+    /// The stable code a door shows for this refusal.
+    pub fn code(&self) -> &'static str {
         match self {
-            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request", "Bad request"),
-            Self::BadHeader(_) => (StatusCode::BAD_REQUEST, "invalid_header", "Bad request"),
-            Self::MalformedJson(_) => (StatusCode::BAD_REQUEST, "malformed_json", "Malformed JSON"),
-            Self::Validation(_) => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "validation_failed",
-                "Invalid request",
-            ),
-            Self::Unprocessable { code, .. } => {
-                (StatusCode::UNPROCESSABLE_ENTITY, code, "Invalid request")
-            }
-            Self::InvalidFields { .. } => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "validation_failed",
-                "Invalid request",
-            ),
-            Self::NotFound { code, .. } => (StatusCode::NOT_FOUND, code, "Not found"),
-            Self::Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
-            Self::PayloadTooLarge => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "Payload too large",
-            ),
-            Self::RequestTimeout(_) => (
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
-                "Request timeout",
-            ),
-            Self::HeadersTooLarge { .. } => (
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "headers_too_large",
-                "Request header fields too large",
-            ),
-            Self::UriTooLong { .. } => (StatusCode::URI_TOO_LONG, "uri_too_long", "URI too long"),
-            Self::UnsupportedMediaType(_) => (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "Unsupported media type",
-            ),
-            Self::Unauthorized | Self::OperatorKeyOnTenantRoute => {
-                (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized")
-            }
-            Self::Forbidden { code, .. } => (StatusCode::FORBIDDEN, code, "Forbidden"),
-            Self::RouteNotFound(_) => (StatusCode::NOT_FOUND, "route_not_found", "Not found"),
-            Self::MethodNotAllowed(_) => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "Method not allowed",
-            ),
-            Self::QuotaExceeded { .. } => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "quota_exceeded",
-                "Quota exceeded",
-            ),
-            Self::Unavailable(_) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "Service unavailable",
-            ),
-            Self::Internal(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                "Internal server error",
-            ),
+            Self::BadRequest(_) => "bad_request",
+            Self::Validation(_) | Self::InvalidFields { .. } => "validation_failed",
+            Self::Unprocessable { code, .. }
+            | Self::NotFound { code, .. }
+            | Self::Conflict { code, .. }
+            | Self::Forbidden { code, .. } => code,
+            Self::QuotaExceeded { .. } => "quota_exceeded",
+            Self::Unavailable(_) => "unavailable",
+            Self::Internal(_) => "internal_error",
         }
     }
 }
 
-impl ApiError {
+impl Refusal {
     /// 403 `operator_only`: what only the operator may do (`detail` says what and how).
     pub fn operator_only(detail: impl Into<String>) -> Self {
         Self::Forbidden {
@@ -193,7 +104,7 @@ impl ApiError {
     }
 }
 
-impl From<crate::model::InvalidRaise> for ApiError {
+impl From<crate::model::InvalidRaise> for Refusal {
     fn from(e: crate::model::InvalidRaise) -> Self {
         Self::Unprocessable {
             code: "invalid_raise",
@@ -202,7 +113,7 @@ impl From<crate::model::InvalidRaise> for ApiError {
     }
 }
 
-impl From<StoreError> for ApiError {
+impl From<StoreError> for Refusal {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::ThreadExists => Self::Conflict {
@@ -264,3 +175,7 @@ impl From<StoreError> for ApiError {
         }
     }
 }
+
+/// The name the use cases' refusal had before the doors' transport errors moved to the doors;
+/// kept while the policy checks are reworked.
+pub type ApiError = Refusal;

@@ -29,7 +29,7 @@ const HISTORY_MESSAGES: u32 = 40;
 
 /// What one call of [`Worker::try_run_next`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Attempt {
     /// Nothing was runnable.
     Idle,
     /// A run was driven until it ended this way.
@@ -228,14 +228,14 @@ impl Worker {
     ///
     /// # Errors
     /// A store error while claiming.
-    pub async fn try_run_next(&self) -> Result<Outcome, StoreError> {
+    pub async fn try_run_next(&self) -> Result<Attempt, StoreError> {
         let claim = self
             .store
             .claim_runs(&self.settings.owner, self.settings.lease, 1)
             .await?;
         self.metrics.lease_takeovers(claim.taken_over);
         match claim.runs.into_iter().next() {
-            None => Ok(Outcome::Idle),
+            None => Ok(Attempt::Idle),
             Some(run) => Ok(self.drive(run).await),
         }
     }
@@ -352,17 +352,17 @@ impl Worker {
         Ok((!filled).then(|| idle_wait(self.settings.poll_interval, claim.next_expiry)))
     }
 
-    async fn drive(&self, run: Run) -> Outcome {
+    async fn drive(&self, run: Run) -> Attempt {
         let span = spans::invoke_agent(&run);
         let created_at = run.created_at;
         self.metrics.run_claimed();
         let outcome = self.drive_inner(run).instrument(span).await;
         let status = match outcome {
-            Outcome::Ran(_, RunEnd::Completed) => "completed",
-            Outcome::Ran(_, RunEnd::Failed) => "failed",
-            Outcome::Ran(_, RunEnd::Cancelled) => "cancelled",
-            Outcome::Ran(_, RunEnd::Suspended) => "suspended",
-            Outcome::Ran(_, RunEnd::WaitingRemote) => "waiting_remote",
+            Attempt::Ran(_, RunEnd::Completed) => "completed",
+            Attempt::Ran(_, RunEnd::Failed) => "failed",
+            Attempt::Ran(_, RunEnd::Cancelled) => "cancelled",
+            Attempt::Ran(_, RunEnd::Suspended) => "suspended",
+            Attempt::Ran(_, RunEnd::WaitingRemote) => "waiting_remote",
             _ => "released",
         };
         let age = matches!(status, "completed" | "failed" | "cancelled")
@@ -372,7 +372,7 @@ impl Worker {
         outcome
     }
 
-    async fn drive_inner(&self, run: Run) -> Outcome {
+    async fn drive_inner(&self, run: Run) -> Attempt {
         let run_id = run.run_id;
         let fence = Fence {
             run_id,
@@ -388,10 +388,10 @@ impl Worker {
         }
         let input = match self.load(run).await {
             Ok(Some(input)) => input,
-            Ok(None) => return Outcome::Stopped(run_id),
+            Ok(None) => return Attempt::Stopped(run_id),
             Err(e) => {
                 error!(error = %e, "loading the run failed");
-                return Outcome::Stopped(run_id);
+                return Attempt::Stopped(run_id);
             }
         };
         let (decided, steered, lost) = self
@@ -444,32 +444,32 @@ impl Worker {
             let span = tracing::Span::current();
             self.watchers
                 .spawn(async move { me.follow_remote(parked).await }.instrument(span));
-            return Outcome::Ran(run_id, RunEnd::WaitingRemote);
+            return Attempt::Ran(run_id, RunEnd::WaitingRemote);
         }
         self.commands.runs().remove(run_id);
         match result {
             Ok(end) => {
                 info!(?end, "run ended");
-                Outcome::Ran(run_id, end)
+                Attempt::Ran(run_id, end)
             }
             Err(EngineError::Stopped) => {
                 match self.store.release_run(fence).await {
                     Ok(()) => info!("run released for another worker"),
                     Err(e) => warn!(error = %e, "releasing the run failed; its lease will expire"),
                 }
-                Outcome::Stopped(run_id)
+                Attempt::Stopped(run_id)
             }
             Err(EngineError::LeaseLost) => {
                 self.metrics.lease_lost();
                 warn!("lease lost; another worker owns the run now");
-                Outcome::Stopped(run_id)
+                Attempt::Stopped(run_id)
             }
             Err(EngineError::Store(e)) => {
                 error!(
                     error = format!("{e:#}"),
                     "store error; the run is retried when its lease expires"
                 );
-                Outcome::Stopped(run_id)
+                Attempt::Stopped(run_id)
             }
         }
     }

@@ -1,4 +1,4 @@
-//! Assistants (DESIGN.md §7.2): named, versioned configurations, and what using one means for
+//! Assistants: named, versioned configurations, and what using one means for
 //! threads and runs. An assistant's `config` is checked exactly as a thread's is
 //! ([`UseCases::check_config`]), plus its size and its `locked` names; a thread or run that uses
 //! an assistant may not set a field the version locks (422 `field_locked` naming each), nor
@@ -15,7 +15,7 @@ use crate::model::{
     AgentConfig, Assistant, AssistantId, AssistantPin, AssistantRef, AssistantVersion, ThreadId,
     check_locked,
 };
-use crate::problem::{ApiError, FieldError};
+use crate::problem::{FieldError, Refusal};
 use crate::store::{AssistantDraft, PageCursor, StoreError};
 
 /// An assistant (or a new version of one) as a door asks for it, once parsed.
@@ -46,7 +46,7 @@ fn field(path: impl Into<String>, message: impl Into<String>) -> FieldError {
 }
 
 /// The problem that lists `errors`, when there are any.
-fn invalid(errors: Vec<FieldError>) -> Result<(), ApiError> {
+fn invalid(errors: Vec<FieldError>) -> Result<(), Refusal> {
     if errors.is_empty() {
         return Ok(());
     }
@@ -58,14 +58,14 @@ fn invalid(errors: Vec<FieldError>) -> Result<(), ApiError> {
             .collect::<Vec<_>>()
             .join("; ")
     );
-    Err(ApiError::InvalidFields { detail, errors })
+    Err(Refusal::InvalidFields { detail, errors })
 }
 
 /// A reference from a request body to an assistant (or version) that is not there: 422, with
 /// what to do about it.
-pub(super) fn unusable(e: StoreError, whose: &str) -> ApiError {
+pub(super) fn unusable(e: StoreError, whose: &str) -> Refusal {
     match e {
-        StoreError::AssistantNotFound(id) => ApiError::Unprocessable {
+        StoreError::AssistantNotFound(id) => Refusal::Unprocessable {
             code: "assistant_not_found",
             detail: format!(
                 "{whose} assistant `{id}` does not exist (never created, or deleted): \
@@ -75,7 +75,7 @@ pub(super) fn unusable(e: StoreError, whose: &str) -> ApiError {
         StoreError::AssistantVersionNotFound {
             assistant_id,
             version,
-        } => ApiError::Unprocessable {
+        } => Refusal::Unprocessable {
             code: "assistant_version_not_found",
             detail: format!(
                 "{whose} assistant `{assistant_id}` has no version {version} (never made, or \
@@ -88,7 +88,7 @@ pub(super) fn unusable(e: StoreError, whose: &str) -> ApiError {
 }
 
 /// 422 `field_locked` when `cfg` sets fields `v` locks, naming each.
-fn check_unlocked(v: &AssistantVersion, cfg: &AgentConfig, whose: &str) -> Result<(), ApiError> {
+fn check_unlocked(v: &AssistantVersion, cfg: &AgentConfig, whose: &str) -> Result<(), Refusal> {
     let set = v.locked_fields_set(cfg);
     if set.is_empty() {
         return Ok(());
@@ -98,7 +98,7 @@ fn check_unlocked(v: &AssistantVersion, cfg: &AgentConfig, whose: &str) -> Resul
         .map(|f| format!("config.{f}"))
         .collect::<Vec<_>>()
         .join(", ");
-    Err(ApiError::Unprocessable {
+    Err(Refusal::Unprocessable {
         code: "field_locked",
         detail: format!(
             "{fields} {} locked by assistant `{}` (version {}): a {whose} using it may not set \
@@ -119,7 +119,7 @@ impl UseCases {
         tenant: &str,
         input: &AssistantInput,
         creating: bool,
-    ) -> Result<Option<Vec<String>>, ApiError> {
+    ) -> Result<Option<Vec<String>>, Refusal> {
         let mut errors = Vec::new();
         match &input.name {
             Some(n) if n.trim().is_empty() => errors.push(field("/name", "must not be empty")),
@@ -167,7 +167,7 @@ impl UseCases {
             ));
         } else if let Err(e) = self.check_config(tenant, &input.config).await {
             match e {
-                ApiError::Validation(message) => errors.push(field("/config", message)),
+                Refusal::Validation(message) => errors.push(field("/config", message)),
                 other => return Err(other),
             }
         }
@@ -185,7 +185,7 @@ impl UseCases {
         &self,
         tenant: &str,
         input: AssistantInput,
-    ) -> Result<Assistant, ApiError> {
+    ) -> Result<Assistant, Refusal> {
         let locked = self.check_assistant(tenant, &input, true).await?;
         let id = input.assistant_id.unwrap_or_else(AssistantId::generate);
         let draft = AssistantDraft {
@@ -198,7 +198,7 @@ impl UseCases {
         self.store
             .create_assistant(tenant, &id, &draft, max)
             .await?
-            .ok_or_else(|| ApiError::QuotaExceeded {
+            .ok_or_else(|| Refusal::QuotaExceeded {
                 detail: format!(
                     "the tenant has {max} assistants, its quota (PES_TENANT_MAX_ASSISTANTS): \
                      delete one to create `{id}`"
@@ -216,7 +216,7 @@ impl UseCases {
         tenant: &str,
         id: &AssistantId,
         input: AssistantInput,
-    ) -> Result<Assistant, ApiError> {
+    ) -> Result<Assistant, Refusal> {
         // Not found before invalid: another tenant learns nothing from the checks.
         self.store.get_assistant(tenant, id, None).await?;
         let locked = self.check_assistant(tenant, &input, false).await?;
@@ -241,7 +241,7 @@ impl UseCases {
         tenant: &str,
         id: &AssistantId,
         version: Option<i64>,
-    ) -> Result<Assistant, ApiError> {
+    ) -> Result<Assistant, Refusal> {
         Ok(self.store.get_assistant(tenant, id, version).await?)
     }
 
@@ -255,7 +255,7 @@ impl UseCases {
         tenant: &str,
         limit: u32,
         cursor: Option<&PageCursor>,
-    ) -> Result<Vec<Assistant>, ApiError> {
+    ) -> Result<Vec<Assistant>, Refusal> {
         Ok(self.store.list_assistants(tenant, limit, cursor).await?)
     }
 
@@ -269,7 +269,7 @@ impl UseCases {
         id: &AssistantId,
         limit: u32,
         before: Option<i64>,
-    ) -> Result<Vec<AssistantVersion>, ApiError> {
+    ) -> Result<Vec<AssistantVersion>, Refusal> {
         Ok(self
             .store
             .list_assistant_versions(tenant, id, limit, before)
@@ -285,9 +285,9 @@ impl UseCases {
         tenant: &str,
         id: &AssistantId,
         version: i64,
-    ) -> Result<Assistant, ApiError> {
+    ) -> Result<Assistant, Refusal> {
         if version < 1 {
-            return Err(ApiError::Validation("version must be 1 or more".into()));
+            return Err(Refusal::Validation("version must be 1 or more".into()));
         }
         self.store
             .set_current_assistant_version(tenant, id, version)
@@ -303,7 +303,7 @@ impl UseCases {
     ///
     /// # Errors
     /// 404 `assistant_not_found`.
-    pub async fn delete_assistant(&self, tenant: &str, id: &AssistantId) -> Result<(), ApiError> {
+    pub async fn delete_assistant(&self, tenant: &str, id: &AssistantId) -> Result<(), Refusal> {
         Ok(self.store.delete_assistant(tenant, id).await?)
     }
 
@@ -313,7 +313,7 @@ impl UseCases {
         tenant: &str,
         pin: &AssistantPin,
         whose: &str,
-    ) -> Result<AssistantVersion, ApiError> {
+    ) -> Result<AssistantVersion, Refusal> {
         let id = &pin.assistant_id;
         if let Some(v) = self
             .store
@@ -342,7 +342,7 @@ impl UseCases {
         tenant: &str,
         pin: &AssistantPin,
         config: &AgentConfig,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Refusal> {
         let v = self.version_to_use(tenant, pin, "the thread's").await?;
         check_unlocked(&v, config, "thread")?;
         check_floor(&v.config, config, "assistant")
@@ -363,7 +363,7 @@ impl UseCases {
         assistant_id: Option<Option<AssistantId>>,
         assistant_version: Option<Option<i64>>,
         config: Option<&AgentConfig>,
-    ) -> Result<Option<Option<AssistantPin>>, ApiError> {
+    ) -> Result<Option<Option<AssistantPin>>, Refusal> {
         if assistant_id.is_none() && assistant_version.is_none() && config.is_none() {
             return Ok(None);
         }
@@ -371,9 +371,9 @@ impl UseCases {
             .store
             .get_thread(tenant, thread_id)
             .await?
-            .ok_or_else(ApiError::thread_not_found)?;
+            .ok_or_else(Refusal::thread_not_found)?;
         let no_assistant = || {
-            ApiError::Validation(
+            Refusal::Validation(
                 "assistantVersion pins a version of the thread's assistant, and the thread has \
                  none: set assistantId too"
                     .into(),
@@ -425,7 +425,7 @@ impl UseCases {
         assistant_id: Option<AssistantId>,
         assistant_version: Option<i64>,
         config: &AgentConfig,
-    ) -> Result<Option<AssistantRef>, ApiError> {
+    ) -> Result<Option<AssistantRef>, Refusal> {
         if assistant_id.is_none() && assistant_version.is_none() && *config == Default::default() {
             return Ok(None);
         }
@@ -452,7 +452,7 @@ impl UseCases {
                 version: Some(version),
             }),
             (None, Some(_), None) => {
-                return Err(ApiError::Validation(
+                return Err(Refusal::Validation(
                     "assistantVersion pins a version of the thread's assistant, and the thread \
                      has none: name assistantId too"
                         .into(),

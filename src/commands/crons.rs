@@ -1,4 +1,4 @@
-//! Crons (DESIGN.md §7.3) as use cases: creating, reading, changing and deleting a tenant's crons
+//! Crons as use cases: creating, reading, changing and deleting a tenant's crons
 //! (the schedule and time zone checked with [`Schedule`], the query and config as a run's), and
 //! the scheduler every replica runs ([`run_scheduler`]), which turns due ticks into runs through
 //! the same enqueue as every other door.
@@ -20,7 +20,7 @@ use super::{RunRequest, UseCases};
 use crate::model::{
     AgentConfig, AssistantId, Cron, MultitaskStrategy, OnMissed, Schedule, ThreadId,
 };
-use crate::problem::ApiError;
+use crate::problem::Refusal;
 use crate::store::{CronDraft, PageCursor, StoreError, TickRecord};
 
 /// Crons one replica claims at once.
@@ -59,8 +59,8 @@ pub struct CronPatch {
     pub on_missed: Option<OnMissed>,
 }
 
-fn cron_not_found(id: Uuid) -> ApiError {
-    ApiError::NotFound {
+fn cron_not_found(id: Uuid) -> Refusal {
+    Refusal::NotFound {
         code: "cron_not_found",
         detail: format!("cron `{id}` not found"),
     }
@@ -68,14 +68,14 @@ fn cron_not_found(id: Uuid) -> ApiError {
 
 impl UseCases {
     /// The schedule in its zone, or 422 naming what is wrong.
-    fn schedule(&self, schedule: &str, timezone: &str) -> Result<Schedule, ApiError> {
+    fn schedule(&self, schedule: &str, timezone: &str) -> Result<Schedule, Refusal> {
         Schedule::parse(schedule, timezone, self.config.cron_seconds).map_err(|e| {
             if e.contains("has 6 fields") && !self.config.cron_seconds {
-                ApiError::Validation(format!(
+                Refusal::Validation(format!(
                     "{e} (a leading seconds field needs PES_CRON_SECONDS=true)"
                 ))
             } else {
-                ApiError::Validation(e)
+                Refusal::Validation(e)
             }
         })
     }
@@ -86,13 +86,13 @@ impl UseCases {
         tenant: &str,
         query: &str,
         config: &AgentConfig,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Refusal> {
         let query = query.trim();
         if query.is_empty() {
-            return Err(ApiError::Validation("query must not be empty".into()));
+            return Err(Refusal::Validation("query must not be empty".into()));
         }
         if query.chars().count() > self.config.max_query_chars {
-            return Err(ApiError::Validation(format!(
+            return Err(Refusal::Validation(format!(
                 "query is longer than {} characters (PES_MAX_QUERY_CHARS)",
                 self.config.max_query_chars
             )));
@@ -105,7 +105,7 @@ impl UseCases {
     /// # Errors
     /// 422 naming a bad schedule, time zone, query or config, or a thread or assistant that
     /// does not exist; 429 `quota_exceeded` past `PES_TENANT_MAX_CRONS`.
-    pub async fn create_cron(&self, tenant: &str, input: CronInput) -> Result<Cron, ApiError> {
+    pub async fn create_cron(&self, tenant: &str, input: CronInput) -> Result<Cron, Refusal> {
         let timezone = input.timezone.unwrap_or_else(|| "UTC".to_owned());
         let schedule = self.schedule(&input.schedule, &timezone)?;
         self.check_tick_run(tenant, &input.query, &input.config)
@@ -118,7 +118,7 @@ impl UseCases {
         }
         let next = schedule
             .next_after(Utc::now())
-            .ok_or_else(|| ApiError::Validation("the schedule has no next tick".into()))?;
+            .ok_or_else(|| Refusal::Validation("the schedule has no next tick".into()))?;
         let draft = CronDraft {
             thread_id: input.thread_id.clone(),
             assistant_id: input.assistant_id,
@@ -134,14 +134,14 @@ impl UseCases {
         let max = self.config.tenant_max_crons;
         match self.store.create_cron(tenant, &draft, max).await {
             Ok(Some(c)) => Ok(c),
-            Ok(None) => Err(ApiError::QuotaExceeded {
+            Ok(None) => Err(Refusal::QuotaExceeded {
                 detail: format!(
                     "the tenant has {max} crons, its quota (PES_TENANT_MAX_CRONS): delete one \
                      to create another"
                 ),
                 retry_after_seconds: 60,
             }),
-            Err(StoreError::ThreadNotFound) => Err(ApiError::Unprocessable {
+            Err(StoreError::ThreadNotFound) => Err(Refusal::Unprocessable {
                 code: "thread_not_found",
                 detail: format!(
                     "threadId `{}` names no thread of the tenant: create it first, or omit \
@@ -157,7 +157,7 @@ impl UseCases {
     ///
     /// # Errors
     /// 404 `cron_not_found`.
-    pub async fn get_cron(&self, tenant: &str, id: Uuid) -> Result<Cron, ApiError> {
+    pub async fn get_cron(&self, tenant: &str, id: Uuid) -> Result<Cron, Refusal> {
         self.store
             .get_cron(tenant, id)
             .await?
@@ -174,7 +174,7 @@ impl UseCases {
         thread_id: Option<&ThreadId>,
         limit: u32,
         cursor: Option<&PageCursor>,
-    ) -> Result<Vec<Cron>, ApiError> {
+    ) -> Result<Vec<Cron>, Refusal> {
         Ok(self
             .store
             .list_crons(tenant, thread_id, limit, cursor)
@@ -191,7 +191,7 @@ impl UseCases {
         tenant: &str,
         id: Uuid,
         patch: CronPatch,
-    ) -> Result<Cron, ApiError> {
+    ) -> Result<Cron, Refusal> {
         let cur = self.get_cron(tenant, id).await?;
         let schedule_text = patch.schedule.unwrap_or(cur.schedule.clone());
         let timezone = patch.timezone.unwrap_or(cur.timezone.clone());
@@ -215,7 +215,7 @@ impl UseCases {
                 Some(s) => s,
                 // A schedule stored earlier parses (seconds included if it has them).
                 None => Schedule::parse(&cur.schedule, &cur.timezone, true)
-                    .map_err(ApiError::Validation)?,
+                    .map_err(Refusal::Validation)?,
             };
             s.next_after(Utc::now())
         } else {
@@ -243,7 +243,7 @@ impl UseCases {
     ///
     /// # Errors
     /// 404 `cron_not_found`.
-    pub async fn delete_cron(&self, tenant: &str, id: Uuid) -> Result<(), ApiError> {
+    pub async fn delete_cron(&self, tenant: &str, id: Uuid) -> Result<(), Refusal> {
         if self.store.delete_cron(tenant, id).await? {
             Ok(())
         } else {

@@ -2,16 +2,19 @@
 //! (edited arguments valid for the tool, a response valid for the question's schema, a raise
 //! within `PES_MAX_BUDGET_RAISE_*`), and who may take it (a tenant may reject a suspension on its
 //! daily budget, never approve it: that is the operator's), checked the same way whichever door it
-//! came through.
+//! came through; then carried out exactly once ([`UseCases::resume`]): one implementation for
+//! REST, AG-UI, A2A, the MCP server and the operator's routes.
 
 use serde_json::Value;
+use uuid::Uuid;
 
 use super::UseCases;
 use crate::model::{
-    Decision, RaiseBy, RaiseLimits, RaiseRequest, ResumeDecision, Suspension, SuspensionKind,
-    SuspensionStatus,
+    Decision, RaiseBy, RaiseLimits, RaiseRequest, ResumeDecision, Run, Suspension, SuspensionKind,
+    SuspensionStatus, ThreadId,
 };
-use crate::problem::ApiError;
+use crate::problem::Refusal;
+use crate::store::{Resolution, ResolvedSuspension, StoreError, StoreResult};
 
 /// Who decides: a tenant (through any door, with its API key) or the operator (`/v1/admin/*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +42,7 @@ pub struct DecisionRequest {
 
 /// 409 for a suspension that is no longer pending, saying how and when it was resolved, so the
 /// person who came second knows what happened.
-pub fn already_decided(s: Option<&Suspension>) -> ApiError {
+pub fn already_decided(s: Option<&Suspension>) -> Refusal {
     let status = s.map(|s| s.status).unwrap_or(SuspensionStatus::Resolved);
     let how = s
         .and_then(|s| s.decision.as_ref().map(|d| (d, s.resolved_at)))
@@ -54,7 +57,7 @@ pub fn already_decided(s: Option<&Suspension>) -> ApiError {
             format!(": decided `{}`{at}{reason}", d.kind())
         })
         .unwrap_or_default();
-    ApiError::Conflict {
+    Refusal::Conflict {
         code: "suspension_resolved",
         detail: format!("the suspension is already {status}{how}"),
     }
@@ -66,11 +69,7 @@ impl UseCases {
     ///
     /// # Errors
     /// As [`UseCases::decide_as`].
-    pub fn decide(
-        &self,
-        s: &Suspension,
-        body: DecisionRequest,
-    ) -> Result<ResumeDecision, ApiError> {
+    pub fn decide(&self, s: &Suspension, body: DecisionRequest) -> Result<ResumeDecision, Refusal> {
         self.decide_as(Decider::Tenant, s, body)
     }
 
@@ -94,10 +93,10 @@ impl UseCases {
         who: Decider,
         s: &Suspension,
         body: DecisionRequest,
-    ) -> Result<ResumeDecision, ApiError> {
+    ) -> Result<ResumeDecision, Refusal> {
         let state = self;
         if who == Decider::Tenant && s.on_tenant_budget() && body.decision == Decision::Approve {
-            return Err(ApiError::operator_only(format!(
+            return Err(Refusal::operator_only(format!(
                 "only the operator may raise the tenant's daily budget: the operator approves \
                  it (`POST /v1/admin/suspensions/{}/resume`, or `POST \
                  /v1/admin/tenants/{}/budget-raises`, with an operator key); the tenant may \
@@ -107,7 +106,7 @@ impl UseCases {
         }
         if !s.allowed_decisions.contains(&body.decision) {
             let allowed: Vec<&str> = s.allowed_decisions.iter().map(|d| d.as_str()).collect();
-            return Err(ApiError::Unprocessable {
+            return Err(Refusal::Unprocessable {
                 code: "decision_not_allowed",
                 detail: format!(
                     "decision `{}` is not allowed for this {} suspension (allowed: {})",
@@ -122,18 +121,18 @@ impl UseCases {
             .as_ref()
             .is_some_and(|r| r.chars().count() > 4000)
         {
-            return Err(ApiError::Validation(
+            return Err(Refusal::Validation(
                 "reason is longer than 4000 characters".into(),
             ));
         }
         if body.modified_args.is_some() && body.decision != Decision::Edit {
-            return Err(ApiError::Validation(format!(
+            return Err(Refusal::Validation(format!(
                 "modifiedArgs goes only with decision `edit` (not `{}`): use `edit` to run the call with other arguments",
                 body.decision
             )));
         }
         if body.response.is_some() && body.decision != Decision::Respond {
-            return Err(ApiError::Validation(format!(
+            return Err(Refusal::Validation(format!(
                 "response goes only with decision `respond` (not `{}`)",
                 body.decision
             )));
@@ -143,14 +142,14 @@ impl UseCases {
         Ok(match body.decision {
             Decision::Edit => {
                 let args = body.modified_args.ok_or_else(|| {
-                    ApiError::Validation("decision `edit` needs `modifiedArgs`".into())
+                    Refusal::Validation("decision `edit` needs `modifiedArgs`".into())
                 })?;
                 state
                     .engine
                     .tools()
                     .validate(&s.tool_call.name, &args)
                     .map_err(|e| {
-                        ApiError::Validation(format!(
+                        Refusal::Validation(format!(
                             "modifiedArgs do not fit `{}`: {e}",
                             s.tool_call.name
                         ))
@@ -159,11 +158,11 @@ impl UseCases {
             }
             Decision::Respond => {
                 let response = body.response.ok_or_else(|| {
-                    ApiError::Validation("decision `respond` needs `response`".into())
+                    Refusal::Validation("decision `respond` needs `response`".into())
                 })?;
                 if let Some(schema) = &s.input_schema {
                     crate::json::schema::validate(schema, &response).map_err(|errors| {
-                        ApiError::Validation(format!(
+                        Refusal::Validation(format!(
                             "response does not fit the inputSchema: {}",
                             errors.join("; ")
                         ))
@@ -183,11 +182,11 @@ fn check_raise(
     s: &Suspension,
     body: &DecisionRequest,
     limits: RaiseLimits,
-) -> Result<Option<RaiseBy>, ApiError> {
+) -> Result<Option<RaiseBy>, Refusal> {
     let budget = s.kind == SuspensionKind::Budget;
     let Some(raise) = &body.raise_by else {
         if budget && body.decision == Decision::Approve {
-            return Err(ApiError::Unprocessable {
+            return Err(Refusal::Unprocessable {
                 code: "invalid_raise",
                 detail: "decision `approve` on a budget suspension needs `raiseBy` ({tokens?, \
                          usd?}): how much more may be spent"
@@ -197,9 +196,125 @@ fn check_raise(
         return Ok(None);
     };
     if !budget || body.decision != Decision::Approve {
-        return Err(ApiError::Validation(
+        return Err(Refusal::Validation(
             "raiseBy goes only with decision `approve` on a budget suspension".into(),
         ));
     }
     Ok(Some(raise.check("raiseBy", limits)?))
+}
+
+impl UseCases {
+    /// A suspension of the tenant's that still waits for a decision.
+    ///
+    /// # Errors
+    /// 404 for no such suspension, 409 `suspension_resolved` (saying how) for one decided,
+    /// expired or cancelled.
+    pub async fn pending_suspension(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+    ) -> Result<Suspension, Refusal> {
+        let s = self
+            .store
+            .get_suspension(tenant, suspension_id)
+            .await?
+            .ok_or_else(Refusal::suspension_not_found)?;
+        if s.status != SuspensionStatus::Pending {
+            return Err(already_decided(Some(&s)));
+        }
+        Ok(s)
+    }
+
+    /// Carry out a decision checked by [`UseCases::decide_as`]: exactly once, whatever door it
+    /// came through. One of any number of concurrent decisions goes through; the others get 409
+    /// saying how the suspension was resolved (read again after the conflict).
+    ///
+    /// # Errors
+    /// 409 `suspension_resolved`; the store fails.
+    pub async fn carry_out(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+        decision: ResumeDecision,
+        trace_context: Option<String>,
+    ) -> Result<ResolvedSuspension, Refusal> {
+        let resolution = Resolution {
+            status: SuspensionStatus::Resolved,
+            decision,
+            trace_context,
+        };
+        match self
+            .commands
+            .resume(tenant, suspension_id, resolution)
+            .await
+        {
+            Ok(done) => Ok(done),
+            Err(StoreError::Conflict(_)) => {
+                let now = self.store.get_suspension(tenant, suspension_id).await?;
+                Err(already_decided(now.as_ref()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Resume a suspension with a person's decision: read it (pending), check the decision
+    /// against it as `who` may take it, and carry it out exactly once.
+    ///
+    /// # Errors
+    /// As [`UseCases::pending_suspension`], [`UseCases::decide_as`] and [`UseCases::carry_out`].
+    pub async fn resume(
+        &self,
+        who: Decider,
+        tenant: &str,
+        suspension_id: Uuid,
+        request: DecisionRequest,
+        trace_context: Option<String>,
+    ) -> Result<ResolvedSuspension, Refusal> {
+        let s = self.pending_suspension(tenant, suspension_id).await?;
+        let decision = self.decide_as(who, &s, request)?;
+        self.carry_out(tenant, suspension_id, decision, trace_context)
+            .await
+    }
+
+    /// A suspension of the tenant's, whatever its status.
+    ///
+    /// # Errors
+    /// The store fails.
+    pub async fn get_suspension(
+        &self,
+        tenant: &str,
+        suspension_id: Uuid,
+    ) -> StoreResult<Option<Suspension>> {
+        self.store.get_suspension(tenant, suspension_id).await
+    }
+
+    /// A thread's suspensions, oldest first: pending ones, or all with `include_resolved`.
+    ///
+    /// # Errors
+    /// The store fails.
+    pub async fn list_suspensions(
+        &self,
+        tenant: &str,
+        thread_id: &ThreadId,
+        include_resolved: bool,
+    ) -> StoreResult<Option<Vec<Suspension>>> {
+        self.store
+            .list_suspensions(tenant, thread_id, include_resolved)
+            .await
+    }
+
+    /// The pending suspensions of one run.
+    ///
+    /// # Errors
+    /// The store fails.
+    pub async fn pending_of_run(&self, run: &Run) -> StoreResult<Vec<Suspension>> {
+        Ok(self
+            .store
+            .list_suspensions(&run.tenant, &run.thread_id, false)
+            .await?
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s.run_id == run.run_id && s.status == SuspensionStatus::Pending)
+            .collect())
+    }
 }

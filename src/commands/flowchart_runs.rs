@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::{RunRequest, UseCases};
 use crate::flowchart::tool::FlowTool;
 use crate::model::{FlowchartCall, MultitaskStrategy, Run, ThreadId, new_id};
-use crate::problem::{ApiError, FieldError};
+use crate::problem::{FieldError, Refusal};
 use crate::telemetry::TraceContext;
 
 /// The most characters of a flowchart run's query (which names the flowchart and quotes its
@@ -34,15 +34,15 @@ pub struct FlowchartRunRequest {
     pub trace: Option<TraceContext>,
 }
 
-fn flowchart_not_found(name: &str) -> ApiError {
-    ApiError::NotFound {
+fn flowchart_not_found(name: &str) -> Refusal {
+    Refusal::NotFound {
         code: "flowchart_not_found",
         detail: format!("flowchart `{name}` not found"),
     }
 }
 
 /// What does not fit the input schema, each problem at its JSON Pointer under `/input`.
-fn invalid_input(name: &str, problems: Vec<String>) -> ApiError {
+fn invalid_input(name: &str, problems: Vec<String>) -> Refusal {
     let errors: Vec<FieldError> = problems
         .iter()
         .map(|p| {
@@ -61,7 +61,7 @@ fn invalid_input(name: &str, problems: Vec<String>) -> ApiError {
             .collect::<Vec<_>>()
             .join("; ")
     );
-    ApiError::InvalidFields { detail, errors }
+    Refusal::InvalidFields { detail, errors }
 }
 
 impl UseCases {
@@ -78,10 +78,10 @@ impl UseCases {
         &self,
         tenant: String,
         request: FlowchartRunRequest,
-    ) -> Result<(Run, bool), ApiError> {
+    ) -> Result<(Run, bool), Refusal> {
         let name = request.name;
         if request.strategy == Some(MultitaskStrategy::Steer) {
-            return Err(ApiError::Validation(
+            return Err(Refusal::Validation(
                 "multitaskStrategy `steer` does not apply to a flowchart run: use `enqueue`, \
                  `reject` or `interrupt`"
                     .into(),
@@ -93,7 +93,7 @@ impl UseCases {
             .await?
             .ok_or_else(|| flowchart_not_found(&name))?;
         let tool = FlowTool::new(record).map_err(|e| {
-            ApiError::Internal(anyhow::anyhow!("flowchart `{name}` cannot be mounted: {e}"))
+            Refusal::Internal(anyhow::anyhow!("flowchart `{name}` cannot be mounted: {e}"))
         })?;
         if !request.input.is_object() {
             return Err(invalid_input(
@@ -111,13 +111,13 @@ impl UseCases {
                     .store
                     .get_thread(&tenant, &id)
                     .await?
-                    .ok_or_else(ApiError::thread_not_found)?;
+                    .ok_or_else(Refusal::thread_not_found)?;
                 // The engine refuses the call too (the thread's config may change meanwhile):
                 // this says so before any run exists.
                 if let Some(tools) = &thread.config.tools
                     && !tools.contains(&name)
                 {
-                    return Err(ApiError::Unprocessable {
+                    return Err(Refusal::Unprocessable {
                         code: "tool_not_enabled",
                         detail: format!(
                             "the thread's config.tools leaves out the flowchart `{name}`: add it \
@@ -128,7 +128,7 @@ impl UseCases {
                 id
             }
             None => ThreadId::parse(&new_id().to_string())
-                .map_err(|e| ApiError::Internal(anyhow::anyhow!("a new thread id: {e}")))?,
+                .map_err(|e| Refusal::Internal(anyhow::anyhow!("a new thread id: {e}")))?,
         };
         let max = self.config.max_query_chars.clamp(2, QUERY_CHARS);
         let mut query = format!("Run the flowchart `{name}` with {}", request.input);

@@ -1,4 +1,4 @@
-//! The memory store's use cases (DESIGN.md §7.4), for the REST routes and the agent's memory
+//! The memory store's use cases, for the REST routes and the agent's memory
 //! tools alike: [`Memory`] checks what a request asks (namespaces, keys, value sizes, pages,
 //! TTLs), embeds what is written when embeddings are on, and picks how a search ranks: by
 //! meaning (cosine of embeddings) when `PES_EMBEDDINGS_MODEL` is set, else by full text (the
@@ -21,7 +21,7 @@ use crate::llm::embeddings::Embedder;
 use crate::model::memory::{
     MemoryItem, Namespace, check_key, cosine, query_terms, searchable_text,
 };
-use crate::problem::{ApiError, FieldError};
+use crate::problem::{FieldError, Refusal};
 use crate::store::{MemoryPut, MemoryScope, PutMemory, SqlStore};
 use crate::tools::memory::MemoryAccess;
 
@@ -102,7 +102,7 @@ fn field(path: impl Into<String>, message: impl Into<String>) -> FieldError {
 }
 
 /// The problem that lists `errors`, when there are any.
-fn invalid(errors: Vec<FieldError>) -> Result<(), ApiError> {
+fn invalid(errors: Vec<FieldError>) -> Result<(), Refusal> {
     if errors.is_empty() {
         return Ok(());
     }
@@ -111,7 +111,7 @@ fn invalid(errors: Vec<FieldError>) -> Result<(), ApiError> {
         .map(|e| format!("{}: {}", e.path, e.message))
         .collect::<Vec<_>>()
         .join("; ");
-    Err(ApiError::InvalidFields { detail, errors })
+    Err(Refusal::InvalidFields { detail, errors })
 }
 
 impl Memory {
@@ -170,7 +170,7 @@ impl Memory {
         tenant: &str,
         item: PutItem,
         idempotency_key: Option<&str>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Refusal> {
         let mut errors = Vec::new();
         let ns = self.namespace(item.namespace, "/namespace", false, &mut errors);
         if let Err(e) = check_key(&item.key) {
@@ -189,11 +189,11 @@ impl Memory {
         }
         invalid(errors)?;
         let Some(ns) = ns else {
-            return Err(ApiError::Validation("invalid namespace".into()));
+            return Err(Refusal::Validation("invalid namespace".into()));
         };
         let size = serde_json::to_vec(&item.value).map_or(0, |b| b.len()) as u64;
         if size > self.settings.max_value_bytes {
-            return Err(ApiError::Unprocessable {
+            return Err(Refusal::Unprocessable {
                 code: "value_too_large",
                 detail: format!(
                     "the value is {size} bytes as JSON; at most {} are stored \
@@ -229,7 +229,7 @@ impl Memory {
         };
         match self.store.put_memory(&put, self.settings.max_items).await? {
             PutMemory::Stored { .. } | PutMemory::Repeated => Ok(()),
-            PutMemory::OverQuota => Err(ApiError::QuotaExceeded {
+            PutMemory::OverQuota => Err(Refusal::QuotaExceeded {
                 detail: format!(
                     "the tenant keeps {} memory items, its quota (PES_TENANT_MAX_STORE_ITEMS): \
                      delete some (or let them expire) to store new ones",
@@ -244,7 +244,7 @@ impl Memory {
     ///
     /// # Errors
     /// 422 for a bad namespace or key; 404 `item_not_found` (never stored, deleted, expired).
-    pub async fn get(&self, tenant: &str, dotted: &str, key: &str) -> Result<MemoryItem, ApiError> {
+    pub async fn get(&self, tenant: &str, dotted: &str, key: &str) -> Result<MemoryItem, Refusal> {
         let mut errors = Vec::new();
         let ns = Namespace::from_dotted(dotted, self.settings.max_depth)
             .map_err(|e| errors.push(field("namespace", e)))
@@ -254,12 +254,12 @@ impl Memory {
         }
         invalid(errors)?;
         let Some(ns) = ns else {
-            return Err(ApiError::Validation("invalid namespace".into()));
+            return Err(Refusal::Validation("invalid namespace".into()));
         };
         self.store
             .get_memory(tenant, &ns, key)
             .await?
-            .ok_or_else(|| ApiError::NotFound {
+            .ok_or_else(|| Refusal::NotFound {
                 code: "item_not_found",
                 detail: format!("no item `{key}` in namespace `{}`", ns.dotted()),
             })
@@ -274,7 +274,7 @@ impl Memory {
         tenant: &str,
         namespace: Vec<String>,
         key: &str,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Refusal> {
         let mut errors = Vec::new();
         let ns = self.namespace(namespace, "/namespace", false, &mut errors);
         if let Err(e) = check_key(key) {
@@ -293,11 +293,7 @@ impl Memory {
     ///
     /// # Errors
     /// 422 naming every invalid field.
-    pub async fn search(
-        &self,
-        tenant: &str,
-        req: SearchItems,
-    ) -> Result<Vec<MemoryItem>, ApiError> {
+    pub async fn search(&self, tenant: &str, req: SearchItems) -> Result<Vec<MemoryItem>, Refusal> {
         let mut errors = Vec::new();
         let prefix = self.namespace(req.namespace_prefix, "/namespacePrefix", true, &mut errors);
         let limit = req.limit.unwrap_or(10);
@@ -367,7 +363,7 @@ impl Memory {
         query: &[f32],
         limit: u32,
         offset: u32,
-    ) -> Result<Vec<MemoryItem>, ApiError> {
+    ) -> Result<Vec<MemoryItem>, Refusal> {
         let candidates = self
             .store
             .memory_candidates(scope, model, self.settings.semantic_candidates)
@@ -401,7 +397,7 @@ impl Memory {
         &self,
         tenant: &str,
         req: ListNamespaces,
-    ) -> Result<Vec<Namespace>, ApiError> {
+    ) -> Result<Vec<Namespace>, Refusal> {
         let mut errors = Vec::new();
         let prefix = req
             .prefix

@@ -5,7 +5,7 @@
 //! the deliveries; `crons`: schedules, and the scheduler that turns their ticks into runs;
 //! [`memory`]: the memory store and its background passes; `operators`: the operator's view of a
 //! tenant's day, raising it, deciding a suspension on it) and carries it out through [`RunCommands`]. Doors
-//! parse their wire format and word the [`crate::problem::ApiError`] they get back; nothing here
+//! parse their wire format and word the [`crate::problem::Refusal`] they get back; nothing here
 //! imports a door. `retention` reads what a thread stores and deletes idle threads: pruned by
 //! a tenant, or expired by the sweeper every replica runs.
 //!
@@ -29,13 +29,18 @@ mod cases;
 pub mod crons;
 mod decisions;
 mod flowchart_runs;
+mod flowcharts;
+mod follow;
 pub mod memory;
 mod operators;
 mod policy;
 pub mod replicas;
 pub mod retention;
 mod runs;
+mod service;
+mod steering;
 mod storage;
+mod threads;
 mod webhooks;
 
 use std::sync::Arc;
@@ -46,22 +51,28 @@ use uuid::Uuid;
 use crate::events::EventBus;
 use crate::model::{MultitaskStrategy, RunStatus, ThreadId};
 
-/// The longest steering message, in characters: one limit for `…/steer` and for a query posted
-/// with `multitaskStrategy: "steer"`, which becomes one.
-pub const MAX_STEERING_CHARS: usize = 8000;
 use crate::registry::RunRegistry;
-use crate::store::{
-    CancelledRun, CreatedRun, Idle, NewRun, Resolution, ResolvedSuspension, SqlStore, StoreResult,
+/// The store's vocabulary the use cases speak in: what a door passes in (a query, a cursor, a
+/// fork's cut) and reads back (a store error a door maps to its own wording).
+pub use crate::store::{
+    CancelledRun, Footprint, ForkRequest, ObservationQuery, PageCursor, RunFilter, StoreError,
+    StoreResult,
 };
+use crate::store::{CreatedRun, Idle, NewRun, Resolution, ResolvedSuspension, SqlStore};
 pub use assistants::AssistantInput;
-pub use cases::UseCases;
+pub use cases::{Handles, UseCases};
 pub use decisions::{Decider, DecisionRequest, already_decided};
 pub use flowchart_runs::FlowchartRunRequest;
+pub use flowcharts::{Registered, flowchart_not_found};
+pub use follow::{StreamItem, StreamSpec};
 pub use operators::TenantRaised;
 pub use policy::check_policy_floor;
 pub use retention::{PruneRequest, Pruned};
 pub use runs::RunRequest;
+pub use service::Busy;
+pub use steering::{MAX_STEERING_CHARS, check_steering_message};
 pub use storage::StorageCounts;
+pub use threads::{NewThread, ThreadUpdate};
 
 /// Issues run commands (see the module doc). Cheap to clone: every clone shares the store, the
 /// bus, the worker's wake-up and the registry of local runs.

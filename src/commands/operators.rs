@@ -14,7 +14,7 @@ use crate::model::{
     RaiseBy, RaiseRequest, ResumeDecision, Suspension, SuspensionStatus, TenantRaise, TenantSpend,
     add_usd,
 };
-use crate::problem::ApiError;
+use crate::problem::Refusal;
 use crate::store::{Resolution, ResolvedSuspension, StoreError};
 
 /// Suspensions on a tenant's day read per page when a raise resumes them.
@@ -47,8 +47,8 @@ impl UseCases {
         }
     }
 
-    fn tenant_not_found(tenant: &str) -> ApiError {
-        ApiError::NotFound {
+    fn tenant_not_found(tenant: &str) -> Refusal {
+        Refusal::NotFound {
             code: "tenant_not_found",
             detail: format!(
                 "no tenant `{}`: a tenant is one that PES_API_KEYS names (`default` when the \
@@ -63,7 +63,7 @@ impl UseCases {
     ///
     /// # Errors
     /// 404 `tenant_not_found` for a tenant the service does not serve; the store failed.
-    pub async fn tenant_spend(&self, tenant: &str) -> Result<TenantSpend, ApiError> {
+    pub async fn tenant_spend(&self, tenant: &str) -> Result<TenantSpend, Refusal> {
         if !self.known_tenant(tenant) {
             return Err(Self::tenant_not_found(tenant));
         }
@@ -104,7 +104,7 @@ impl UseCases {
         &self,
         tenant: &str,
         raise: &RaiseRequest,
-    ) -> Result<TenantRaised, ApiError> {
+    ) -> Result<TenantRaised, Refusal> {
         if !self.known_tenant(tenant) {
             return Err(Self::tenant_not_found(tenant));
         }
@@ -132,17 +132,17 @@ impl UseCases {
         suspension_id: Uuid,
         body: DecisionRequest,
         trace_context: Option<String>,
-    ) -> Result<ResolvedSuspension, ApiError> {
+    ) -> Result<ResolvedSuspension, Refusal> {
         let s = self
             .store
             .find_suspension(suspension_id)
             .await?
-            .ok_or_else(ApiError::suspension_not_found)?;
+            .ok_or_else(Refusal::suspension_not_found)?;
         if s.status != SuspensionStatus::Pending {
             return Err(already_decided(Some(&s)));
         }
         if !s.on_tenant_budget() {
-            return Err(ApiError::Unprocessable {
+            return Err(Refusal::Unprocessable {
                 code: "not_on_tenant_budget",
                 detail: format!(
                     "this route decides suspensions on a tenant's daily budget; this one is a \
@@ -205,7 +205,7 @@ impl UseCases {
         tenant: &str,
         raise: RaiseBy,
         except: Option<Uuid>,
-    ) -> Result<Vec<ResolvedSuspension>, ApiError> {
+    ) -> Result<Vec<ResolvedSuspension>, Refusal> {
         let mut resumed = Vec::new();
         let mut after = None;
         let mut seen = 0usize;

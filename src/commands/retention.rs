@@ -1,4 +1,4 @@
-//! Retention (DESIGN.md §7.2): threads that clean up after themselves. A thread whose
+//! Retention: threads that clean up after themselves. A thread whose
 //! time-to-live passed (its `ttlSeconds`, its assistant's, else `PES_THREAD_TTL_SECONDS`) is
 //! deleted by [`sweep_expired_threads`], which every replica runs; a tenant deletes its own idle
 //! threads with [`UseCases::prune_threads`] and reads what one stores with
@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use super::{RunCommands, UseCases};
 use crate::model::{MAX_THREAD_TTL_SECONDS, ThreadId, ThreadStatus};
-use crate::problem::ApiError;
+use crate::problem::Refusal;
 use crate::store::{Idle, StoreResult, ThreadStorage};
 use crate::telemetry::metrics::Metrics;
 
@@ -54,14 +54,14 @@ impl UseCases {
         &self,
         tenant: &str,
         request: PruneRequest,
-    ) -> Result<Pruned, ApiError> {
+    ) -> Result<Pruned, Refusal> {
         if request.older_than_seconds > MAX_THREAD_TTL_SECONDS {
-            return Err(ApiError::Validation(format!(
+            return Err(Refusal::Validation(format!(
                 "olderThanSeconds must be between 0 and {MAX_THREAD_TTL_SECONDS} (ten years)"
             )));
         }
         if let Some(s @ (ThreadStatus::Busy | ThreadStatus::Suspended)) = request.status {
-            return Err(ApiError::Validation(format!(
+            return Err(Refusal::Validation(format!(
                 "status `{}`: a thread with a queued, running or suspended run is never pruned; \
                  prune `idle` or `error` threads",
                 s.as_str()
@@ -106,11 +106,11 @@ impl UseCases {
         &self,
         tenant: &str,
         thread_id: &ThreadId,
-    ) -> Result<ThreadStorage, ApiError> {
+    ) -> Result<ThreadStorage, Refusal> {
         self.store
             .thread_storage(tenant, thread_id)
             .await?
-            .ok_or_else(ApiError::thread_not_found)
+            .ok_or_else(Refusal::thread_not_found)
     }
 }
 

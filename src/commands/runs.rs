@@ -11,7 +11,7 @@ use crate::events::BusMsg;
 use crate::model::{
     AgentConfig, AssistantId, MultitaskStrategy, Run, RunStatus, ThreadId, WebhookSpec,
 };
-use crate::problem::ApiError;
+use crate::problem::Refusal;
 use crate::store::NewRun;
 use crate::telemetry::TraceContext;
 
@@ -58,39 +58,33 @@ impl UseCases {
         tenant: String,
         thread_id: ThreadId,
         request: RunRequest,
-    ) -> Result<(Run, bool), ApiError> {
+    ) -> Result<(Run, bool), Refusal> {
         let query = request.query.trim().to_owned();
         if query.is_empty() {
-            return Err(ApiError::Validation("query must not be empty".into()));
+            return Err(Refusal::Validation("query must not be empty".into()));
         }
         self.storage_room(&tenant).await?;
         if query.chars().count() > self.config.max_query_chars {
-            return Err(ApiError::Validation(format!(
+            return Err(Refusal::Validation(format!(
                 "query is longer than {} characters (PES_MAX_QUERY_CHARS)",
                 self.config.max_query_chars
             )));
         }
-        if request.strategy == Some(MultitaskStrategy::Steer)
-            && query.chars().count() > super::MAX_STEERING_CHARS
-        {
-            // The query may become a steering message: the one limit every steer has.
-            return Err(ApiError::Validation(format!(
-                "a query with multitaskStrategy `steer` steers the active run, and a steering \
-                 message is at most {} characters",
-                super::MAX_STEERING_CHARS
-            )));
+        if request.strategy == Some(MultitaskStrategy::Steer) {
+            // The query may become a steering message: the one rule every steer has.
+            super::check_steering_message("query", &query)?;
         }
         if let Some(k) = &request.idempotency_key
             && (k.is_empty() || k.chars().count() > 256)
         {
-            return Err(ApiError::Validation(
+            return Err(Refusal::Validation(
                 "idempotencyKey must be 1 to 256 characters".into(),
             ));
         }
         let mut config = request.config;
         if config.ttl_seconds.is_some() {
             // How long a thread is kept is the thread's (or its assistant's), not one run's.
-            return Err(ApiError::Validation(
+            return Err(Refusal::Validation(
                 "config.ttlSeconds is a thread setting: set it on the thread (PATCH \
                  /v1/threads/{threadId}) or its assistant, not on a run"
                     .into(),
@@ -98,7 +92,7 @@ impl UseCases {
         }
         if let Some(w) = request.webhook {
             if config.webhook.is_some() {
-                return Err(ApiError::Validation(
+                return Err(Refusal::Validation(
                     "set the run's webhook once: `webhook` or `config.webhook`, not both".into(),
                 ));
             }
@@ -107,7 +101,7 @@ impl UseCases {
         }
         self.check_config(&tenant, &config).await?;
         if request.assistant_version.is_some_and(|v| v < 1) {
-            return Err(ApiError::Validation(
+            return Err(Refusal::Validation(
                 "assistantVersion must be 1 or more".into(),
             ));
         }
@@ -145,7 +139,7 @@ impl UseCases {
             .await
             .map_err(|e| match e {
                 // Say how to get the thread the client evidently expected.
-                crate::store::StoreError::ThreadNotFound => ApiError::NotFound {
+                crate::store::StoreError::ThreadNotFound => Refusal::NotFound {
                     code: "thread_not_found",
                     detail: format!(
                         "thread `{shown_id}` not found: create it with `POST /v1/threads`, or post \
@@ -170,14 +164,14 @@ impl UseCases {
         tenant: &str,
         thread_id: &ThreadId,
         run_id: Uuid,
-    ) -> Result<Run, ApiError> {
+    ) -> Result<Run, Refusal> {
         let mut rx = self.commands.bus().subscribe(tenant, thread_id);
         loop {
             let run = self
                 .store
                 .get_run(tenant, thread_id, run_id)
                 .await?
-                .ok_or_else(ApiError::run_not_found)?;
+                .ok_or_else(Refusal::run_not_found)?;
             if run.status.is_terminal() || run.status == RunStatus::Suspended {
                 return Ok(run);
             }
@@ -188,7 +182,7 @@ impl UseCases {
             loop {
                 tokio::select! {
                     _ = self.shutdown.cancelled() => {
-                        return Err(ApiError::Unavailable("the service is shutting down".into()));
+                        return Err(Refusal::Unavailable("the service is shutting down".into()));
                     }
                     _ = &mut deadline => break,
                     msg = rx.recv() => match msg {

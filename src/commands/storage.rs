@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::UseCases;
-use crate::problem::ApiError;
+use crate::problem::Refusal;
 
 /// Tenants whose counts one replica keeps at most; past it, counts older than the recount
 /// interval are forgotten (a tenant forgotten is counted again at its next write).
@@ -46,7 +46,7 @@ impl UseCases {
     ///
     /// # Errors
     /// 429 `quota_exceeded` naming the setting; 503 when the store cannot be read.
-    pub async fn storage_room(&self, tenant: &str) -> Result<(), ApiError> {
+    pub async fn storage_room(&self, tenant: &str) -> Result<(), Refusal> {
         let max = self.config.tenant_max_storage_bytes;
         let fresh = Duration::from_secs(self.config.tenant_storage_recount_seconds);
         let slot = self.storage.slot(tenant, fresh);
@@ -64,7 +64,7 @@ impl UseCases {
         if bytes <= max {
             return Ok(());
         }
-        Err(ApiError::QuotaExceeded {
+        Err(Refusal::QuotaExceeded {
             detail: format!(
                 "the tenant stores {bytes} bytes, past its quota of {max} \
                  (PES_TENANT_MAX_STORAGE_BYTES): delete threads or store items to make room; \

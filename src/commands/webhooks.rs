@@ -1,4 +1,4 @@
-//! Webhooks (DESIGN.md §7.3) as use cases: whether a webhook may be set (the service signs them,
+//! Webhooks as use cases: whether a webhook may be set (the service signs them,
 //! and the SSRF guard allows where it points), a tenant's deliveries, and sending a failed one
 //! again. Sending is `crate::webhooks`; the outbox is written by the store with the run's end.
 
@@ -6,11 +6,11 @@ use uuid::Uuid;
 
 use super::UseCases;
 use crate::model::{DeliveryStatus, WebhookDelivery, WebhookSpec};
-use crate::problem::ApiError;
+use crate::problem::Refusal;
 use crate::store::{DeliveryFilter, PageCursor};
 
-fn delivery_not_found(id: Uuid) -> ApiError {
-    ApiError::NotFound {
+fn delivery_not_found(id: Uuid) -> Refusal {
+    Refusal::NotFound {
         code: "delivery_not_found",
         detail: format!("webhook delivery `{id}` not found"),
     }
@@ -24,10 +24,10 @@ impl UseCases {
     /// # Errors
     /// 422 naming the field and what is wrong; 422 `webhooks_not_configured` without
     /// `PES_WEBHOOK_SECRET`.
-    pub fn check_webhook(&self, spec: &WebhookSpec, field: &str) -> Result<(), ApiError> {
-        let url = spec.check(field).map_err(ApiError::Validation)?;
+    pub fn check_webhook(&self, spec: &WebhookSpec, field: &str) -> Result<(), Refusal> {
+        let url = spec.check(field).map_err(Refusal::Validation)?;
         if !self.webhooks.enabled() {
-            return Err(ApiError::Unprocessable {
+            return Err(Refusal::Unprocessable {
                 code: "webhooks_not_configured",
                 detail: format!(
                     "{field} needs webhooks, which this service does not send: the operator sets \
@@ -38,7 +38,7 @@ impl UseCases {
         self.webhooks
             .guard
             .check_url(&url)
-            .map_err(|e| ApiError::Validation(format!("{field}.url is {e}")))
+            .map_err(|e| Refusal::Validation(format!("{field}.url is {e}")))
     }
 
     /// The tenant's deliveries, newest first.
@@ -52,7 +52,7 @@ impl UseCases {
         status: Option<DeliveryStatus>,
         limit: u32,
         cursor: Option<&PageCursor>,
-    ) -> Result<Vec<WebhookDelivery>, ApiError> {
+    ) -> Result<Vec<WebhookDelivery>, Refusal> {
         let filter = DeliveryFilter { run_id, status };
         Ok(self
             .store
@@ -68,11 +68,11 @@ impl UseCases {
         &self,
         tenant: &str,
         delivery_id: Uuid,
-    ) -> Result<WebhookDelivery, ApiError> {
+    ) -> Result<WebhookDelivery, Refusal> {
         match self.store.retry_delivery(tenant, delivery_id).await? {
             None => Err(delivery_not_found(delivery_id)),
             Some((d, true)) => Ok(d),
-            Some((d, false)) => Err(ApiError::Conflict {
+            Some((d, false)) => Err(Refusal::Conflict {
                 code: "delivery_not_failed",
                 detail: format!(
                     "webhook delivery `{delivery_id}` is {}: only a failed delivery is sent again",

@@ -1,4 +1,4 @@
-//! Assistants (DESIGN.md §7.2), per tenant: `POST/GET /v1/assistants`,
+//! Assistants, per tenant: `POST/GET /v1/assistants`,
 //! `GET/PUT/DELETE /v1/assistants/{assistantId}`, `GET …/versions` and `POST …/current`. The
 //! handlers parse the request and call [`crate::commands::UseCases`]; the rules are there.
 
@@ -9,13 +9,14 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::threads::{Page, PageParams};
+use super::page::{Page, PageParams};
 use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
     encode_cursor, page_limit,
 };
 use crate::commands::AssistantInput;
 use crate::model::{AgentConfig, Assistant, AssistantId, AssistantVersion};
+use crate::problem::Refusal;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -87,8 +88,8 @@ pub struct AssistantVersionParams {
 }
 
 /// An assistant id from the path; one that cannot exist is simply not found.
-fn parse_id(raw: &str) -> Result<AssistantId, ApiError> {
-    AssistantId::parse(raw).map_err(|_| ApiError::NotFound {
+fn parse_id(raw: &str) -> Result<AssistantId, Refusal> {
+    AssistantId::parse(raw).map_err(|_| Refusal::NotFound {
         code: "assistant_not_found",
         detail: format!("assistant `{raw}` not found"),
     })
@@ -155,7 +156,7 @@ pub async fn get_assistant(
     AppQuery(params): AppQuery<AssistantVersionParams>,
 ) -> Result<AppJson<Assistant>, ApiError> {
     if params.version.is_some_and(|v| v < 1) {
-        return Err(ApiError::Validation("version must be 1 or more".into()));
+        return Err(ApiError::validation("version must be 1 or more".into()));
     }
     let id = parse_id(&id)?;
     Ok(AppJson(
@@ -233,7 +234,7 @@ pub async fn list_versions(
             decode_cursor(c, CursorKey::ThreadId)?
                 .id
                 .parse::<i64>()
-                .map_err(|_| ApiError::Validation("invalid cursor".into()))?,
+                .map_err(|_| ApiError::validation("invalid cursor".into()))?,
         ),
         None => None,
     };

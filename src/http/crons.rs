@@ -1,4 +1,4 @@
-//! Crons (DESIGN.md §7.3), per tenant: `POST/GET /v1/crons` (`?threadId=`) and
+//! Crons, per tenant: `POST/GET /v1/crons` (`?threadId=`) and
 //! `GET/PATCH/DELETE /v1/crons/{cronId}`. The handlers parse the request and call
 //! [`crate::commands::UseCases`]; the rules and the scheduler are in `commands::crons`.
 
@@ -10,13 +10,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::threads::Page;
+use super::page::Page;
 use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
     encode_cursor, page_limit,
 };
 use crate::commands::crons::{CronInput, CronPatch};
 use crate::model::{AgentConfig, AssistantId, Cron, MultitaskStrategy, OnMissed, ThreadId};
+use crate::problem::Refusal;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -110,8 +111,8 @@ pub struct CronParams {
 }
 
 /// A cron id from the path; one that cannot exist is simply not found.
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(raw).map_err(|_| ApiError::NotFound {
+fn parse_id(raw: &str) -> Result<Uuid, Refusal> {
+    Uuid::parse_str(raw).map_err(|_| Refusal::NotFound {
         code: "cron_not_found",
         detail: format!("cron `{raw}` not found"),
     })
@@ -120,7 +121,7 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
 /// 422 for a schedule or time zone past its length (checked before it is parsed).
 fn bounded(field: &str, value: Option<&str>) -> Result<(), ApiError> {
     match value {
-        Some(v) if v.len() > MAX_SCHEDULE_BYTES => Err(ApiError::Validation(format!(
+        Some(v) if v.len() > MAX_SCHEDULE_BYTES => Err(ApiError::validation(format!(
             "{field} is longer than {MAX_SCHEDULE_BYTES} bytes"
         ))),
         _ => Ok(()),

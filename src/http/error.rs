@@ -1,7 +1,8 @@
-//! One error type for every handler, mapped once to a status and an RFC 9457 problem+json body
-//! with a stable `code`. Internal errors are logged with their cause and answered with a generic
-//! body; extractor rejections (bad JSON, wrong content type, oversized body, bad query or path)
-//! speak the same shape.
+//! One error type for every handler, [`ApiError`]: a use case's [`Refusal`], or what only HTTP
+//! can go wrong with (a header, a body that is not JSON or too large, a key, a route), mapped once
+//! to a status and an RFC 9457 problem+json body with a stable `code`. Internal errors are logged
+//! with their cause and answered with a generic body; extractor rejections (bad JSON, wrong
+//! content type, oversized body, bad query or path) speak the same shape.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -13,7 +14,158 @@ use serde::de::DeserializeOwned;
 use utoipa::ToSchema;
 
 use super::serve::BodyReadTimeout;
-pub use crate::problem::{ApiError, FieldError};
+use crate::commands::StoreError;
+pub use crate::problem::{FieldError, Refusal};
+
+/// Every way a request can fail over HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A use case refused it (whatever the door, the same refusal).
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// 400 `invalid_header`: a request header that cannot be parsed.
+    #[error("{0}")]
+    BadHeader(String),
+    /// 400 `malformed_json`: the body is not syntactically JSON.
+    #[error("{0}")]
+    MalformedJson(String),
+    #[error("the request body is larger than the limit (PES_MAX_BODY_BYTES)")]
+    PayloadTooLarge,
+    /// The body did not arrive in full within `PES_BODY_READ_TIMEOUT_SECONDS`.
+    #[error("the request body did not arrive within {0} s (PES_BODY_READ_TIMEOUT_SECONDS)")]
+    RequestTimeout(u64),
+    /// The header section is larger than `PES_MAX_HEADER_BYTES`.
+    #[error("the request headers take {size} bytes; the limit is {limit} (PES_MAX_HEADER_BYTES)")]
+    HeadersTooLarge { size: usize, limit: usize },
+    /// The request target is longer than `PES_MAX_URI_BYTES`.
+    #[error("the request URI takes {size} bytes; the limit is {limit} (PES_MAX_URI_BYTES)")]
+    UriTooLong { size: usize, limit: usize },
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("a valid API key is required: send `Authorization: Bearer <key>`")]
+    Unauthorized,
+    /// 401 `unauthorized`: an operator key (`PES_OPERATOR_KEYS`) on a tenant's route.
+    #[error(
+        "an operator key acts on `/v1/admin/*` only: a tenant's routes need one of the tenant's \
+         keys (`PES_API_KEYS`)"
+    )]
+    OperatorKeyOnTenantRoute,
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    #[error("method {0} is not allowed here")]
+    MethodNotAllowed(String),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        Self::Refused(e.into())
+    }
+}
+
+impl ApiError {
+    /// 422 `validation_failed`.
+    pub fn validation(detail: String) -> Self {
+        Refusal::Validation(detail).into()
+    }
+    /// 400 `bad_request`.
+    pub fn bad_request(detail: String) -> Self {
+        Refusal::BadRequest(detail).into()
+    }
+    /// 503 `unavailable`.
+    pub fn unavailable(detail: String) -> Self {
+        Refusal::Unavailable(detail).into()
+    }
+    /// 500, logged with its cause.
+    pub fn internal(cause: impl Into<anyhow::Error>) -> Self {
+        Refusal::Internal(cause.into()).into()
+    }
+    pub fn thread_not_found() -> Self {
+        Refusal::thread_not_found().into()
+    }
+    pub fn run_not_found() -> Self {
+        Refusal::run_not_found().into()
+    }
+    pub fn suspension_not_found() -> Self {
+        Refusal::suspension_not_found().into()
+    }
+    /// 403 `operator_only`.
+    pub fn operator_only(detail: impl Into<String>) -> Self {
+        Refusal::operator_only(detail).into()
+    }
+
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The status, the stable `code` and the title of the problem.
+    pub fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            Self::Refused(r) => refusal_parts(r),
+            Self::BadHeader(_) => (StatusCode::BAD_REQUEST, "invalid_header", "Bad request"),
+            Self::MalformedJson(_) => (StatusCode::BAD_REQUEST, "malformed_json", "Malformed JSON"),
+            Self::PayloadTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "Payload too large",
+            ),
+            Self::RequestTimeout(_) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "Request timeout",
+            ),
+            Self::HeadersTooLarge { .. } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers_too_large",
+                "Request header fields too large",
+            ),
+            Self::UriTooLong { .. } => (StatusCode::URI_TOO_LONG, "uri_too_long", "URI too long"),
+            Self::UnsupportedMediaType(_) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "Unsupported media type",
+            ),
+            Self::Unauthorized | Self::OperatorKeyOnTenantRoute => {
+                (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized")
+            }
+            Self::RouteNotFound(_) => (StatusCode::NOT_FOUND, "route_not_found", "Not found"),
+            Self::MethodNotAllowed(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "Method not allowed",
+            ),
+        }
+    }
+}
+
+/// The status, code and title a use case's refusal answers with over HTTP.
+pub fn refusal_parts(r: &Refusal) -> (StatusCode, &'static str, &'static str) {
+    let status = match r {
+        Refusal::BadRequest(_) => StatusCode::BAD_REQUEST,
+        Refusal::Validation(_) | Refusal::Unprocessable { .. } | Refusal::InvalidFields { .. } => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        Refusal::NotFound { .. } => StatusCode::NOT_FOUND,
+        Refusal::Conflict { .. } => StatusCode::CONFLICT,
+        Refusal::Forbidden { .. } => StatusCode::FORBIDDEN,
+        Refusal::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
+        Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Refusal::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let title = match r {
+        Refusal::BadRequest(_) => "Bad request",
+        Refusal::Validation(_) | Refusal::Unprocessable { .. } | Refusal::InvalidFields { .. } => {
+            "Invalid request"
+        }
+        Refusal::NotFound { .. } => "Not found",
+        Refusal::Conflict { .. } => "Conflict",
+        Refusal::Forbidden { .. } => "Forbidden",
+        Refusal::QuotaExceeded { .. } => "Quota exceeded",
+        Refusal::Unavailable(_) => "Service unavailable",
+        Refusal::Internal(_) => "Internal server error",
+    };
+    (status, r.code(), title)
+}
 
 /// An RFC 9457 problem details body.
 #[derive(Debug, Serialize, ToSchema)]
@@ -37,21 +189,21 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code, title) = self.parts();
         let detail = match &self {
-            Self::Internal(cause) => {
+            Self::Refused(Refusal::Internal(cause)) => {
                 tracing::error!(cause = format!("{cause:#}"), "internal error");
                 "an internal error occurred; it has been logged".to_owned()
             }
             other => other.to_string(),
         };
         let retry_after = match &self {
-            Self::QuotaExceeded {
+            Self::Refused(Refusal::QuotaExceeded {
                 retry_after_seconds,
                 ..
-            } => Some(*retry_after_seconds),
+            }) => Some(*retry_after_seconds),
             _ => None,
         };
         let errors = match self {
-            Self::InvalidFields { errors, .. } => Some(errors),
+            Self::Refused(Refusal::InvalidFields { errors, .. }) => Some(errors),
             _ => None,
         };
         let body = Problem {
@@ -97,12 +249,12 @@ impl From<JsonRejection> for ApiError {
             JsonRejection::MissingJsonContentType(_) => Self::UnsupportedMediaType(
                 "expected a body with `Content-Type: application/json`".into(),
             ),
-            JsonRejection::JsonDataError(e) => Self::Validation(e.body_text()),
+            JsonRejection::JsonDataError(e) => Self::validation(e.body_text()),
             JsonRejection::JsonSyntaxError(e) => {
                 Self::MalformedJson(format!("malformed JSON: {}", e.body_text()))
             }
             JsonRejection::BytesRejection(e) => from_bytes_rejection(e),
-            other => Self::BadRequest(other.body_text()),
+            other => Self::bad_request(other.body_text()),
         }
     }
 }
@@ -115,7 +267,7 @@ pub(crate) fn from_bytes_rejection(e: axum::extract::rejection::BytesRejection) 
     } else if let Some(t) = body_timeout_in(&e) {
         ApiError::RequestTimeout(t.seconds())
     } else {
-        ApiError::BadRequest(e.body_text())
+        ApiError::bad_request(e.body_text())
     }
 }
 
@@ -180,13 +332,14 @@ where
                 // A resume body's raise is its `raiseBy`; a body without a decision is a raise.
                 let about_a_raise = text.contains("raiseBy") || !text.contains("\"decision\"");
                 if about_a_raise && let Some(token) = non_finite_number(&text) {
-                    return Err(ApiError::Unprocessable {
+                    return Err(Refusal::Unprocessable {
                         code: "invalid_raise",
                         detail: format!(
                             "a raise must be a finite number, not `{token}` (JSON has no NaN or \
                              infinity)"
                         ),
-                    });
+                    }
+                    .into());
                 }
                 return Err(ApiError::MalformedJson(format!("malformed JSON: {e}")));
             }
@@ -233,7 +386,7 @@ fn non_finite_number(text: &str) -> Option<String> {
 /// A JSON body as a route's type, with the rules of [`AppJson`].
 fn from_json_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
     if !value.is_object() {
-        return Err(ApiError::Validation(format!(
+        return Err(ApiError::validation(format!(
             "the body must be a JSON object, not {}",
             json_kind(&value)
         )));
@@ -245,9 +398,9 @@ fn from_json_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, A
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path.is_empty() || path == "." {
-            ApiError::Validation(format!("invalid body: {inner}"))
+            ApiError::validation(format!("invalid body: {inner}"))
         } else {
-            ApiError::Validation(format!("invalid body: {path}: {inner}"))
+            ApiError::validation(format!("invalid body: {path}: {inner}"))
         }
     })
 }
@@ -270,7 +423,7 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 pub fn reject_nul(value: &serde_json::Value) -> Result<(), ApiError> {
     fn walk(v: &serde_json::Value, path: &mut String) -> Result<(), ApiError> {
         let bad = |path: &str| {
-            ApiError::Validation(format!(
+            ApiError::validation(format!(
                 "strings may not contain the NUL character (\\u0000): found at {path}"
             ))
         };
@@ -310,7 +463,7 @@ pub fn reject_nul(value: &serde_json::Value) -> Result<(), ApiError> {
 /// [`ApiError::Validation`] naming the parameter.
 pub fn reject_nul_str(name: &str, value: &str) -> Result<(), ApiError> {
     if value.contains('\0') {
-        return Err(ApiError::Validation(format!(
+        return Err(ApiError::validation(format!(
             "`{name}` may not contain the NUL character (\\u0000)"
         )));
     }
@@ -346,10 +499,10 @@ where
         }
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(Self(v)),
-            Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(ApiError::Validation(
+            Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(ApiError::validation(
                 format!("invalid query string: {}", e.body_text()),
             )),
-            Err(e) => Err(ApiError::BadRequest(e.body_text())),
+            Err(e) => Err(ApiError::bad_request(e.body_text())),
         }
     }
 }
@@ -368,11 +521,12 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Path::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Path(v)) => Ok(Self(v)),
-            Err(PathRejection::FailedToDeserializePathParams(e)) => Err(ApiError::NotFound {
+            Err(PathRejection::FailedToDeserializePathParams(e)) => Err(Refusal::NotFound {
                 code: "not_found",
                 detail: e.body_text(),
-            }),
-            Err(e) => Err(ApiError::BadRequest(e.body_text())),
+            }
+            .into()),
+            Err(e) => Err(ApiError::bad_request(e.body_text())),
         }
     }
 }

@@ -5,8 +5,6 @@
 //! version; a delete hides the flowchart from the API and from new calls, while the engine still
 //! finds the version a call in progress was pinned to.
 
-use std::collections::BTreeMap;
-
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
@@ -15,12 +13,12 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::FieldError;
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant};
-use crate::commands::FlowchartRunRequest;
-use crate::flowchart::validate::{self, ValidationEnv};
+use crate::commands::{FlowchartRunRequest, flowchart_not_found};
+use crate::flowchart::validate;
 use crate::flowchart::{FlowchartRecord, FlowchartSpec};
 use crate::model::{MultitaskStrategy, Run};
+use crate::problem::Refusal;
 use crate::telemetry::TraceContext;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -66,39 +64,17 @@ pub struct VersionParams {
     pub version: Option<i64>,
 }
 
-fn not_found() -> ApiError {
-    ApiError::NotFound {
-        code: "flowchart_not_found",
-        detail: "flowchart not found".into(),
-    }
+fn not_found() -> Refusal {
+    flowchart_not_found()
 }
 
 /// A flowchart name from the path; one that cannot exist is simply not found.
-fn parse_name(raw: &str) -> Result<&str, ApiError> {
+fn parse_name(raw: &str) -> Result<&str, Refusal> {
     if validate::is_tool_name(raw) {
         Ok(raw)
     } else {
         Err(not_found())
     }
-}
-
-fn invalid(problems: Vec<validate::Problem>) -> ApiError {
-    let detail = format!(
-        "the flowchart is not valid: {}",
-        problems
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
-    let errors = problems
-        .into_iter()
-        .map(|p| FieldError {
-            path: p.path,
-            message: p.message,
-        })
-        .collect();
-    ApiError::InvalidFields { detail, errors }
 }
 
 /// Register a flowchart, or a new version of it.
@@ -116,28 +92,10 @@ pub async fn put_flowchart(
     AppPath(name): AppPath<String>,
     AppJson(body): AppJson<Value>,
 ) -> Result<(StatusCode, AppJson<FlowchartRecord>), ApiError> {
-    let spec = validate::parse_spec(&body).map_err(|p| invalid(vec![p]))?;
-    let tools = state.engine.tools();
-    if tools.is_known(&name) {
-        return Err(ApiError::Conflict {
-            code: "tool_exists",
-            detail: format!("`{name}` is the name of a tool: a flowchart needs a name of its own"),
-        });
-    }
-    let flowcharts: BTreeMap<String, FlowchartSpec> = state
-        .store
-        .list_flowcharts(&tenant)
-        .await?
-        .into_iter()
-        .map(|r| (r.name, r.spec))
-        .collect();
-    let is_tool = |n: &str| tools.is_known(n);
-    let env = ValidationEnv {
-        is_tool: &is_tool,
-        flowcharts: &flowcharts,
-    };
-    validate::validate(&name, &spec, &env).map_err(invalid)?;
-    let put = state.store.put_flowchart(&tenant, &name, &spec).await?;
+    let put = state
+        .cases
+        .register_flowchart(&tenant, &name, &body)
+        .await?;
     let status = if put.created {
         StatusCode::CREATED
     } else {
@@ -153,7 +111,7 @@ pub async fn list_flowcharts(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
 ) -> Result<AppJson<FlowchartList>, ApiError> {
-    let items = state.store.list_flowcharts(&tenant).await?;
+    let items = state.cases.list_flowcharts(&tenant).await?;
     Ok(AppJson(FlowchartList { items }))
 }
 
@@ -171,14 +129,10 @@ pub async fn get_flowchart(
     AppQuery(params): AppQuery<VersionParams>,
 ) -> Result<AppJson<FlowchartRecord>, ApiError> {
     if params.version.is_some_and(|v| v < 1) {
-        return Err(ApiError::Validation("version must be 1 or more".into()));
+        return Err(ApiError::validation("version must be 1 or more".into()));
     }
     let name = parse_name(&name)?;
-    let record = state
-        .store
-        .get_flowchart(&tenant, name, params.version, false)
-        .await?
-        .ok_or_else(not_found)?;
+    let record = state.cases.flowchart(&tenant, name, params.version).await?;
     Ok(AppJson(record))
 }
 
@@ -197,11 +151,8 @@ pub async fn delete_flowchart(
     AppPath(name): AppPath<String>,
 ) -> Result<StatusCode, ApiError> {
     let name = parse_name(&name)?;
-    if state.store.delete_flowchart(&tenant, name).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(not_found())
-    }
+    state.cases.delete_flowchart(&tenant, name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Run a flowchart: a durable run of `kind: "flowchart"` that runs it with `input` (no model

@@ -51,17 +51,10 @@ pub async fn healthz() -> AppJson<Health> {
         (status = 503, description = "Not ready", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<AppJson<Health>, ApiError> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::Unavailable("shutting down".into()));
-    }
-    state
-        .store
-        .ready()
-        .await
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    state.cases.ready().await.map_err(ApiError::unavailable)?;
     Ok(AppJson(Health {
         status: "ok".into(),
-        store: Some(state.store.backend().into()),
+        store: Some(state.cases.backend().into()),
     }))
 }
 
@@ -98,7 +91,7 @@ pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderM
             return ApiError::Unauthorized.into_response();
         }
     }
-    let backlog = match tokio::time::timeout(BACKLOG_TIMEOUT, state.store.backlog()).await {
+    let backlog = match tokio::time::timeout(BACKLOG_TIMEOUT, state.cases.backlog()).await {
         Ok(Ok(b)) => Some(b),
         Ok(Err(e)) => {
             warn!(error = %e, "/metrics: the store's counts could not be read");
@@ -109,11 +102,12 @@ pub async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderM
             None
         }
     };
+    let busy = state.cases.busy();
     state.metrics.set_levels(Levels {
-        runs_in_flight: state.commands.runs().len(),
-        stream_subscribers: state.bus.subscribers(),
-        streamed_threads: state.bus.subscribed_threads(),
-        token_remote_threads: state.bus.tokens().remotely_wanted(),
+        runs_in_flight: busy.runs_in_flight,
+        stream_subscribers: busy.stream_subscribers,
+        streamed_threads: busy.streamed_threads,
+        token_remote_threads: busy.token_remote_threads,
         runs_queued: backlog.map(|b| b.queued_runs),
         suspensions_pending: backlog.map(|b| b.pending_suspensions),
     });

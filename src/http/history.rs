@@ -1,4 +1,4 @@
-//! A thread's past (DESIGN §7.2): the points its state can be read at, and forks. The past state
+//! A thread's past: the points its state can be read at, and forks. The past state
 //! itself is `GET /v1/threads/{threadId}/state?atSeq=` (in `threads.rs`, beside the present one).
 
 use axum::extract::State;
@@ -7,46 +7,22 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::threads::{Page, PageParams, check_metadata};
+use super::page::{Page, PageParams};
 use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
     encode_cursor, page_limit, parse_thread_id,
 };
+use crate::commands::ForkRequest;
 use crate::model::{Thread, ThreadId};
-use crate::store::{ForkRequest, PastError, PastState};
 
-impl From<PastError> for ApiError {
-    fn from(e: PastError) -> Self {
-        match e {
-            PastError::OutOfRange { .. } => Self::Unprocessable {
-                code: "seq_out_of_range",
-                detail: e.to_string(),
-            },
-            PastError::Store(e) => e.into(),
-        }
-    }
-}
-
-/// The state right after observation `at` (negative is 422), or 404.
-pub(super) async fn state_at(
-    state: &AppState,
-    tenant: &str,
-    id: &ThreadId,
-    at: i64,
-) -> Result<PastState, ApiError> {
-    if at < 0 {
-        return Err(ApiError::Unprocessable {
-            code: "seq_out_of_range",
-            detail: format!("atSeq must be 0 or more, not {at}"),
-        });
-    }
-    state
-        .store
-        .state_at(tenant, id, at)
-        .await?
-        .ok_or_else(ApiError::thread_not_found)
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_history))
+        .routes(routes!(fork_thread))
 }
 
 /// A point of a thread's history: a commit that changed its state.
@@ -88,7 +64,7 @@ pub async fn list_history(
         .transpose()?
         .map(|c| c.id.parse::<i64>().unwrap_or(0));
     let points = state
-        .store
+        .cases
         .history(&tenant, &id, limit + 1, before)
         .await?
         .ok_or_else(ApiError::thread_not_found)?
@@ -149,31 +125,11 @@ pub async fn fork_thread(
     AppJson(body): AppJson<ForkThread>,
 ) -> Result<(StatusCode, AppJson<Thread>), ApiError> {
     let source = parse_thread_id(&thread_id)?;
-    check_metadata(&body.metadata)?;
-    if let Some(at) = body.at_seq.filter(|at| *at < 0) {
-        return Err(ApiError::Unprocessable {
-            code: "seq_out_of_range",
-            detail: format!("atSeq must be 0 or more, not {at}"),
-        });
-    }
-    state.cases.storage_room(&tenant).await?;
     let req = ForkRequest {
         at_seq: body.at_seq,
         thread_id: body.thread_id.unwrap_or_else(ThreadId::generate),
         metadata: body.metadata,
     };
-    // Its own task: a client that hangs up does not stop a fork between its transactions.
-    let store = state.store.clone();
-    let (owner, from) = (tenant.clone(), source.clone());
-    let forked = state
-        .tracker
-        .spawn(async move { store.fork_thread(&owner, &from, req).await })
-        .await
-        .map_err(|e| ApiError::Internal(e.into()))??
-        .ok_or_else(ApiError::thread_not_found)?;
-    tracing::info!(
-        source = %source, fork = %forked.thread.thread_id, at_seq = forked.at_seq,
-        runs = forked.runs.len(), "thread forked"
-    );
+    let forked = state.cases.fork(&tenant, &source, req).await?;
     Ok((StatusCode::CREATED, AppJson(forked.thread)))
 }

@@ -28,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
 use crate::config::Config;
+use crate::problem::Refusal;
 
 /// The methods a preflight is told the API takes.
 const METHODS: &str = "GET, POST, PUT, PATCH, DELETE, OPTIONS";
@@ -222,7 +223,7 @@ fn host_refused(host: Option<&str>) -> ApiError {
         || "no `Host`".to_owned(),
         |h| format!("`Host: {}`", crate::text::truncate(h, 100)),
     );
-    ApiError::Forbidden {
+    Refusal::Forbidden {
         code: "host_refused",
         detail: format!(
             "this service does not answer {shown}: it answers only the hosts of \
@@ -230,10 +231,11 @@ fn host_refused(host: Option<&str>) -> ApiError {
              page that reaches it under another name is refused"
         ),
     }
+    .into()
 }
 
 fn origin_refused(origin: &str) -> ApiError {
-    ApiError::Forbidden {
+    Refusal::Forbidden {
         code: "origin_refused",
         detail: format!(
             "requests from `Origin: {}` may not change anything here: only the service's own \
@@ -241,6 +243,7 @@ fn origin_refused(origin: &str) -> ApiError {
             crate::text::truncate(origin, 200)
         ),
     }
+    .into()
 }
 
 /// Refuse a request from a host or (a write) an origin the service does not answer, answer the

@@ -1,4 +1,4 @@
-//! The memory store (DESIGN.md §7.4), per tenant, in the shape of LangGraph's store:
+//! The memory store, per tenant, in the shape of LangGraph's store:
 //! `PUT/GET/DELETE /v1/store/items`, `POST /v1/store/items/search` and
 //! `POST /v1/store/namespaces`. The handlers parse the request and call
 //! [`crate::commands::memory::Memory`]; the rules (sizes, namespaces, ranking) are there.
@@ -169,7 +169,7 @@ pub async fn get_item(
     AppQuery(params): AppQuery<GetItemParams>,
 ) -> Result<AppJson<MemoryItem>, ApiError> {
     let (Some(namespace), Some(key)) = (params.namespace, params.key) else {
-        return Err(ApiError::Validation(
+        return Err(ApiError::validation(
             "`namespace` (labels joined by dots) and `key` are required".into(),
         ));
     };

@@ -20,6 +20,7 @@ pub mod history;
 pub mod hosts;
 pub mod mcp_server;
 pub mod memory;
+pub mod page;
 pub mod quota;
 pub mod retention;
 pub mod runs;
@@ -43,35 +44,24 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::agent::Engine;
-use crate::commands::RunCommands;
+use crate::commands::PageCursor;
 use crate::config::Config;
-use crate::events::EventBus;
 use crate::model::{DEFAULT_TENANT, ThreadId};
-use crate::store::{PageCursor, SqlStore};
 use crate::telemetry::metrics::Metrics;
 pub use error::{ApiError, AppJson, AppPath, AppQuery, Problem};
 
 /// Cheap, cloneable handles every handler may use.
 #[derive(Clone)]
 pub struct AppState {
-    pub store: Arc<SqlStore>,
-    pub bus: EventBus,
     pub config: Arc<Config>,
-    pub engine: Arc<Engine>,
-    /// Fires when the service shuts down: SSE streams end with it.
+    /// Fires when the service shuts down: the MCP server's sessions end with it.
     pub shutdown: CancellationToken,
-    pub tracker: TaskTracker,
-    /// Enqueue, cancel, resume, delete a thread: the one path from the store write to the runs
-    /// and streams it concerns.
-    pub commands: RunCommands,
     /// This instance's Prometheus series (`/metrics`).
     pub metrics: Metrics,
     /// API key → tenant; empty when authentication is off.
@@ -82,7 +72,8 @@ pub struct AppState {
     pub hosts: Arc<hosts::HostPolicy>,
     /// Open event streams per tenant (`PES_TENANT_MAX_STREAMS`).
     pub streams: quota::StreamSlots,
-    /// The use cases every door shares (enqueue, wait, decide, config checks).
+    /// The use cases every door shares: a door reaches the store, the engine and the event bus
+    /// only through them.
     pub cases: crate::commands::UseCases,
 }
 
@@ -217,7 +208,7 @@ pub enum CursorKey {
 /// # Errors
 /// 422 when the cursor was not made by [`encode_cursor`] for a list keyed by `key`.
 pub fn decode_cursor(cursor: &str, key: CursorKey) -> Result<PageCursor, ApiError> {
-    let bad = || ApiError::Validation("invalid cursor".into());
+    let bad = || ApiError::validation("invalid cursor".into());
     if !cursor.len().is_multiple_of(2) || cursor.len() > 1024 {
         return Err(bad());
     }
@@ -255,7 +246,7 @@ pub fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
     match limit {
         None => Ok(50),
         Some(n) if (1..=200).contains(&n) => Ok(n),
-        Some(_) => Err(ApiError::Validation(
+        Some(_) => Err(ApiError::validation(
             "limit must be between 1 and 200".into(),
         )),
     }
@@ -269,6 +260,7 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
 fn v1_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .merge(threads::router())
+        .merge(history::router())
         .merge(runs::router())
         .merge(sse::router())
         .merge(suspensions::router())

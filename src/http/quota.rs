@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::ApiError;
+use crate::problem::Refusal;
 
 /// The open streams of every tenant, and the limit.
 #[derive(Clone, Debug)]
@@ -39,11 +39,11 @@ impl StreamSlots {
     ///
     /// # Errors
     /// 429 `quota_exceeded` when the tenant already holds `max` streams.
-    pub fn take(&self, tenant: &str) -> Result<StreamSlot, ApiError> {
+    pub fn take(&self, tenant: &str) -> Result<StreamSlot, Refusal> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let n = open.entry(tenant.to_owned()).or_default();
         if *n >= self.max {
-            return Err(ApiError::QuotaExceeded {
+            return Err(Refusal::QuotaExceeded {
                 detail: format!(
                     "the tenant has {} event streams open, its quota (PES_TENANT_MAX_STREAMS): \
                      close one first",
@@ -93,7 +93,7 @@ mod tests {
         let a = slots.take("a").unwrap();
         let _b = slots.take("a").unwrap();
         let refused = slots.take("a").unwrap_err();
-        assert_eq!(refused.status().as_u16(), 429);
+        assert_eq!(crate::http::error::refusal_parts(&refused).0.as_u16(), 429);
         // Another tenant is not affected.
         let _other = slots.take("b").unwrap();
         drop(a);

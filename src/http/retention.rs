@@ -1,4 +1,4 @@
-//! Retention (DESIGN.md §7.2), per tenant: `GET /v1/threads/{threadId}/storage` (what a thread
+//! Retention, per tenant: `GET /v1/threads/{threadId}/storage` (what a thread
 //! stores) and `POST /v1/threads/prune` (delete the tenant's idle threads, or with `dryRun` only
 //! count them). The handlers parse the request and call [`crate::commands::UseCases`]; the rules
 //! are there. Threads that expire by their time-to-live need no route: every replica's sweeper
@@ -20,9 +20,9 @@ use utoipa_axum::routes;
 
 use super::threads::{self, UpdateThread};
 use super::{ApiError, AppJson, AppPath, AppState, Problem, Tenant, parse_thread_id};
+use crate::commands::Footprint;
 use crate::commands::PruneRequest;
 use crate::model::{ThreadId, ThreadStatus};
-use crate::store::Footprint;
 
 /// The fixed segment of the prune route (also a valid thread id).
 const PRUNE: &str = "prune";

@@ -10,13 +10,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::sse::{RunStreamParams, StreamSpec, observation_sse};
-use super::threads::{Page, PageParams};
+use super::page::{Page, PageParams};
+use super::sse::{RunStreamParams, observation_sse};
 use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
     encode_cursor, page_limit, parse_thread_id,
 };
 use crate::commands::RunRequest;
+use crate::commands::StreamSpec;
 use crate::model::{AgentConfig, AssistantId, MultitaskStrategy, Run, ThreadId};
 use crate::telemetry::TraceContext;
 
@@ -97,14 +98,14 @@ async fn enqueue(
         cron_id: None,
         flowchart: None,
     };
-    state.cases.enqueue(tenant, thread_id, request).await
+    Ok(state.cases.enqueue(tenant, thread_id, request).await?)
 }
 
 /// The thread id of a run request. Without `ifNotExists: "create"` an id that cannot exist names
 /// no thread (404); with it, the client asks us to create a thread under an invalid id (422).
 fn run_thread_id(raw: &str, body: &CreateRun) -> Result<ThreadId, ApiError> {
     if body.if_not_exists == Some(IfNotExists::Create) {
-        ThreadId::parse(raw).map_err(|e| ApiError::Validation(format!("invalid thread id: {e}")))
+        ThreadId::parse(raw).map_err(|e| ApiError::validation(format!("invalid thread id: {e}")))
     } else {
         parse_thread_id(raw)
     }
@@ -143,7 +144,7 @@ pub async fn create_run(
     let slot = streamed.then(|| state.streams.take(&tenant)).transpose()?;
     // Subscribed before the run exists, so its first deltas are not missed.
     let tokens = (streamed && params.tokens == Some(true))
-        .then(|| state.bus.tokens().subscribe(&tenant, &id));
+        .then(|| state.cases.token_subscription(&tenant, &id));
     let trace = TraceContext::for_run(&headers);
     let (run, created) = enqueue(&state, tenant.clone(), id.clone(), body, trace).await?;
     if let Some(slot) = slot {
@@ -211,7 +212,7 @@ pub async fn list_runs(
         .map(|c| decode_cursor(c, CursorKey::Uuid))
         .transpose()?;
     let items = state
-        .store
+        .cases
         .list_runs(&tenant, &id, limit + 1, cursor.as_ref())
         .await?
         .ok_or_else(ApiError::thread_not_found)?;
@@ -239,7 +240,7 @@ pub async fn get_run(
     let id = parse_thread_id(&thread_id)?;
     let run_id = parse_run_id(&run_id)?;
     let run = state
-        .store
+        .cases
         .get_run(&tenant, &id, run_id)
         .await?
         .ok_or_else(ApiError::run_not_found)?;
@@ -262,6 +263,6 @@ pub async fn cancel_run(
 ) -> Result<(StatusCode, AppJson<Run>), ApiError> {
     let id = parse_thread_id(&thread_id)?;
     let run_id = parse_run_id(&run_id)?;
-    let cancelled = state.commands.cancel(&tenant, &id, run_id).await?;
+    let cancelled = state.cases.cancel(&tenant, &id, run_id).await?;
     Ok((StatusCode::ACCEPTED, AppJson(cancelled.run)))
 }

@@ -11,8 +11,6 @@ use utoipa_axum::routes;
 use super::runs::parse_run_id;
 use super::{ApiError, AppJson, AppPath, AppState, Problem, Tenant, parse_thread_id};
 
-use crate::commands::MAX_STEERING_CHARS;
-
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(steer_run))
 }
@@ -61,21 +59,14 @@ pub async fn steer_run(
 ) -> Result<(StatusCode, AppJson<SteerResponse>), ApiError> {
     let id = parse_thread_id(&thread_id)?;
     let run_id = parse_run_id(&run_id)?;
-    let message = body.message.trim().to_owned();
-    if message.is_empty() {
-        return Err(ApiError::Validation("message must not be empty".into()));
-    }
-    if message.chars().count() > MAX_STEERING_CHARS {
-        return Err(ApiError::Validation(format!(
-            "message is longer than {MAX_STEERING_CHARS} characters"
-        )));
-    }
-    state.cases.storage_room(&tenant).await?;
-    let steered = state.commands.steer(&tenant, &id, run_id, message).await?;
+    let steered = state
+        .cases
+        .steer(&tenant, &id, run_id, &body.message)
+        .await?;
     let o = steered
         .observations
         .first()
-        .ok_or_else(|| ApiError::Internal(anyhow::anyhow!("no STEERING observation")))?;
+        .ok_or_else(|| ApiError::internal(anyhow::anyhow!("no STEERING observation")))?;
     Ok((
         StatusCode::ACCEPTED,
         AppJson(SteerResponse {

@@ -13,15 +13,13 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::error::RaiseJson;
+use super::page::Page;
 use super::runs::wants_event_stream;
-use super::sse::{RunStreamParams, StreamSpec, observation_sse};
-use super::threads::Page;
+use super::sse::{RunStreamParams, observation_sse};
 use super::{ApiError, AppJson, AppPath, AppQuery, AppState, Problem, Tenant, parse_thread_id};
 use crate::commands::DecisionRequest;
-use crate::model::{
-    Decision, RaiseBy, RaiseRequest, ResumeDecision, Run, Suspension, SuspensionStatus,
-};
-use crate::store::{Resolution, StoreError};
+use crate::commands::StreamSpec;
+use crate::model::{Decision, RaiseBy, RaiseRequest, ResumeDecision, Run, Suspension};
 use crate::telemetry::TraceContext;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -67,7 +65,7 @@ pub async fn list_suspensions(
     let id = parse_thread_id(&thread_id)?;
     let all = params.status == Some(SuspensionFilter::All);
     let items = state
-        .store
+        .cases
         .list_suspensions(&tenant, &id, all)
         .await?
         .ok_or_else(ApiError::thread_not_found)?;
@@ -91,7 +89,7 @@ pub async fn get_suspension(
 ) -> Result<AppJson<Suspension>, ApiError> {
     let id = Uuid::parse_str(&suspension_id).map_err(|_| ApiError::suspension_not_found())?;
     let s = state
-        .store
+        .cases
         .get_suspension(&tenant, id)
         .await?
         .ok_or_else(ApiError::suspension_not_found)?;
@@ -173,18 +171,13 @@ enum ResumeRequestSchema {
     },
 }
 
-/// 409 for a suspension that is no longer pending (see [`crate::commands::already_decided`]).
-fn already(s: Option<&Suspension>) -> ApiError {
-    crate::commands::already_decided(s)
-}
-
 /// Check a resume request against its suspension (see [`crate::commands::UseCases::decide`]).
 fn decide(
     state: &AppState,
     s: &Suspension,
     body: ResumeRequest,
 ) -> Result<ResumeDecision, ApiError> {
-    state.cases.decide(
+    Ok(state.cases.decide(
         s,
         DecisionRequest {
             decision: body.decision,
@@ -193,7 +186,7 @@ fn decide(
             response: body.response,
             raise_by: body.raise_by,
         },
-    )
+    )?)
 }
 
 /// Resume a suspended run with a person's decision. The decision becomes the suspended tool
@@ -218,34 +211,16 @@ pub async fn resume_suspension(
     RaiseJson(body): RaiseJson<ResumeRequest>,
 ) -> Result<Response, ApiError> {
     let id = Uuid::parse_str(&suspension_id).map_err(|_| ApiError::suspension_not_found())?;
-    let s = state
-        .store
-        .get_suspension(&tenant, id)
-        .await?
-        .ok_or_else(ApiError::suspension_not_found)?;
-    if s.status != SuspensionStatus::Pending {
-        return Err(already(Some(&s)));
-    }
+    let s = state.cases.pending_suspension(&tenant, id).await?;
     let decision = decide(&state, &s, body)?;
     let streamed = wants_event_stream(&headers);
     // Taken before the decision: a stream the quota refuses changes nothing.
     let slot = streamed.then(|| state.streams.take(&tenant)).transpose()?;
     // Subscribed before the run goes on, so its first deltas are not missed.
     let tokens = (streamed && params.tokens == Some(true))
-        .then(|| state.bus.tokens().subscribe(&tenant, &s.thread_id));
-    let resolution = Resolution {
-        status: SuspensionStatus::Resolved,
-        decision,
-        trace_context: TraceContext::for_resume(&headers).map(|t| t.to_stored()),
-    };
-    let done = match state.commands.resume(&tenant, id, resolution).await {
-        Ok(done) => done,
-        Err(StoreError::Conflict(_)) => {
-            let now = state.store.get_suspension(&tenant, id).await?;
-            return Err(already(now.as_ref()));
-        }
-        Err(e) => return Err(e.into()),
-    };
+        .then(|| state.cases.token_subscription(&tenant, &s.thread_id));
+    let trace = TraceContext::for_resume(&headers).map(|t| t.to_stored());
+    let done = state.cases.carry_out(&tenant, id, decision, trace).await?;
     if let Some(slot) = slot {
         let after = done
             .observations

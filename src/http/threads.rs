@@ -13,19 +13,18 @@ use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
     encode_cursor, page_limit, parse_thread_id,
 };
+use crate::commands::{NewThread, ThreadUpdate};
 use crate::model::{
-    AgentConfig, AssistantId, AssistantPin, ItemStatus, Message, Thread, ThreadId, ThreadSummary,
-    TodoItem,
+    AgentConfig, AssistantId, ItemStatus, Message, Thread, ThreadId, ThreadSummary, TodoItem,
 };
-use crate::store::ThreadPatch;
+
+pub use super::page::{Page, PageParams};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_thread, list_threads))
         .routes(routes!(get_thread, patch_thread, delete_thread))
         .routes(routes!(get_state))
-        .routes(routes!(super::history::list_history))
-        .routes(routes!(super::history::fork_thread))
         .routes(routes!(list_messages))
 }
 
@@ -86,56 +85,6 @@ where
     Option::<T>::deserialize(d).map(Some)
 }
 
-/// `assistantVersion` must name a version (1 and up) of an assistant the same body names.
-fn check_version(version: Option<i64>, has_assistant: bool) -> Result<(), ApiError> {
-    match version {
-        Some(v) if v < 1 => Err(ApiError::Validation(
-            "assistantVersion must be 1 or more".into(),
-        )),
-        Some(_) if !has_assistant => Err(ApiError::Validation(
-            "assistantVersion pins a version of an assistant: set assistantId too".into(),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// A page of items.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Page<T: ToSchema> {
-    pub items: Vec<T>,
-    /// Pass as `cursor` to get the next page; null on the last page.
-    pub next_cursor: Option<String>,
-}
-
-impl<T: ToSchema> Page<T> {
-    /// A page from `limit + 1` rows: the extra row only tells that there is a next page, whose
-    /// cursor `cursor_of` makes from the page's last item.
-    pub fn from_overfetch(mut items: Vec<T>, limit: u32, cursor_of: impl Fn(&T) -> String) -> Self {
-        let next_cursor = if items.len() > limit as usize {
-            items.truncate(limit as usize);
-            items.last().map(cursor_of)
-        } else {
-            None
-        };
-        Page { items, next_cursor }
-    }
-}
-
-/// Pagination parameters (query string). Unknown parameters are refused (422).
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct PageParams {
-    /// Items per page: 1–200, default 50.
-    #[param(minimum = 1, maximum = 200, nullable = false)]
-    pub limit: Option<u32>,
-    /// `nextCursor` of the previous page (opaque); a cursor this API did not make is refused
-    /// (422).
-    #[param(min_length = 1, nullable = false)]
-    pub cursor: Option<String>,
-}
-
 /// `PESAgentStateData` of a thread, with the seed's field names.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -169,15 +118,6 @@ pub struct AgentStateView {
     pub at_seq: Option<i64>,
 }
 
-pub(super) fn check_metadata(metadata: &Option<Value>) -> Result<(), ApiError> {
-    match metadata {
-        Some(Value::Object(_)) | None => Ok(()),
-        Some(_) => Err(ApiError::Validation(
-            "metadata must be a JSON object".into(),
-        )),
-    }
-}
-
 /// Create a thread.
 #[utoipa::path(post, path = "/v1/threads", tag = "threads", request_body = CreateThread,
     responses(
@@ -189,28 +129,18 @@ pub async fn create_thread(
     Tenant(tenant): Tenant,
     AppJson(body): AppJson<CreateThread>,
 ) -> Result<(StatusCode, AppJson<Thread>), ApiError> {
-    check_metadata(&body.metadata)?;
-    check_version(body.assistant_version, body.assistant_id.is_some())?;
-    state.cases.storage_room(&tenant).await?;
-    let config = body.config.unwrap_or_default();
-    state.cases.check_config(&tenant, &config).await?;
-    let assistant = body.assistant_id.map(|assistant_id| AssistantPin {
-        assistant_id,
-        version: body.assistant_version,
-    });
-    if let Some(pin) = &assistant {
-        state
-            .cases
-            .check_thread_assistant(&tenant, pin, &config)
-            .await?;
-    }
-    let id = body.thread_id.unwrap_or_else(ThreadId::generate);
-    let metadata = body
-        .metadata
-        .unwrap_or_else(|| Value::Object(Default::default()));
     let thread = state
-        .store
-        .create_thread_using(&tenant, &id, metadata, config, assistant.as_ref())
+        .cases
+        .create_thread(
+            &tenant,
+            NewThread {
+                thread_id: body.thread_id,
+                metadata: body.metadata,
+                config: body.config,
+                assistant_id: body.assistant_id,
+                assistant_version: body.assistant_version,
+            },
+        )
         .await?;
     Ok((StatusCode::CREATED, AppJson(thread)))
 }
@@ -232,7 +162,7 @@ pub async fn list_threads(
         .map(|c| decode_cursor(c, CursorKey::ThreadId))
         .transpose()?;
     let items = state
-        .store
+        .cases
         .list_threads(&tenant, limit + 1, cursor.as_ref())
         .await?;
     Ok(AppJson(Page::from_overfetch(items, limit, |t| {
@@ -254,7 +184,7 @@ pub async fn get_thread(
 ) -> Result<AppJson<Thread>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
     let thread = state
-        .store
+        .cases
         .get_thread(&tenant, &id)
         .await?
         .ok_or_else(ApiError::thread_not_found)?;
@@ -275,31 +205,13 @@ pub async fn patch_thread(
     AppJson(body): AppJson<UpdateThread>,
 ) -> Result<AppJson<Thread>, ApiError> {
     let id = parse_thread_id(&thread_id)?;
-    check_metadata(&body.metadata)?;
-    check_version(body.assistant_version.flatten(), true)?;
-    if let Some(cfg) = &body.config {
-        state.cases.check_config(&tenant, cfg).await?;
-    }
-    let assistant = state
-        .cases
-        .patch_thread_assistant(
-            &tenant,
-            &id,
-            body.assistant_id,
-            body.assistant_version,
-            body.config.as_ref(),
-        )
-        .await?;
-    let patch = ThreadPatch {
+    let update = ThreadUpdate {
         metadata: body.metadata,
         config: body.config,
-        assistant,
+        assistant_id: body.assistant_id,
+        assistant_version: body.assistant_version,
     };
-    let thread = state
-        .store
-        .update_thread(&tenant, &id, patch)
-        .await?
-        .ok_or_else(ApiError::thread_not_found)?;
+    let thread = state.cases.update_thread(&tenant, &id, update).await?;
     Ok(AppJson(thread))
 }
 
@@ -316,72 +228,8 @@ pub async fn delete_thread(
     AppPath(thread_id): AppPath<String>,
 ) -> Result<StatusCode, ApiError> {
     let id = parse_thread_id(&thread_id)?;
-    if state.commands.delete_thread(&tenant, &id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::thread_not_found())
-    }
-}
-
-/// The remote tasks a thread's items wait on, by item: `{itemId, submittedAt, taskIds}`.
-async fn pending_remote_tasks(
-    state: &AppState,
-    tenant: &str,
-    id: &ThreadId,
-    upto: Option<i64>,
-) -> Result<Vec<Value>, ApiError> {
-    use crate::model::ObservationType as T;
-    let read = |types: Vec<T>| {
-        let query = crate::store::ObservationQuery {
-            after: 0,
-            limit: 0,
-            types: Some(types),
-            parent_id: None,
-            run_id: None,
-        };
-        async move {
-            state
-                .store
-                .list_observations(tenant, id, &query)
-                .await
-                .map(Option::unwrap_or_default)
-                .map(|mut found| {
-                    // A past state waits on what was sent and unanswered by then.
-                    found.retain(|o| upto.is_none_or(|at| o.seq <= at));
-                    found
-                })
-        }
-    };
-    // Most threads never delegate: their tool results are not read at all.
-    let updates = read(vec![T::A2aTaskUpdate]).await?;
-    if updates.is_empty() {
-        return Ok(vec![]);
-    }
-    let mut seen = read(vec![T::ToolExecution]).await?;
-    seen.extend(updates);
-    // The ledger wants the log in commit order.
-    seen.sort_by_key(|o| o.seq);
-    let ledger = crate::agent::DelegationLedger::read(&seen);
-    // By item, in the order first sent: (submittedAt, taskIds).
-    let mut by_item: Vec<(String, Value, Vec<String>)> = Vec::new();
-    for r in ledger.unanswered() {
-        let (Some(item), Some(task)) = (&r.item_id, &r.task_id) else {
-            continue;
-        };
-        match by_item.iter_mut().find(|(i, _, _)| i == item) {
-            Some((_, _, tasks)) if !tasks.contains(task) => tasks.push(task.clone()),
-            Some(_) => {}
-            None => by_item.push((
-                item.clone(),
-                serde_json::json!(r.submitted_at),
-                vec![task.clone()],
-            )),
-        }
-    }
-    Ok(by_item
-        .into_iter()
-        .map(|(item, at, tasks)| serde_json::json!({"itemId": item, "submittedAt": at, "taskIds": tasks}))
-        .collect())
+    state.cases.delete_thread(&tenant, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Query of `GET /v1/threads/{threadId}/state`.
@@ -413,14 +261,14 @@ pub async fn get_state(
     let (snap, at_seq) = match params.at_seq {
         None => (
             state
-                .store
+                .cases
                 .state_snapshot(&tenant, &id)
                 .await?
                 .ok_or_else(ApiError::thread_not_found)?,
             None,
         ),
         Some(at) => {
-            let past = super::history::state_at(&state, &tenant, &id, at).await?;
+            let past = state.cases.state_at(&tenant, &id, at).await?;
             (past.snapshot, Some(past.seq))
         }
     };
@@ -441,7 +289,10 @@ pub async fn get_state(
         .iter()
         .any(|i| matches!(i.status, ItemStatus::InProgress | ItemStatus::Waiting));
     let pending_a2a_tasks = if busy {
-        pending_remote_tasks(&state, &tenant, &id, at_seq).await?
+        state
+            .cases
+            .pending_remote_tasks(&tenant, &id, at_seq)
+            .await?
     } else {
         vec![]
     };
@@ -492,7 +343,7 @@ pub async fn list_messages(
         .map(|c| decode_cursor(c, CursorKey::Uuid))
         .transpose()?;
     let items = state
-        .store
+        .cases
         .list_messages(&tenant, &id, limit + 1, cursor.as_ref())
         .await?
         .ok_or_else(ApiError::thread_not_found)?;

@@ -1,5 +1,5 @@
 //! The tool catalogue: `GET /v1/tools`, every tool a thread may enable (built-in, MCP, the
-//! caller's tenant's flowcharts, and later A2A delegation), with its argument schema, its source
+//! caller's tenant's flowcharts), with its argument schema, its source
 //! and whether it can be called right now; and the tool servers the operator configured, with
 //! their state.
 
@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{ApiError, AppJson, AppState, Tenant};
-use crate::tools::{ServerInfo, ToolInfo, ToolSource};
+use crate::tools::{ServerInfo, ToolInfo};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_tools))
@@ -35,21 +35,6 @@ pub async fn list_tools(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
 ) -> Result<AppJson<ToolCatalogue>, ApiError> {
-    let tools = state.engine.tools();
-    let mut items = tools.catalogue();
-    let flowcharts = state.store.list_flowcharts(&tenant).await?;
-    items.extend(flowcharts.into_iter().map(|r| ToolInfo {
-        parameters: r.spec.input_schema(),
-        name: r.name,
-        description: r.spec.description,
-        source: ToolSource::Flowchart,
-        server: None,
-        available: true,
-        unavailable_reason: None,
-    }));
-    items.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(AppJson(ToolCatalogue {
-        items,
-        servers: tools.servers(),
-    }))
+    let (items, servers) = state.cases.tool_catalogue(&tenant).await?;
+    Ok(AppJson(ToolCatalogue { items, servers }))
 }

@@ -1,4 +1,4 @@
-//! Webhook deliveries (DESIGN.md §7.3), per tenant: `GET /v1/webhook-deliveries` (`?runId=`,
+//! Webhook deliveries, per tenant: `GET /v1/webhook-deliveries` (`?runId=`,
 //! `?status=`, paged) and `POST /v1/webhook-deliveries/{deliveryId}/retry`. Webhooks themselves
 //! are set on runs, threads and assistants (`webhook`, `config.webhook`).
 
@@ -9,12 +9,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::threads::Page;
+use super::page::Page;
 use super::{
     ApiError, AppJson, AppPath, AppQuery, AppState, CursorKey, Problem, Tenant, decode_cursor,
     encode_cursor, page_limit,
 };
 use crate::model::{DeliveryStatus, WebhookDelivery};
+use crate::problem::Refusal;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -43,8 +44,8 @@ pub struct DeliveryParams {
 }
 
 /// A delivery id from the path; one that cannot exist is simply not found.
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(raw).map_err(|_| ApiError::NotFound {
+fn parse_id(raw: &str) -> Result<Uuid, Refusal> {
+    Uuid::parse_str(raw).map_err(|_| Refusal::NotFound {
         code: "delivery_not_found",
         detail: format!("webhook delivery `{raw}` not found"),
     })

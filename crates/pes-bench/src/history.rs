@@ -1,4 +1,4 @@
-//! History mode: how long reading a past state of a long thread takes (DESIGN §7.2: any past
+//! History mode: how long reading a past state of a long thread takes (the target: any past
 //! state of a thread with 10,000 observations in at most 50 ms). The bench grows ONE thread with
 //! follow-ups (each a run of the fake model's 3-item workload) until its log holds
 //! `--observations` observations, then reads `GET /v1/threads/{id}/state?atSeq=N` at `--reads`

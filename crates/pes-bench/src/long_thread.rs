@@ -1,7 +1,7 @@
 //! Long-thread mode: N follow-ups on ONE thread, one after another, each posted with
 //! `/runs/wait`. A thread used like a conversation must answer its 200th follow-up like its
 //! first: every run completes, and its prompt tokens (`usage.promptTokens`) and latency stay flat
-//! as the thread grows (DESIGN §7.1: run 200's prompt tokens at most 1.5× run 2's).
+//! as the thread grows (the target: run 200's prompt tokens at most 1.5× run 2's).
 //!
 //! Run `n` asks `What is 2+<n>?`: the same kind of query every time, each with its own answer.
 //! With the offline model the bench also checks that each answer holds its own result
@@ -107,7 +107,7 @@ impl LongThreadReport {
         window[window.len() / 2]
     }
 
-    /// Prompt tokens of the last run over run 2's (the DESIGN's bound is 1.5).
+    /// Prompt tokens of the last run over run 2's (the target is at most 1.5).
     fn growth(&self) -> Option<f64> {
         let (second, last) = (self.runs.get(1)?, self.runs.last()?);
         (second.prompt_tokens > 0).then(|| last.prompt_tokens as f64 / second.prompt_tokens as f64)

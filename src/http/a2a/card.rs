@@ -38,8 +38,7 @@ pub fn our_card(state: &AppState) -> AgentCard {
         input_modes: modes.clone(),
         output_modes: modes.clone(),
     }];
-    let mut tools = state.engine.tools().catalogue();
-    tools.sort_by(|a, b| a.name.cmp(&b.name));
+    let tools = state.cases.operator_tools();
     skills.extend(tools.into_iter().map(|t| AgentSkill {
         id: format!("tool:{}", t.name),
         name: t.name.clone(),

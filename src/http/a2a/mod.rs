@@ -39,11 +39,10 @@ use crate::a2a::types::{
     TaskIdParams, VERSION_HEADER, Version,
 };
 use crate::commands::{DecisionRequest, RunRequest};
-use crate::http::{
-    ApiError, AppState, CursorKey, Tenant, decode_cursor, encode_cursor, error::reject_nul,
-};
-use crate::model::{Decision, Run, SuspensionStatus, ThreadId, new_id};
-use crate::store::{Resolution, RunFilter, StoreError};
+use crate::commands::{RunFilter, StoreError};
+use crate::http::{AppState, CursorKey, Tenant, decode_cursor, encode_cursor, error::reject_nul};
+use crate::model::{Decision, Run, ThreadId, new_id};
+use crate::problem::Refusal;
 use stream::task_events;
 
 /// The card route (open: no key needed).
@@ -236,13 +235,13 @@ fn check_history(length: Option<i64>) -> Result<(), RpcError> {
 
 /// A store failure: logged whole, answered as an internal error.
 fn store_error(e: StoreError) -> RpcError {
-    api_error(ApiError::from(e))
+    api_error(Refusal::from(e))
 }
 
 /// A REST-side error in JSON-RPC terms: what the client sent that the API refuses is invalid
 /// params; what conflicts with the task's state is an unsupported operation.
-fn api_error(e: ApiError) -> RpcError {
-    match e.status().as_u16() {
+fn api_error(e: Refusal) -> RpcError {
+    match crate::http::error::refusal_parts(&e).0.as_u16() {
         400 | 422 => RpcError::invalid_params(e),
         // Only the operator may do that (approve a raise of the tenant's day).
         403 | 409 => RpcError::unsupported(e),
@@ -252,7 +251,7 @@ fn api_error(e: ApiError) -> RpcError {
             .with("detail", e.to_string())
             .with("code", "quota_exceeded"),
         _ => {
-            if let ApiError::Internal(cause) = &e {
+            if let Refusal::Internal(cause) = &e {
                 tracing::error!(
                     cause = format!("{cause:#}"),
                     "internal error in an A2A call"
@@ -269,7 +268,7 @@ async fn find_task(state: &AppState, tenant: &str, task_id: &str) -> Result<Run,
         return Err(RpcError::task_not_found(task_id));
     };
     state
-        .store
+        .cases
         .find_run(tenant, run_id)
         .await
         .map_err(store_error)?
@@ -381,13 +380,12 @@ async fn answer(
 ) -> Result<Sent, RpcError> {
     let task_id = run.run_id.to_string();
     let pending = state
-        .store
-        .list_suspensions(tenant, &run.thread_id, false)
+        .cases
+        .pending_of_run(run)
         .await
         .map_err(store_error)?
-        .unwrap_or_default()
         .into_iter()
-        .find(|s| s.run_id == run.run_id && s.status == SuspensionStatus::Pending);
+        .next();
     let Some(s) = pending else {
         let task_state = state_of_run(run);
         let why = if task_state.is_terminal() {
@@ -408,14 +406,9 @@ async fn answer(
         raise_by: None,
     };
     let decision = state.cases.decide(&s, body).map_err(api_error)?;
-    let resolution = Resolution {
-        status: SuspensionStatus::Resolved,
-        decision,
-        trace_context: None,
-    };
     match state
-        .commands
-        .resume(tenant, s.suspension_id, resolution)
+        .cases
+        .carry_out(tenant, s.suspension_id, decision, None)
         .await
     {
         Ok(done) => Ok(Sent {
@@ -425,22 +418,18 @@ async fn answer(
                 .map_or(done.run.start_seq, |o| o.seq),
             run: done.run,
         }),
-        Err(StoreError::Conflict(detail)) => Err(RpcError::unsupported(format!(
+        Err(Refusal::Conflict { detail, .. }) => Err(RpcError::unsupported(format!(
             "task {task_id} no longer waits for this input: {detail}"
         ))
         .with("taskId", task_id)),
-        Err(e) => Err(store_error(e)),
+        Err(e) => Err(api_error(e)),
     }
 }
 
 /// `CancelTask`: cancel the run; a running one is given [`CANCEL_WAIT`] to stop.
 async fn cancel(state: &AppState, tenant: &str, task_id: &str) -> Result<Run, RpcError> {
     let run = find_task(state, tenant, task_id).await?;
-    let cancelled = match state
-        .commands
-        .cancel(tenant, &run.thread_id, run.run_id)
-        .await
-    {
+    let cancelled = match state.cases.cancel(tenant, &run.thread_id, run.run_id).await {
         Ok(c) => c.run,
         Err(StoreError::Conflict(detail)) => {
             return Err(RpcError::task_not_cancelable(task_id, detail));
@@ -519,7 +508,7 @@ async fn list(
     }
     let limit = u32::try_from(page_size).unwrap_or(50);
     let (mut runs, total) = state
-        .store
+        .cases
         .list_tenant_runs(tenant, &filter, limit + 1, cursor.as_ref())
         .await
         .map_err(store_error)?;

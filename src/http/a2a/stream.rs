@@ -1,7 +1,7 @@
 //! A task as a stream of A2A events, built from its run's observation log: the log is read up to
 //! a point `P` (now, or the client's `Last-Event-ID`) and folded into the task, which is the first
 //! event (`id: P`); then the observations after `P` follow from the same replay-then-live stream
-//! as `/v1/threads/{id}/events` ([`observation_stream`]), each turned into the status and
+//! as `/v1/threads/{id}/events` ([`crate::commands::UseCases::follow`]), each turned into the status and
 //! artifact updates it stands for (`id:` its `seq`). The log is the only source, so a client that
 //! resubscribes after a restart of the server gets the task as it is and every update after it:
 //! nothing is lost and nothing is invented. The stream ends when the task ends or needs input.
@@ -17,11 +17,11 @@ use serde_json::Value;
 use crate::a2a::rpc::{RpcError, success};
 use crate::a2a::tasks::TaskFold;
 use crate::a2a::types::{StreamResponse, Version};
+use crate::commands::ObservationQuery;
+use crate::commands::{StreamItem, StreamSpec};
 use crate::http::AppState;
 use crate::http::quota::StreamSlot;
-use crate::http::sse::{StreamItem, StreamSpec, observation_stream};
 use crate::model::Run;
-use crate::store::ObservationQuery;
 
 /// Observations read per page while folding the log.
 const FOLD_PAGE: u32 = 500;
@@ -50,7 +50,7 @@ pub async fn task_events(
             ..Default::default()
         };
         let page = state
-            .store
+            .cases
             .list_observations(&run.tenant, &run.thread_id, &query)
             .await
             .map_err(|e| {
@@ -102,7 +102,7 @@ pub async fn task_events(
         run_id: Some(run.run_id),
         until_run_end: true,
     };
-    let observations = observation_stream(state, spec, None).boxed();
+    let observations = state.cases.follow(spec, None).boxed();
     let updates = futures::stream::unfold(
         (fold, observations, false),
         move |(mut fold, mut observations, done)| {

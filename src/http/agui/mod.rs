@@ -37,7 +37,7 @@ use crate::model::{
     AgentConfig, AssistantId, Decision, MultitaskStrategy, Suspension, SuspensionKind,
     SuspensionStatus, ThreadId, new_id,
 };
-use crate::store::{Resolution, StoreError};
+use crate::problem::Refusal;
 use crate::telemetry::TraceContext;
 use stream::{Start, agui_sse};
 
@@ -184,12 +184,12 @@ pub async fn run_agent(
     AppJson(input): AppJson<RunAgentInput>,
 ) -> Result<Response, ApiError> {
     let thread_id = ThreadId::parse(&input.thread_id)
-        .map_err(|e| ApiError::Validation(format!("threadId: {e}")))?;
+        .map_err(|e| ApiError::validation(format!("threadId: {e}")))?;
     let last_event_id = last_event_id(&headers)?;
     if let Some(r) = &input.run_id
         && (r.is_empty() || r.chars().count() > MAX_RUN_ID_CHARS)
     {
-        return Err(ApiError::Validation(format!(
+        return Err(ApiError::validation(format!(
             "runId must be 1 to {MAX_RUN_ID_CHARS} characters"
         )));
     }
@@ -198,10 +198,10 @@ pub async fn run_agent(
     // Taken before anything is posted or decided: a stream the quota refuses changes nothing.
     let slot = state.streams.take(&tenant)?;
     // Subscribed before the run goes on, so the answer's first deltas are not missed.
-    let tokens = state.bus.tokens().subscribe(&tenant, &thread_id);
+    let tokens = state.cases.token_subscription(&tenant, &thread_id);
     let start = if entries.is_empty() {
         if last_event_id.is_some() && input.run_id.is_none() {
-            return Err(ApiError::Validation(
+            return Err(ApiError::validation(
                 "a reconnect (`Last-Event-ID`) needs the `runId` of the run it reconnects to"
                     .into(),
             ));
@@ -222,7 +222,7 @@ pub async fn run_agent(
         let pending = suspensions(&state, &tenant, &thread_id, entries).await?;
         let run_id = pending[0].run_id;
         let run = state
-            .store
+            .cases
             .get_run(&tenant, &thread_id, run_id)
             .await?
             .ok_or_else(ApiError::run_not_found)?;
@@ -292,13 +292,13 @@ fn run_request(
         .rev()
         .find(|m| m.role == "user")
         .ok_or_else(|| {
-            ApiError::Validation(
+            ApiError::validation(
                 "messages hold no `user` message: the last one is the query to run".into(),
             )
         })?;
     let mut query = text_of(last.content.as_ref());
     if query.trim().is_empty() {
-        return Err(ApiError::Validation(format!(
+        return Err(ApiError::validation(format!(
             "the last user message (`{}`) has no text to run",
             last.id
         )));
@@ -315,7 +315,7 @@ fn run_request(
     let props: PesProps = match input.forwarded_props.as_ref().and_then(|p| p.get("pes")) {
         None | Some(Value::Null) => PesProps::default(),
         Some(p) => crate::json::strict::from_value(p)
-            .map_err(|e| ApiError::Validation(format!("forwardedProps.pes: {e}")))?,
+            .map_err(|e| ApiError::validation(format!("forwardedProps.pes: {e}")))?,
     };
     Ok(RunRequest {
         query,
@@ -342,25 +342,25 @@ async fn suspensions(
 ) -> Result<Vec<Suspension>, ApiError> {
     let mut found: Vec<Suspension> = Vec::with_capacity(entries.len());
     for e in entries {
-        let id = Uuid::parse_str(&e.interrupt_id).map_err(|_| ApiError::NotFound {
+        let id = Uuid::parse_str(&e.interrupt_id).map_err(|_| Refusal::NotFound {
             code: "suspension_not_found",
             detail: format!("interrupt `{}` names no suspension", e.interrupt_id),
         })?;
         if found.iter().any(|s| s.suspension_id == id) {
-            return Err(ApiError::Validation(format!(
+            return Err(ApiError::validation(format!(
                 "interrupt `{id}` is answered twice"
             )));
         }
         let s = state
-            .store
+            .cases
             .get_suspension(tenant, id)
             .await?
-            .ok_or_else(|| ApiError::NotFound {
+            .ok_or_else(|| Refusal::NotFound {
                 code: "suspension_not_found",
                 detail: format!("interrupt `{id}` names no suspension"),
             })?;
         if s.thread_id != *thread_id {
-            return Err(ApiError::Validation(format!(
+            return Err(ApiError::validation(format!(
                 "interrupt `{id}` is of thread `{}`, not of `{thread_id}`",
                 s.thread_id
             )));
@@ -368,7 +368,7 @@ async fn suspensions(
         if let Some(first) = found.first()
             && first.run_id != s.run_id
         {
-            return Err(ApiError::Validation(
+            return Err(ApiError::validation(
                 "the resume entries answer interrupts of different runs: answer one run's at a \
                  time"
                     .into(),
@@ -399,7 +399,7 @@ fn decision_of(s: &Suspension, e: &ResumeEntry) -> Result<DecisionRequest, ApiEr
         });
     }
     let payload = e.payload.as_ref().ok_or_else(|| {
-        ApiError::Validation(format!(
+        ApiError::validation(format!(
             "resume entry for `{}`: a resolved interrupt needs a `payload` (see its responseSchema)",
             s.suspension_id
         ))
@@ -411,7 +411,7 @@ fn decision_of(s: &Suspension, e: &ResumeEntry) -> Result<DecisionRequest, ApiEr
             .and_then(Value::as_str)
             .and_then(|d| d.parse().ok())
             .ok_or_else(|| {
-                ApiError::Validation(format!(
+                ApiError::validation(format!(
                     "resume entry for `{}`: payload.decision must be approve (with raiseBy) or \
                      reject",
                     s.suspension_id
@@ -421,7 +421,7 @@ fn decision_of(s: &Suspension, e: &ResumeEntry) -> Result<DecisionRequest, ApiEr
             .map(serde_json::from_value)
             .transpose()
             .map_err(|e| {
-                ApiError::Validation(format!(
+                ApiError::validation(format!(
                     "resume entry for `{}`: payload.raiseBy: {e}",
                     s.suspension_id
                 ))
@@ -445,7 +445,7 @@ fn decision_of(s: &Suspension, e: &ResumeEntry) -> Result<DecisionRequest, ApiEr
     }
     if let Some(d) = payload.get("decision") {
         let decision: Decision = d.as_str().and_then(|d| d.parse().ok()).ok_or_else(|| {
-            ApiError::Validation(format!(
+            ApiError::validation(format!(
                 "resume entry for `{}`: payload.decision must be approve, edit, reject or respond",
                 s.suspension_id
             ))
@@ -473,7 +473,7 @@ fn decision_of(s: &Suspension, e: &ResumeEntry) -> Result<DecisionRequest, ApiEr
             response: None,
         });
     }
-    Err(ApiError::Validation(format!(
+    Err(ApiError::validation(format!(
         "resume entry for `{}`: the payload of a tool approval is `{{decision, reason?, \
          modifiedArgs?, response?}}` (or `{{approved, editedArgs?}}`)",
         s.suspension_id
@@ -492,19 +492,15 @@ async fn decide_all(
     let mut decided = Vec::with_capacity(pending.len());
     for (s, e) in pending.iter().zip(entries) {
         if s.status != SuspensionStatus::Pending {
-            return Err(already_decided(Some(s)));
+            return Err(already_decided(Some(s)).into());
         }
         let decision = state.cases.decide(s, decision_of(s, e)?)?;
         decided.push((s.suspension_id, decision));
     }
     let mut after = None;
     for (id, decision) in decided {
-        let resolution = Resolution {
-            status: SuspensionStatus::Resolved,
-            decision,
-            trace_context: TraceContext::for_resume(headers).map(|t| t.to_stored()),
-        };
-        match state.commands.resume(tenant, id, resolution).await {
+        let trace = TraceContext::for_resume(headers).map(|t| t.to_stored());
+        match state.cases.carry_out(tenant, id, decision, trace).await {
             Ok(done) => {
                 if after.is_none() {
                     after = done.observations.first().map(|o| o.seq - 1);
@@ -512,11 +508,8 @@ async fn decide_all(
             }
             // Decided by someone else meanwhile: refused when nothing was decided here yet;
             // otherwise the run goes on with what was, and asks again for the rest.
-            Err(StoreError::Conflict(_)) if after.is_none() => {
-                let now = state.store.get_suspension(tenant, id).await?;
-                return Err(already_decided(now.as_ref()));
-            }
-            Err(StoreError::Conflict(_)) => {}
+            Err(e @ Refusal::Conflict { .. }) if after.is_none() => return Err(e.into()),
+            Err(Refusal::Conflict { .. }) => {}
             Err(e) => return Err(e.into()),
         }
     }

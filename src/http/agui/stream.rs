@@ -1,7 +1,7 @@
 //! One AG-UI run as Server-Sent Events: the todo list is folded from the thread's log up to the
 //! point the run starts after (so its `STATE_SNAPSHOT` is the list as it stood right there),
 //! then the run's observations after that point come from the same replay-then-live stream as
-//! `/v1/threads/{id}/events` ([`observation_stream`]) and go through the [`Fold`], with the
+//! `/v1/threads/{id}/events` ([`crate::commands::UseCases::follow`]) and go through the [`Fold`], with the
 //! synthesis's token deltas between them. The log is the only source: a client that reconnects
 //! (`Last-Event-ID`) gets the same events from where it was, with nothing lost.
 //!
@@ -20,12 +20,12 @@ use uuid::Uuid;
 
 use super::events::Event;
 use super::fold::{Base, Fold};
+use crate::commands::ObservationQuery;
+use crate::commands::{StreamItem, StreamSpec};
 use crate::events::TokenSubscription;
 use crate::http::quota::StreamSlot;
-use crate::http::sse::{StreamItem, StreamSpec, observation_stream};
 use crate::http::{ApiError, AppState};
 use crate::model::{Observation, ObservationType, Run, RunStatus, Suspension};
-use crate::store::ObservationQuery;
 
 /// Observations read per page while folding the log.
 const FOLD_PAGE: u32 = 500;
@@ -87,7 +87,7 @@ pub async fn agui_sse(
         run_id: Some(run.run_id),
         until_run_end: true,
     };
-    let items = observation_stream(state, spec, tokens).boxed();
+    let items = state.cases.follow(spec, tokens).boxed();
     let reader = state.clone();
     let events =
         futures::stream::unfold((fold, items, false), move |(mut fold, mut items, done)| {
@@ -167,7 +167,7 @@ async fn suspensions_named(state: &AppState, o: &Observation) -> Vec<Suspension>
         })
         .unwrap_or_default();
     let all = match state
-        .store
+        .cases
         .list_suspensions(&o.tenant, &o.thread_id, true)
         .await
     {
@@ -202,7 +202,7 @@ async fn read_base(state: &AppState, run: &Run, after: i64) -> Result<Base, ApiE
             run_id: None,
         };
         let page = state
-            .store
+            .cases
             .list_observations(&run.tenant, &run.thread_id, &query)
             .await?
             .ok_or_else(ApiError::thread_not_found)?;
@@ -229,7 +229,7 @@ async fn ended_before(
     after: i64,
 ) -> Result<Option<Vec<Frame>>, ApiError> {
     let now_run = state
-        .store
+        .cases
         .get_run(&run.tenant, &run.thread_id, run.run_id)
         .await?
         .ok_or_else(ApiError::run_not_found)?;
@@ -249,7 +249,7 @@ async fn ended_before(
         run_id: Some(run.run_id),
     };
     let later = state
-        .store
+        .cases
         .list_observations(&run.tenant, &run.thread_id, &query)
         .await?
         .unwrap_or_default();
@@ -257,7 +257,7 @@ async fn ended_before(
         return Ok(None);
     }
     let pending: Vec<Suspension> = state
-        .store
+        .cases
         .list_suspensions(&run.tenant, &run.thread_id, false)
         .await?
         .unwrap_or_default()

@@ -16,8 +16,8 @@ use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::{Value, json};
 
 use super::api_error;
+use crate::commands::{StreamItem, StreamSpec};
 use crate::http::AppState;
-use crate::http::sse::{StreamItem, StreamSpec, observation_stream};
 use crate::model::{Run, RunKind, RunStatus, Suspension};
 
 /// The `_meta` key a progress notification carries its observation under.
@@ -48,7 +48,7 @@ pub async fn wait(
                     run_id: Some(run.run_id),
                     until_run_end: true,
                 };
-                let mut items = observation_stream(state, spec, None).boxed();
+                let mut items = state.cases.follow(spec, None).boxed();
                 let mut n = 0u32;
                 while let Some(item) = items.next().await {
                     let StreamItem::Obs(o) = item else { continue };
@@ -66,7 +66,7 @@ pub async fn wait(
                     let _ = ctx.peer.notify_progress(note).await;
                 }
                 state
-                    .store
+                    .cases
                     .get_run(&run.tenant, &run.thread_id, run.run_id)
                     .await
                     .map_err(|e| api_error(e.into()))?
@@ -85,7 +85,7 @@ pub async fn wait(
             Ok(run) => run.map(Some),
             // Still going: answer with it as it is now.
             Err(_) => state
-                .store
+                .cases
                 .get_run(&run.tenant, &run.thread_id, run.run_id)
                 .await
                 .map_err(|e| api_error(e.into())),
@@ -99,7 +99,7 @@ pub async fn wait(
 /// The store fails.
 pub async fn pending(state: &AppState, run: &Run) -> Result<Vec<Suspension>, McpError> {
     Ok(state
-        .store
+        .cases
         .list_suspensions(&run.tenant, &run.thread_id, false)
         .await
         .map_err(|e| api_error(e.into()))?

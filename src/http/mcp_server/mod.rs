@@ -37,10 +37,11 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{ApiError, AppState, Problem, Tenant};
+use super::error::refusal_parts;
+use super::{AppState, Problem, Tenant};
 use crate::commands::{DecisionRequest, FlowchartRunRequest, RunRequest};
 use crate::model::{AgentConfig, Run, SuspensionStatus, ThreadId, new_id};
-use crate::store::{Resolution, StoreError};
+use crate::problem::Refusal;
 pub use calls::OBSERVATION_META;
 
 /// The path of the MCP endpoint.
@@ -140,9 +141,9 @@ fn plain_code(status: StatusCode) -> &'static str {
 
 /// A use case's refusal as a JSON-RPC error: what the caller sent wrong is invalid params (with
 /// the problem's `code` and `status` in `data`), the rest an internal error (logged).
-pub fn api_error(e: ApiError) -> McpError {
-    let (status, code, _) = e.parts();
-    if let ApiError::Internal(cause) = &e {
+pub fn api_error(e: Refusal) -> McpError {
+    let (status, code, _) = refusal_parts(&e);
+    if let Refusal::Internal(cause) = &e {
         tracing::error!(
             cause = format!("{cause:#}"),
             "internal error in an MCP call"
@@ -195,7 +196,7 @@ impl ServerHandler for McpServer {
         let tenant = tenant_of(&ctx);
         let flowcharts = self
             .state
-            .store
+            .cases
             .list_flowcharts(&tenant)
             .await
             .map_err(|e| api_error(e.into()))?;
@@ -287,7 +288,7 @@ impl McpServer {
         match self.state.cases.run_flowchart(tenant.to_owned(), run).await {
             Ok((run, _)) => Ok(run),
             // The tool list is the tenant's flowcharts: one it does not have is no tool.
-            Err(ApiError::NotFound { .. }) => Err(McpError::invalid_params(
+            Err(Refusal::NotFound { .. }) => Err(McpError::invalid_params(
                 format!("no tool `{}`", request.name),
                 None,
             )),
@@ -300,13 +301,11 @@ impl McpServer {
         let not_found =
             || McpError::invalid_params(format!("no suspension `{}`", a.suspension_id), None);
         let id = Uuid::parse_str(&a.suspension_id).map_err(|_| not_found())?;
-        let s = self
-            .state
-            .store
-            .get_suspension(tenant, id)
-            .await
-            .map_err(|e| api_error(e.into()))?
-            .ok_or_else(not_found)?;
+        let s = match self.state.cases.pending_suspension(tenant, id).await {
+            Ok(s) => s,
+            Err(Refusal::NotFound { .. }) => return Err(not_found()),
+            Err(e) => return Err(api_error(e)),
+        };
         let request = DecisionRequest {
             raise_by: None,
             decision: a.decision,
@@ -328,38 +327,17 @@ impl McpServer {
         request: DecisionRequest,
         after: &mut Option<i64>,
     ) -> Result<Run, McpError> {
-        if s.status != SuspensionStatus::Pending {
-            return Err(api_error(crate::commands::already_decided(Some(s))));
-        }
         let decision = self.state.cases.decide(s, request).map_err(api_error)?;
-        let resolution = Resolution {
-            status: SuspensionStatus::Resolved,
-            decision,
-            trace_context: None,
-        };
-        match self
+        let done = self
             .state
-            .commands
-            .resume(tenant, s.suspension_id, resolution)
+            .cases
+            .carry_out(tenant, s.suspension_id, decision, None)
             .await
-        {
-            Ok(done) => {
-                if after.is_none() {
-                    *after = done.observations.first().map(|o| o.seq - 1);
-                }
-                Ok(done.run)
-            }
-            Err(StoreError::Conflict(_)) => {
-                let now = self
-                    .state
-                    .store
-                    .get_suspension(tenant, s.suspension_id)
-                    .await
-                    .map_err(|e| api_error(e.into()))?;
-                Err(api_error(crate::commands::already_decided(now.as_ref())))
-            }
-            Err(e) => Err(api_error(e.into())),
+            .map_err(api_error)?;
+        if after.is_none() {
+            *after = done.observations.first().map(|o| o.seq - 1);
         }
+        Ok(done.run)
     }
 
     /// Wait for `run` after `after`, then answer: its result, or the input-required round
@@ -402,7 +380,7 @@ impl McpServer {
         let thread_id = ThreadId::parse(&handle.thread_id).map_err(|_| bad_state())?;
         let run = self
             .state
-            .store
+            .cases
             .get_run(tenant, &thread_id, handle.run_id)
             .await
             .map_err(|e| api_error(e.into()))?
@@ -415,7 +393,7 @@ impl McpServer {
             };
             let Some(s) = self
                 .state
-                .store
+                .cases
                 .get_suspension(tenant, id)
                 .await
                 .map_err(|e| api_error(e.into()))?

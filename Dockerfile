@@ -2,10 +2,11 @@
 # Build: the release binary. BuildKit cache mounts keep the cargo registry and the target dir from
 # one build to the next, so a change to the sources recompiles pes-server alone.
 # Podman keeps the HEALTHCHECK only in the docker format: `podman build --format docker -t pes-server .`
+# (podman-compose: `BUILDAH_FORMAT=docker podman-compose up --build`)
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 # The image's binary carries symbols (a panic's backtrace names functions) but no debug info:
-# about 50 MB instead of 200 MB. The repository's release profile keeps line tables for
+# 63.1 MB (measured) instead of about 200 MB. The repository's release profile keeps line tables for
 # profiling; only this build leaves them out.
 ENV CARGO_PROFILE_RELEASE_DEBUG=false \
     CARGO_PROFILE_RELEASE_STRIP=debuginfo
@@ -28,8 +29,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     && install -d /out/data
 
 # Run: glibc, libgcc, CA certificates and time zones, nothing else (no shell, no package
-# manager: nothing to pin or patch but the base image itself), so the image stays well under
-# 100 MB (Debian's slim image alone is 75 MB). The binary needs only libc, libm and libgcc_s.
+# manager: nothing to pin or patch but the base image itself): the image measured 88.7 MB
+# (Debian's slim image alone is 75 MB). The binary needs only libc, libm and libgcc_s.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/pes-server /usr/local/bin/pes-server
 # The volume's mount point, owned by the service's user: a new named volume starts with this

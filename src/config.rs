@@ -269,7 +269,7 @@ pub struct Config {
     pub assistant_max_config_bytes: u64,
 
     /// The largest value of a memory store item, in bytes of JSON; a larger one is refused with
-    /// 413 `value_too_large`.
+    /// 422 `value_too_large`.
     #[arg(long, env = "PES_STORE_MAX_VALUE_BYTES", default_value_t = 65_536,
           value_parser = clap::value_parser!(u64).range(64..=16_777_216))]
     pub store_max_value_bytes: u64,

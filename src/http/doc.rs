@@ -38,7 +38,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 pub const A2A_PATH: &str = "/a2a";
 
 /// Our MCP server's JSON-RPC endpoint (behind the API keys; its errors are JSON-RPC errors).
-pub const MCP_PATH: &str = super::mcp_server::PATH;
+pub const MCP_PATH: &str = "/mcp";
 
 /// The media type of the observation streams.
 pub const EVENT_STREAM: &str = "text/event-stream";

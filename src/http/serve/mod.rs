@@ -47,8 +47,10 @@ use tracing::error;
 
 use super::ApiError;
 use crate::config::Config;
-use connection::{Conn, serve_connection};
+use conn::Conn;
+use connection::serve_connection;
 
+mod conn;
 mod connection;
 mod request;
 

@@ -18,7 +18,7 @@ use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
 use super::Shared;
-use super::connection::{Conn, InFlight};
+use super::conn::{Conn, InFlight};
 
 /// Per connection: checks the head, puts the body on its deadline, routes, and keeps the
 /// connection busy until the response ends.

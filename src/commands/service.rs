@@ -3,7 +3,17 @@
 //! here, streams, what waits in the store).
 
 use super::UseCases;
-use crate::store::{Backlog, StoreResult};
+use crate::store::{Backlog, StoreError, StoreResult};
+
+/// Why the service cannot take work now.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    #[error("shutting down")]
+    ShuttingDown,
+    /// The store is unreachable, or not migrated to this build's schema.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// How busy this replica is, as the metrics' gauges show it.
 #[derive(Debug, Clone, Copy)]
@@ -22,12 +32,12 @@ impl UseCases {
     /// Whether the service can take work: not shutting down, the store reachable and migrated.
     ///
     /// # Errors
-    /// Why not, in words.
-    pub async fn ready(&self) -> Result<(), String> {
+    /// Why not.
+    pub async fn ready(&self) -> Result<(), NotReady> {
         if self.shutdown.is_cancelled() {
-            return Err("shutting down".into());
+            return Err(NotReady::ShuttingDown);
         }
-        self.store.ready().await.map_err(|e| e.to_string())
+        Ok(self.store.ready().await?)
     }
 
     /// `postgres` or `sqlite`.

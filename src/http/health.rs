@@ -51,7 +51,11 @@ pub async fn healthz() -> AppJson<Health> {
         (status = 503, description = "Not ready", body = Problem, content_type = "application/problem+json")
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<AppJson<Health>, ApiError> {
-    state.cases.ready().await.map_err(ApiError::unavailable)?;
+    state
+        .cases
+        .ready()
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
     Ok(AppJson(Health {
         status: "ok".into(),
         store: Some(state.cases.backend().into()),

@@ -114,6 +114,17 @@ fn ip_host(ip: IpAddr) -> String {
     }
 }
 
+/// A `PES_ALLOWED_HOSTS` or `PES_ALLOWED_ORIGINS` entry the service cannot start with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadHostSetting {
+    #[error("PES_ALLOWED_HOSTS: `{0}` is not a host (`name`, `name:port`, `[v6]:port` or `*`)")]
+    Host(String),
+    #[error(
+        "PES_ALLOWED_ORIGINS: `{0}` is not an origin (`http://host[:port]` or `https://host[:port]`)"
+    )]
+    Origin(String),
+}
+
 impl HostPolicy {
     /// The policy `PES_ALLOWED_HOSTS` (or `PES_MCP_ALLOWED_HOSTS`) and `PES_ALLOWED_ORIGINS`
     /// configure, with the defaults of the module doc.
@@ -121,7 +132,7 @@ impl HostPolicy {
     /// # Errors
     /// An entry that is not a host (`name`, `name:port`, `[v6]:port`, `*`) or not an origin
     /// (`http(s)://host[:port]`), named.
-    pub fn from_config(config: &Config) -> Result<Self, String> {
+    pub fn from_config(config: &Config) -> Result<Self, BadHostSetting> {
         let hosts = match config.allowed_hosts() {
             Some(entries) if entries.iter().any(|e| e == "*") => None,
             Some(entries) => Some(
@@ -130,12 +141,7 @@ impl HostPolicy {
                     .map(|e| {
                         split_host(e)
                             .map(|(host, port)| HostRule { host, port })
-                            .ok_or_else(|| {
-                                format!(
-                                    "PES_ALLOWED_HOSTS: `{e}` is not a host (`name`, \
-                                     `name:port`, `[v6]:port` or `*`)"
-                                )
-                            })
+                            .ok_or_else(|| BadHostSetting::Host(e.clone()))
                     })
                     .collect::<Result<Vec<_>, _>>()?,
             ),
@@ -164,14 +170,7 @@ impl HostPolicy {
         let origins = config
             .allowed_origins()
             .iter()
-            .map(|o| {
-                normalize_origin(o).ok_or_else(|| {
-                    format!(
-                        "PES_ALLOWED_ORIGINS: `{o}` is not an origin (`http://host[:port]` or \
-                         `https://host[:port]`)"
-                    )
-                })
-            })
+            .map(|o| normalize_origin(o).ok_or_else(|| BadHostSetting::Origin(o.clone())))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self { hosts, origins })
     }

@@ -368,6 +368,33 @@ macro_rules! both_stores {
     };
 }
 
+/// Run store cases (each `async fn(Arc<SqlStore>)`) on a fresh Postgres database and a
+/// fresh SQLite file: `postgres::<case>` and `sqlite::<case>`. Used by every module whose tests
+/// take a store directly.
+#[macro_export]
+macro_rules! conformance {
+    ($($case:ident),+ $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let store = $crate::db::postgres_store().await;
+                    super::$case(std::sync::Arc::new(store)).await;
+                }
+            )+
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let (store, _dir) = $crate::db::sqlite_store().await;
+                    super::$case(std::sync::Arc::new(store)).await;
+                }
+            )+
+        }
+    };
+}
+
 /// The test venv's Python (`PES_PYVENV`, else `target/pyvenv`) when it can import `module`, or
 /// `None` after a loud SKIPPED message when there is none and none is required; where
 /// `PES_PYVENV` or `CI` is set a missing module fails the test (`scripts/pyvenv` makes the venv).

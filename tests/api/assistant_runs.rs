@@ -1,6 +1,6 @@
-//! What using an assistant does to runs (DESIGN §7.2): the effective config (assistant version,
-//! then thread, then run), the version recorded on the run and in `RUN_STARTED`, roll back and
-//! forward, `locked` fields, the tool policy floors, pruning and deletion.
+//! What using an assistant does to runs: the effective config (assistant version, then thread, then
+//! run), the version recorded on the run and in `RUN_STARTED`, roll back and forward, `locked`
+//! fields, the tool policy floors, pruning and deletion.
 
 use serde_json::{Value, json};
 

@@ -1,6 +1,6 @@
-//! Assistants over HTTP (DESIGN §7.2): create, read, list, versions and `current`, per tenant,
-//! atomic across replicas, and every bad request a clear problem. What using one does to runs
-//! is in `assistant_runs`.
+//! Assistants over HTTP: create, read, list, versions and `current`, per tenant, atomic across
+//! replicas, and every bad request a clear problem. What using one does to runs is in
+//! `assistant_runs`.
 
 use futures::future::join_all;
 use reqwest::Method;

@@ -1,7 +1,7 @@
-//! Crons (DESIGN §7.3) over real HTTP: their routes and checks per tenant, ticks on a thread and
-//! on a new thread each (with `cronId` on the run and in `RUN_STARTED`), exactly one run per tick
-//! with two replicas on one Postgres (each webhook delivered once), and ticks missed while no
-//! replica ran (`run_once`: one run at start; `skip`: none).
+//! Crons over real HTTP: their routes and checks per tenant, ticks on a thread and on a new thread
+//! each (with `cronId` on the run and in `RUN_STARTED`), exactly one run per tick with two replicas
+//! on one Postgres (each webhook delivered once), and ticks missed while no replica ran
+//! (`run_once`: one run at start; `skip`: none).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;

@@ -1,11 +1,11 @@
 //! Flowcharts called in runs, through the HTTP API: a decision with its evidence in the tree,
-//! select and loop, a sub-flow nested under its stage, two calls that share nothing, a stage
-//! error and the step limit as tool errors, approval of a whole flowchart and of a tool stage,
-//! the offline model calling one, and kill -9 in the middle of a flowchart resuming after the
-//! last committed stage without repeating it. The bounds of DESIGN.md §7.1: expressions that
-//! would need gigabytes or hours end as tool errors while `/healthz` keeps answering, and are
-//! not evaluated again after a restart; values over `PES_FLOWCHART_MAX_VALUE_BYTES`; `tool`
-//! stages calling only what the calling item may call.
+//! select and loop, a sub-flow nested under its stage, two calls that share nothing, a stage error
+//! and the step limit as tool errors, approval of a whole flowchart and of a tool stage, the
+//! offline model calling one, and kill -9 in the middle of a flowchart resuming after the last
+//! committed stage without repeating it. Evaluation bounds: expressions that would need gigabytes
+//! or hours end as tool errors while `/healthz` keeps answering, and are not evaluated again after
+//! a restart; values over `PES_FLOWCHART_MAX_VALUE_BYTES`; `tool` stages calling only what the
+//! calling item may call.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,6 +1,6 @@
-//! The flowchart registry over HTTP (DESIGN.md §6.2): versions, reads, deletes, per tenant; a
-//! name of a tool is refused; every mistake in a definition is a 422 naming its JSON Pointer; a
-//! flowchart is a tool of its tenant's catalogue and thread configs.
+//! The flowchart registry over HTTP: versions, reads, deletes, per tenant; a name of a tool is
+//! refused; every mistake in a definition is a 422 naming its JSON Pointer; a flowchart is a tool
+//! of its tenant's catalogue and thread configs.
 
 use serde_json::{Value, json};
 

@@ -1,7 +1,7 @@
-//! The plan as a graph (DESIGN §6.1): ready items run at once under `maxParallelItems`, a failed
-//! item cancels its dependents while independent branches go on, suspensions of parallel items,
-//! compaction of long results, what an item's brief holds (`contextMode`, roles), tool
-//! allowlists, and a crash with two items in flight.
+//! The plan as a graph: ready items run at once under `maxParallelItems`, a failed item cancels its
+//! dependents while independent branches go on, suspensions of parallel items, compaction of long
+//! results, what an item's brief holds (`contextMode`, roles), tool allowlists, and a crash with
+//! two items in flight.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;

@@ -1,8 +1,7 @@
-//! The memory store over HTTP (DESIGN §7.4), on both stores: items stored, read, replaced and
-//! deleted; namespaces listed by prefix, suffix and depth; filters and pages; full-text ranking;
-//! TTLs (invisible at once, swept later); tenants that never see each other's items; and every
-//! bad request a clear problem. Semantic search and the agent's memory tools are in
-//! `memory_agent`.
+//! The memory store over HTTP, on both stores: items stored, read, replaced and deleted; namespaces
+//! listed by prefix, suffix and depth; filters and pages; full-text ranking; TTLs (invisible at
+//! once, swept later); tenants that never see each other's items; and every bad request a clear
+//! problem. Semantic search and the agent's memory tools are in `memory_agent`.
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
-//! Memory beyond full text (DESIGN §7.4), on both stores: semantic search with the fake model's
-//! deterministic embeddings, an embeddings outage that loses nothing (the item is embedded
-//! later), the agent's `memory_put` and `memory_search` carrying a fact from one thread to
-//! another, and a write repeated under its idempotency key that changes nothing.
+//! Memory beyond full text, on both stores: semantic search with the fake model's deterministic
+//! embeddings, an embeddings outage that loses nothing (the item is embedded later), the agent's
+//! `memory_put` and `memory_search` carrying a fact from one thread to another, and a write
+//! repeated under its idempotency key that changes nothing.
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
-//! Retention (DESIGN.md §7.2): a thread idle past its time-to-live (its config's, its
-//! assistant's, the server's default) is deleted by the sweeper and its streams end with
-//! `THREAD_DELETED`; a thread with a running or suspended run is kept; two replicas on one
-//! Postgres delete each thread once. The routes (`/storage`, `/threads/prune`, bad input) are in
-//! `routes`.
+//! Retention: a thread idle past its time-to-live (its config's, its assistant's, the server's
+//! default) is deleted by the sweeper and its streams end with `THREAD_DELETED`; a thread with a
+//! running or suspended run is kept; two replicas on one Postgres delete each thread once. The
+//! routes (`/storage`, `/threads/prune`, bad input) are in `routes`.
 
 mod routes;
 

@@ -4,10 +4,10 @@
 
 use serde_json::{Value, json};
 
-use crate::assistants::{assert_problem, create, delete, put, send};
+use crate::assistants::{create, delete, put};
 use crate::both_stores;
 use crate::fake_llm::FakeLlm;
-use crate::helpers::{Backend, TestApp, spawn, spawn_with};
+use crate::helpers::{Backend, TestApp, assert_problem, send, spawn, spawn_with};
 
 /// Post a query and wait for its run to end or suspend.
 async fn run_with(app: &TestApp, thread: &str, body: Value) -> Value {

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
-use crate::helpers::{Backend, TestApp, spawn_with};
-use crate::memory::{keys, put, search, send};
+use crate::helpers::{Backend, TestApp, send, spawn_with};
+use crate::memory::{keys, put, search};
 
 /// An app whose memory ranks by meaning through the fake model's embeddings.
 async fn semantic_app(backend: Backend, llm: &FakeLlm) -> TestApp {

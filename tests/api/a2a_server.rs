@@ -16,19 +16,12 @@ use tokio::process::{Child, ChildStdout, Command};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, phase_of, plan};
-use crate::helpers::{Backend, TestApp, database_url, spawn_with};
+use crate::helpers::{Backend, TestApp, database_url, repo_file, spawn_with};
 use crate::process::{Proc, env_for};
 
 /// The venv's Python with the Python A2A SDK (see [`crate::helpers::venv_python`]).
 fn python() -> Option<PathBuf> {
     crate::helpers::venv_python("a2a.client", "the Python A2A SDK")
-}
-
-fn client_py() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/a2a/client.py")
-        .to_string_lossy()
-        .into_owned()
 }
 
 /// The SDK client against `base`.
@@ -56,7 +49,9 @@ impl Sdk {
 
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.python);
-        cmd.arg(client_py()).arg(args[0]).arg(&self.base);
+        cmd.arg(repo_file("tests/a2a/client.py"))
+            .arg(args[0])
+            .arg(&self.base);
         cmd.args(&args[1..]);
         if let Some(k) = &self.key {
             cmd.args(["--key", k]);

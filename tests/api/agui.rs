@@ -15,17 +15,10 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
-use crate::helpers::{Backend, TestApp, spawn_with};
+use crate::helpers::{Backend, TestApp, item_statuses, repo_file, spawn_with, statuses};
 
 fn python() -> Option<PathBuf> {
     crate::helpers::venv_python("ag_ui.core", "the AG-UI Python package (ag-ui-protocol)")
-}
-
-fn client_py() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/agui/client.py")
-        .to_string_lossy()
-        .into_owned()
 }
 
 /// What the Python consumer read of one POST.
@@ -76,7 +69,7 @@ async fn agui(
     last_event_id: Option<i64>,
 ) -> Read {
     let mut cmd = tokio::process::Command::new(py);
-    cmd.arg(client_py())
+    cmd.arg(repo_file("tests/agui/client.py"))
         .arg(&app.base)
         .args(["--input", &input.to_string()]);
     if let Some(k) = key {
@@ -118,31 +111,6 @@ async fn agui(
 
 fn user(text: &str) -> Value {
     json!({"id": uuid::Uuid::new_v4().to_string(), "role": "user", "content": text})
-}
-
-/// The statuses of a thread's todo list, by item id, as its state holds them.
-async fn statuses(app: &TestApp, key: Option<&str>, thread: &str) -> Vec<(String, String)> {
-    let path = format!("/v1/threads/{thread}/state");
-    let (s, state) = match key {
-        Some(k) => app.get_as(k, &path).await,
-        None => app.get(&path).await,
-    };
-    assert_eq!(s, 200, "{state}");
-    pairs(&state)
-}
-
-fn pairs(state: &Value) -> Vec<(String, String)> {
-    state["todoList"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| {
-            (
-                i["id"].as_str().unwrap().to_owned(),
-                i["status"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
 }
 
 async fn a_tool_run_is_interrupted_for_approval_and_a_resume_completes_it(backend: Backend) {
@@ -214,7 +182,10 @@ async fn a_tool_run_is_interrupted_for_approval_and_a_resume_completes_it(backen
     assert_eq!(interrupt["responseSchema"]["required"], json!(["decision"]));
     assert_eq!(interrupt["metadata"]["pes"]["itemId"], step);
     // The state the deltas built is the thread's todo list as it stands.
-    assert_eq!(pairs(&first.state), statuses(&app, None, &thread).await);
+    assert_eq!(
+        item_statuses(&first.state),
+        statuses(&app, None, &thread).await
+    );
     assert!(
         first.state["todoList"]
             .as_array()
@@ -274,7 +245,7 @@ async fn a_tool_run_is_interrupted_for_approval_and_a_resume_completes_it(backen
     );
     let final_statuses = statuses(&app, None, &thread).await;
     assert!(final_statuses.iter().all(|(_, s)| s == "completed"));
-    assert_eq!(pairs(&second.state), final_statuses);
+    assert_eq!(item_statuses(&second.state), final_statuses);
 
     // The same answer again is refused: the suspension is decided.
     let again = agui(&py, &app, &resume, None, None).await;

@@ -14,7 +14,8 @@ use tokio::sync::Notify;
 
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::helpers::{
-    Backend, SseReader, TestApp, database_url, spawn, spawn_config, spawn_with, test_config,
+    Backend, SseReader, TestApp, database_url, metered_llm, spawn, spawn_config, spawn_with,
+    test_config,
 };
 
 /// What a stream of the child printed so far, with a wake-up for each new piece.
@@ -575,8 +576,7 @@ fn pty() -> (std::fs::File, std::os::fd::OwnedFd) {
 #[tokio::test]
 async fn ask_steers_at_a_terminal_and_shows_the_spend() {
     use std::io::Write;
-    let llm = FakeLlm::start().await;
-    llm.set_usage(1000, 500);
+    let llm = metered_llm().await;
     llm.push(
         "plan",
         crate::fake_llm::plan(&[("a", "compute 2+2", &["calculator"], &[])]),

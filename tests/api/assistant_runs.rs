@@ -1,13 +1,13 @@
-//! What using an assistant does to runs (DESIGN §7.2): the effective config (assistant version,
-//! then thread, then run), the version recorded on the run and in `RUN_STARTED`, roll back and
-//! forward, `locked` fields, the tool policy floors, pruning and deletion.
+//! What using an assistant does to runs: the effective config (assistant version, then thread, then
+//! run), the version recorded on the run and in `RUN_STARTED`, roll back and forward, `locked`
+//! fields, the tool policy floors, pruning and deletion.
 
 use serde_json::{Value, json};
 
-use crate::assistants::{assert_problem, create, delete, put, send};
+use crate::assistants::{create, delete, put};
 use crate::both_stores;
 use crate::fake_llm::FakeLlm;
-use crate::helpers::{Backend, TestApp, spawn, spawn_with};
+use crate::helpers::{Backend, TestApp, assert_problem, send, spawn, spawn_with};
 
 /// Post a query and wait for its run to end or suspend.
 async fn run_with(app: &TestApp, thread: &str, body: Value) -> Value {

@@ -1,6 +1,6 @@
-//! Assistants over HTTP (DESIGN §7.2): create, read, list, versions and `current`, per tenant,
-//! atomic across replicas, and every bad request a clear problem. What using one does to runs
-//! is in `assistant_runs`.
+//! Assistants over HTTP: create, read, list, versions and `current`, per tenant, atomic across
+//! replicas, and every bad request a clear problem. What using one does to runs is in
+//! `assistant_runs`.
 
 use futures::future::join_all;
 use reqwest::Method;
@@ -8,26 +8,9 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::helpers::{
-    Backend, TestApp, database_url, read, spawn, spawn_config, spawn_with, test_config,
+    Backend, TestApp, assert_problem, database_url, read, send, spawn, spawn_config, spawn_with,
+    test_config,
 };
-
-/// `method path` with an optional JSON body, as the tenant of `key` (or with no key).
-pub async fn send(
-    app: &TestApp,
-    method: Method,
-    path: &str,
-    key: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = app.client.request(method, app.url(path));
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    read(req.send().await.unwrap()).await
-}
 
 pub async fn put(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
     send(app, Method::PUT, path, None, Some(body)).await
@@ -42,17 +25,6 @@ pub async fn create(app: &TestApp, body: Value) -> Value {
     let (s, a) = app.post("/v1/assistants", body).await;
     assert_eq!(s, 201, "{a}");
     a
-}
-
-/// Assert a problem: its status and code.
-#[track_caller]
-pub fn assert_problem(got: &(u16, Value), status: u16, code: &str) {
-    assert_eq!(
-        (got.0, got.1["code"].as_str()),
-        (status, Some(code)),
-        "{}",
-        got.1
-    );
 }
 
 fn versions_of(page: &Value) -> Vec<i64> {

@@ -7,45 +7,27 @@
 use serde_json::{Value, json};
 
 use crate::both_stores;
-use crate::fake_llm::{FakeLlm, Reply, plan};
-use crate::helpers::{Backend, TestApp, spawn, spawn_with};
+use crate::fake_llm::{Reply, plan};
+use crate::helpers::{Backend, metered_llm, of_type, spawn, spawn_with, total_tokens};
 use crate::process::{Proc, env_for};
 
 /// Tokens every call of the fake model uses here.
 const CALL: u64 = 1500;
 
-async fn fake() -> FakeLlm {
-    let llm = FakeLlm::start().await;
-    llm.set_usage(1000, 500);
-    llm
-}
-
-fn of_type<'a>(obs: &'a [Value], t: &str) -> Vec<&'a Value> {
-    obs.iter().filter(|o| o["type"] == t).collect()
-}
-
-async fn post_run(app: &TestApp, thread: &str, budget: Value) -> Value {
-    let (s, run) = app
-        .post(
-            &format!("/v1/threads/{thread}/runs/wait"),
-            json!({"query": "what is 2+2?", "config": {"budget": budget}}),
-        )
-        .await;
-    assert_eq!(s, 200, "{run}");
-    run
-}
-
-fn total(run: &Value) -> u64 {
-    run["usage"]["totalTokens"].as_u64().unwrap()
+/// A run's body: a question that takes five calls unscripted, under `budget`.
+fn budgeted(budget: Value) -> Value {
+    json!({"query": "what is 2+2?", "config": {"budget": budget}})
 }
 
 async fn suspends_at_the_limit_and_a_raise_goes_on(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let app = spawn(backend, Some(&llm)).await;
     let t = app.thread(json!({})).await;
-    let run = post_run(&app, &t, json!({"maxTokens": 4000})).await;
+    let run = app
+        .run_wait_with(&t, budgeted(json!({"maxTokens": 4000})))
+        .await;
     assert_eq!(run["status"], "suspended", "{run}");
-    let spent = total(&run);
+    let spent = total_tokens(&run);
     // Stopped before passing the limit by more than one call, and no call after the stop.
     assert!(spent <= 4000 + CALL, "spent {spent}");
     assert!(spent >= CALL, "the plan was made: {run}");
@@ -108,7 +90,7 @@ async fn suspends_at_the_limit_and_a_raise_goes_on(backend: Backend) {
         })
         .await;
     assert_eq!(done["status"], "completed", "{done}");
-    assert!(total(&done) > spent);
+    assert!(total_tokens(&done) > spent);
     let (_, one) = app.get(&format!("/v1/suspensions/{sid}")).await;
     assert_eq!(one["decision"], "approve");
     assert_eq!(one["raiseBy"]["tokens"], 100000);
@@ -120,7 +102,7 @@ async fn suspends_at_the_limit_and_a_raise_goes_on(backend: Backend) {
 both_stores!(suspend_and_raise, suspends_at_the_limit_and_a_raise_goes_on);
 
 async fn reject_fails_the_run_budget_exceeded(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let app = spawn(backend, Some(&llm)).await;
     let t = app
         .thread(json!({"config": {"budget": {"maxTokens": 1}}}))
@@ -156,13 +138,15 @@ async fn reject_fails_the_run_budget_exceeded(backend: Backend) {
 both_stores!(reject, reject_fails_the_run_budget_exceeded);
 
 async fn fail_mode_fails_at_once(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let app = spawn(backend, Some(&llm)).await;
     let t = app.thread(json!({})).await;
-    let run = post_run(&app, &t, json!({"maxTokens": 2500, "onExceed": "fail"})).await;
+    let run = app
+        .run_wait_with(&t, budgeted(json!({"maxTokens": 2500, "onExceed": "fail"})))
+        .await;
     assert_eq!(run["status"], "failed", "{run}");
     assert_eq!(run["error"]["code"], "budget_exceeded");
-    assert!(total(&run) <= 2500 + CALL);
+    assert!(total_tokens(&run) <= 2500 + CALL);
     assert_eq!(llm.calls(), run["usage"]["llmCalls"].as_u64().unwrap());
     let obs = app.observations(&t).await;
     assert!(of_type(&obs, "AGENT_SUSPENDED").is_empty());
@@ -187,14 +171,16 @@ async fn fail_mode_fails_at_once(backend: Backend) {
 both_stores!(fail_mode, fail_mode_fails_at_once);
 
 async fn warns_at_80_percent(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let app = spawn(backend, Some(&llm)).await;
     let t = app.thread(json!({})).await;
     // Five calls (plan, two for the calculator item, one for the other, synthesis): 7,500 of
     // 9,000 tokens is past 80 % only after the last.
-    let run = post_run(&app, &t, json!({"maxTokens": 9000})).await;
+    let run = app
+        .run_wait_with(&t, budgeted(json!({"maxTokens": 9000})))
+        .await;
     assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(total(&run), 5 * CALL);
+    assert_eq!(total_tokens(&run), 5 * CALL);
     let obs = app.observations(&t).await;
     let b = of_type(&obs, "BUDGET");
     assert_eq!(b.len(), 1, "{b:?}");
@@ -207,7 +193,7 @@ async fn warns_at_80_percent(backend: Backend) {
 both_stores!(warning, warns_at_80_percent);
 
 async fn cost_comes_from_the_price_table(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let app = spawn_with(backend, Some(&llm), |c| {
         c.model_prices = Some(r#"{"fake-model": {"input": 2, "output": 10}}"#.into());
     })
@@ -225,7 +211,9 @@ async fn cost_comes_from_the_price_table(backend: Backend) {
 
     // A dollar budget stops the run.
     let t = app.thread(json!({})).await;
-    let run = post_run(&app, &t, json!({"maxCostUsd": 0.02})).await;
+    let run = app
+        .run_wait_with(&t, budgeted(json!({"maxCostUsd": 0.02})))
+        .await;
     assert_eq!(run["status"], "suspended", "{run}");
     let spent = run["usage"]["costUsd"].as_f64().unwrap();
     assert!(spent <= 0.02 + 0.007 + 1e-9, "{spent}");
@@ -239,7 +227,7 @@ async fn cost_comes_from_the_price_table(backend: Backend) {
 both_stores!(prices, cost_comes_from_the_price_table);
 
 async fn parallel_items_share_the_budget(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     llm.push(
         "plan",
         plan(&[
@@ -254,11 +242,13 @@ async fn parallel_items_share_the_budget(backend: Backend) {
     }
     let app = spawn(backend, Some(&llm)).await;
     let t = app.thread(json!({"config": {"maxParallelItems": 4}})).await;
-    let run = post_run(&app, &t, json!({"maxTokens": 4000})).await;
+    let run = app
+        .run_wait_with(&t, budgeted(json!({"maxTokens": 4000})))
+        .await;
     assert_eq!(run["status"], "suspended", "{run}");
     // Four items ready at once would spend 1,500 + 4 × 1,500 = 7,500; the budget lets through
     // only what fits, counting the calls in flight.
-    let spent = total(&run);
+    let spent = total_tokens(&run);
     assert!(spent <= 4000 + CALL, "spent {spent}: {run}");
     assert_eq!(llm.calls() * CALL, spent);
     app.stop().await;
@@ -266,7 +256,7 @@ async fn parallel_items_share_the_budget(backend: Backend) {
 both_stores!(parallel, parallel_items_share_the_budget);
 
 async fn the_spend_survives_kill_9(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     // The first item's call is held: the process dies with the plan's spend committed.
     llm.hold_if(|r| crate::fake_llm::phase_of(r) == "execute");
     let db = crate::helpers::database_url(backend).await;
@@ -294,7 +284,7 @@ async fn the_spend_survives_kill_9(backend: Backend) {
         })
         .await;
     assert_eq!(done["status"], "suspended", "{done}");
-    let spent = total(&done);
+    let spent = total_tokens(&done);
     // The plan's 1,500 tokens were counted again after the crash: a fresh meter would have let
     // the second process spend up to the limit on its own.
     assert!(spent <= 4000 + CALL, "spent {spent}");

@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 
 use crate::browser::Browser;
 use crate::fake_llm::{FakeLlm, Reply, phase_of, plan_item};
-use crate::helpers::{Backend, TestApp, database_url, spawn_config, spawn_with, test_config};
+use crate::helpers::{
+    Backend, TestApp, database_url, metered_llm, spawn_config, spawn_with, test_config,
+};
 
 /// Every `seq` the page's tree shows, in document order.
 const TREE_SEQS: &str =
@@ -853,8 +855,7 @@ async fn the_page_shows_the_spend_and_steers_the_run() {
     let Some(browser) = Browser::start().await else {
         return;
     };
-    let llm = FakeLlm::start().await;
-    llm.set_usage(1000, 500);
+    let llm = metered_llm().await;
     llm.push(
         "plan",
         crate::fake_llm::plan(&[("a", "compute 2+2", &["calculator"], &[])]),

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::both_stores;
+use crate::helpers::assert_problem;
 use crate::helpers::{Backend, SseReader, TestApp, read, spawn, spawn_config, test_config};
-use crate::http::assert_problem;
 
 async fn send_raw(app: &TestApp, method: &str, path: &str, body: &str) -> (u16, Value) {
     let req = match method {
@@ -96,7 +96,7 @@ async fn nul_characters_are_refused_alike_and_nothing_is_lost(backend: Backend) 
     ];
     for (method, path, body) in bodies {
         let (s, b) = send_raw(&app, method, &path, &body.to_string()).await;
-        assert_problem(s, &b, 422, "validation_failed");
+        assert_problem(&(s, b.clone()), 422, "validation_failed");
         assert!(b["detail"].as_str().unwrap().contains("NUL"), "{path}: {b}");
     }
     for path in [
@@ -107,7 +107,7 @@ async fn nul_characters_are_refused_alike_and_nothing_is_lost(backend: Backend) 
         format!("/v1/threads/{t}/runs?cursor=00"),
     ] {
         let (s, b) = app.get(&path).await;
-        assert_problem(s, &b, 422, "validation_failed");
+        assert_problem(&(s, b), 422, "validation_failed");
     }
     // Nothing changed: the suspension still waits, the thread and its log are intact.
     let (s, susp) = app.get(&format!("/v1/suspensions/{sid}")).await;
@@ -147,7 +147,7 @@ async fn forged_cursors_and_out_of_range_numbers_are_422(backend: Backend) {
         format!("/v1/threads/{t}/observations?limit=1001"),
     ] {
         let (s, b) = app.get(&path).await;
-        assert_problem(s, &b, 422, "validation_failed");
+        assert_problem(&(s, b), 422, "validation_failed");
     }
     // A suspension TTL of 1e13 s was accepted, then panicked the worker on the date overflow for
     // ever; every number a client gives has a documented range.
@@ -159,14 +159,14 @@ async fn forged_cursors_and_out_of_range_numbers_are_422(backend: Backend) {
         json!({"maxItems": 0}),
     ] {
         let (s, b) = app.post("/v1/threads", json!({"config": config})).await;
-        assert_problem(s, &b, 422, "validation_failed");
+        assert_problem(&(s, b), 422, "validation_failed");
         let (s, b) = app
             .post(
                 &format!("/v1/threads/{t}/runs"),
                 json!({"query": "1+1", "config": config}),
             )
             .await;
-        assert_problem(s, &b, 422, "validation_failed");
+        assert_problem(&(s, b), 422, "validation_failed");
         let (s, b) = send_raw(
             &app,
             "PATCH",
@@ -174,7 +174,7 @@ async fn forged_cursors_and_out_of_range_numbers_are_422(backend: Backend) {
             &json!({"config": config}).to_string(),
         )
         .await;
-        assert_problem(s, &b, 422, "validation_failed");
+        assert_problem(&(s, b), 422, "validation_failed");
     }
     // The longest TTL allowed works end to end.
     let u = app
@@ -214,7 +214,7 @@ async fn bodies_must_be_objects_and_syntax_errors_are_400(backend: Backend) {
         ),
     ] {
         let (s, b) = send_raw(&app, method, path, body).await;
-        assert_problem(s, &b, 422, "validation_failed");
+        assert_problem(&(s, b), 422, "validation_failed");
     }
     // Not JSON at all: 400 malformed_json, on every route that takes a body.
     for (method, path, body) in [
@@ -225,7 +225,7 @@ async fn bodies_must_be_objects_and_syntax_errors_are_400(backend: Backend) {
         ("POST", &resume, r#"{"decision": "approve""#),
     ] {
         let (s, b) = send_raw(&app, method, path, body).await;
-        assert_problem(s, &b, 400, "malformed_json");
+        assert_problem(&(s, b), 400, "malformed_json");
     }
     // ifNotExists: create with an id that cannot be a thread id is a bad request body, not a
     // missing thread.
@@ -235,11 +235,11 @@ async fn bodies_must_be_objects_and_syntax_errors_are_400(backend: Backend) {
             json!({"query": "1+1", "ifNotExists": "create"}),
         )
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app
         .post("/v1/threads/has%20space/runs", json!({"query": "1+1"}))
         .await;
-    assert_problem(s, &b, 404, "thread_not_found");
+    assert_problem(&(s, b), 404, "thread_not_found");
     // Nothing ran: the suspension still waits for a valid decision, and approve still works.
     let (s, run) = app.post(&resume, json!({"decision": "approve"})).await;
     assert_eq!(s, 202, "{run}");
@@ -259,7 +259,7 @@ async fn a_malformed_last_event_id_is_400(backend: Backend) {
             .await
             .unwrap();
         let (s, b) = read(r).await;
-        assert_problem(s, &b, 400, "invalid_header");
+        assert_problem(&(s, b), 400, "invalid_header");
     }
     app.stop().await;
 }

@@ -1,7 +1,7 @@
-//! Crons (DESIGN §7.3) over real HTTP: their routes and checks per tenant, ticks on a thread and
-//! on a new thread each (with `cronId` on the run and in `RUN_STARTED`), exactly one run per tick
-//! with two replicas on one Postgres (each webhook delivered once), and ticks missed while no
-//! replica ran (`run_once`: one run at start; `skip`: none).
+//! Crons over real HTTP: their routes and checks per tenant, ticks on a thread and on a new thread
+//! each (with `cronId` on the run and in `RUN_STARTED`), exactly one run per tick with two replicas
+//! on one Postgres (each webhook delivered once), and ticks missed while no replica ran
+//! (`run_once`: one run at start; `skip`: none).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -11,26 +11,15 @@ use pes_server::config::Config;
 use serde_json::{Value, json};
 
 use crate::both_stores;
-use crate::helpers::{Backend, TestApp, database_url, read, spawn_config, spawn_with, test_config};
+use crate::helpers::{
+    Backend, TestApp, database_url, read, send, spawn_config, spawn_with, test_config,
+};
 use crate::webhooks::{Receiver, hooks_on, python, wait_get, wait_received};
 
 /// Ticks every second are allowed and looked for often.
 fn fast_ticks(c: &mut Config) {
     c.cron_seconds = true;
     c.cron_poll_ms = 50;
-}
-
-async fn send(
-    app: &TestApp,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut r = app.client.request(method, app.url(path));
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    read(r.send().await.unwrap()).await
 }
 
 fn at(s: &str) -> DateTime<Utc> {
@@ -306,6 +295,7 @@ async fn each_tick_without_a_thread_runs_on_a_new_thread(backend: Backend) {
         &app,
         reqwest::Method::PATCH,
         &format!("/v1/crons/{id}"),
+        None,
         Some(json!({"enabled": false})),
     )
     .await;
@@ -388,6 +378,7 @@ async fn two_replicas_make_exactly_one_run_per_tick() {
         &a,
         reqwest::Method::PATCH,
         &format!("/v1/crons/{id}"),
+        None,
         Some(json!({"enabled": false})),
     )
     .await;

@@ -12,39 +12,8 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::durability::{completed_calls, env, temp_log};
 use crate::fake_llm::{FakeLlm, Reply, phase_of};
-use crate::helpers::{Backend, TestApp, spawn, spawn_with};
+use crate::helpers::{Backend, TestApp, define_flowchart, put_flowchart, spawn, spawn_with};
 use crate::process::Proc;
-
-async fn put(app: &TestApp, name: &str, spec: Value) {
-    let (status, body) = put_as(app, None, name, spec).await;
-    assert!(
-        status == 201 || status == 200,
-        "PUT {name}: {status} {body}"
-    );
-}
-
-async fn put_as(app: &TestApp, key: Option<&str>, name: &str, spec: Value) -> (u16, Value) {
-    let mut req = app
-        .client
-        .put(app.url(&format!("/v1/flowcharts/{name}")))
-        .json(&spec);
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    crate::helpers::read(req.send().await.unwrap()).await
-}
-
-async fn post_as(app: &TestApp, key: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = app
-        .client
-        .post(app.url(path))
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    crate::helpers::read(r).await
-}
 
 /// Refund triage: a `set`, the calculator, then a decision.
 fn triage() -> Value {
@@ -80,16 +49,6 @@ async fn start(app: &TestApp, name: &str, body: Value) -> Value {
     run
 }
 
-/// Wait until `run` ends or suspends.
-async fn settled(app: &TestApp, run: &Value) -> Value {
-    app.wait_run(
-        run["threadId"].as_str().unwrap(),
-        run["runId"].as_str().unwrap(),
-        |r| r["status"] != "queued" && r["status"] != "running",
-    )
-    .await
-}
-
 fn types(obs: &[Value]) -> Vec<&str> {
     obs.iter().map(|o| o["type"].as_str().unwrap()).collect()
 }
@@ -104,7 +63,7 @@ fn stages(obs: &[Value]) -> Vec<&str> {
 async fn a_flowchart_run_completes_with_its_output_and_asks_no_model(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn(backend, Some(&llm)).await;
-    put(&app, "triage", triage()).await;
+    define_flowchart(&app, None, "triage", triage()).await;
 
     let run = start(
         &app,
@@ -113,7 +72,7 @@ async fn a_flowchart_run_completes_with_its_output_and_asks_no_model(backend: Ba
     )
     .await;
     assert!(run["query"].as_str().unwrap().contains("triage"), "{run}");
-    let done = settled(&app, &run).await;
+    let done = app.settled(&run).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["kind"], "flowchart");
     let output = json!({"decision": "approved", "score": 4});
@@ -155,7 +114,7 @@ async fn a_flowchart_run_completes_with_its_output_and_asks_no_model(backend: Ba
     )
     .await;
     assert_eq!(second["threadId"], thread.as_str());
-    let done = settled(&app, &second).await;
+    let done = app.settled(&second).await;
     assert_eq!(
         done["finalResponse"]["output"],
         json!({"decision": "escalated"}),
@@ -176,7 +135,7 @@ async fn a_flowchart_run_completes_with_its_output_and_asks_no_model(backend: Ba
         json!({"input": {"amount": 10, "tier": "basic"}, "threadId": thread}),
     )
     .await;
-    let done = settled(&app, &review).await;
+    let done = app.settled(&review).await;
     assert_eq!(
         done["finalResponse"]["output"]["decision"], "review",
         "{done}"
@@ -196,14 +155,14 @@ both_stores!(
 /// With no model configured (the offline model), a flowchart run completes the same way.
 async fn the_offline_model_runs_a_flowchart_too(backend: Backend) {
     let app = spawn(backend, None).await;
-    put(&app, "triage", triage()).await;
+    define_flowchart(&app, None, "triage", triage()).await;
     let run = start(
         &app,
         "triage",
         json!({"input": {"amount": 40, "tier": "gold"}}),
     )
     .await;
-    let done = settled(&app, &run).await;
+    let done = app.settled(&run).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(
         done["finalResponse"]["output"],
@@ -219,12 +178,14 @@ async fn bad_input_unknown_flowcharts_and_other_tenants_are_refused(backend: Bac
         c.api_keys = Some("key-a:alpha,key-b:beta".into());
     })
     .await;
-    let (st, body) = put_as(&app, Some("key-a"), "triage", triage()).await;
+    let (st, body) = put_flowchart(&app, Some("key-a"), "triage", triage()).await;
     assert_eq!(st, 201, "{body}");
     let runs = "/v1/flowcharts/triage/runs";
 
     // Input that does not fit the schema: every problem, at its place under /input.
-    let (st, p) = post_as(&app, "key-a", runs, json!({"input": {"amount": "lots"}})).await;
+    let (st, p) = app
+        .post_as("key-a", runs, json!({"input": {"amount": "lots"}}))
+        .await;
     assert_eq!(
         (st, p["code"].as_str()),
         (422, Some("validation_failed")),
@@ -246,52 +207,58 @@ async fn bad_input_unknown_flowcharts_and_other_tenants_are_refused(backend: Bac
         json!({"input": {"amount": 1, "tier": "gold"}, "query": "x"}),
         json!({"input": {"amount": 1, "tier": "gold"}, "multitaskStrategy": "steer"}),
     ] {
-        let (st, p) = post_as(&app, "key-a", runs, bad.clone()).await;
+        let (st, p) = app.post_as("key-a", runs, bad.clone()).await;
         assert_eq!(st, 422, "{bad} → {p}");
     }
 
     // Unknown, and another tenant's, flowchart: not found.
     let input = json!({"input": {"amount": 1, "tier": "gold"}});
-    let (st, p) = post_as(&app, "key-a", "/v1/flowcharts/nope/runs", input.clone()).await;
+    let (st, p) = app
+        .post_as("key-a", "/v1/flowcharts/nope/runs", input.clone())
+        .await;
     assert_eq!(
         (st, p["code"].as_str()),
         (404, Some("flowchart_not_found")),
         "{p}"
     );
-    let (st, p) = post_as(&app, "key-b", runs, input.clone()).await;
+    let (st, p) = app.post_as("key-b", runs, input.clone()).await;
     assert_eq!(
         (st, p["code"].as_str()),
         (404, Some("flowchart_not_found")),
         "{p}"
     );
-    let (st, _) = post_as(&app, "key-a", "/v1/flowcharts/n%20o/runs", input.clone()).await;
+    let (st, _) = app
+        .post_as("key-a", "/v1/flowcharts/n%20o/runs", input.clone())
+        .await;
     assert_eq!(st, 404);
 
     // A thread: missing, another tenant's, or one whose tools leave the flowchart out.
     let with = |t: &str| json!({"input": {"amount": 1, "tier": "gold"}, "threadId": t});
-    let (st, p) = post_as(&app, "key-a", runs, with("missing")).await;
+    let (st, p) = app.post_as("key-a", runs, with("missing")).await;
     assert_eq!(
         (st, p["code"].as_str()),
         (404, Some("thread_not_found")),
         "{p}"
     );
-    let (st, _) = post_as(&app, "key-b", "/v1/threads", json!({"threadId": "bees"})).await;
+    let (st, _) = app
+        .post_as("key-b", "/v1/threads", json!({"threadId": "bees"}))
+        .await;
     assert_eq!(st, 201);
-    let (st, p) = post_as(&app, "key-a", runs, with("bees")).await;
+    let (st, p) = app.post_as("key-a", runs, with("bees")).await;
     assert_eq!(
         (st, p["code"].as_str()),
         (404, Some("thread_not_found")),
         "{p}"
     );
-    let (st, _) = post_as(
-        &app,
-        "key-a",
-        "/v1/threads",
-        json!({"threadId": "narrow", "config": {"tools": ["calculator"]}}),
-    )
-    .await;
+    let (st, _) = app
+        .post_as(
+            "key-a",
+            "/v1/threads",
+            json!({"threadId": "narrow", "config": {"tools": ["calculator"]}}),
+        )
+        .await;
     assert_eq!(st, 201);
-    let (st, p) = post_as(&app, "key-a", runs, with("narrow")).await;
+    let (st, p) = app.post_as("key-a", runs, with("narrow")).await;
     assert_eq!(
         (st, p["code"].as_str()),
         (422, Some("tool_not_enabled")),
@@ -312,7 +279,7 @@ both_stores!(
 /// makes none.
 async fn a_new_thread_counts_against_the_thread_quota(backend: Backend) {
     let app = spawn_with(backend, None, |c| c.tenant_max_threads = 1).await;
-    put(&app, "triage", triage()).await;
+    define_flowchart(&app, None, "triage", triage()).await;
     let input = json!({"amount": 1, "tier": "gold"});
     let first = start(&app, "triage", json!({"input": input})).await;
     let (st, p) = app
@@ -336,7 +303,7 @@ both_stores!(thread_quota, a_new_thread_counts_against_the_thread_quota);
 async fn approval_suspends_a_flowchart_run_and_a_decision_resumes_it(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn(backend, Some(&llm)).await;
-    put(&app, "triage", triage()).await;
+    define_flowchart(&app, None, "triage", triage()).await;
 
     // A tool stage needing approval suspends the run there; approving resumes it in place.
     let t = app
@@ -344,7 +311,7 @@ async fn approval_suspends_a_flowchart_run_and_a_decision_resumes_it(backend: Ba
         .await;
     let input = json!({"amount": 40, "tier": "gold"});
     let run = start(&app, "triage", json!({"input": input, "threadId": t})).await;
-    let waiting = settled(&app, &run).await;
+    let waiting = app.settled(&run).await;
     assert_eq!(waiting["status"], "suspended", "{waiting}");
     let s = &waiting["suspension"];
     assert_eq!(s["kind"], "approval");
@@ -363,7 +330,7 @@ async fn approval_suspends_a_flowchart_run_and_a_decision_resumes_it(backend: Ba
         )
         .await;
     assert_eq!(st, 202, "{b}");
-    let done = settled(&app, &run).await;
+    let done = app.settled(&run).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(
         done["finalResponse"]["output"],
@@ -382,7 +349,7 @@ async fn approval_suspends_a_flowchart_run_and_a_decision_resumes_it(backend: Ba
         .thread(json!({"config": {"requireApproval": ["triage"]}}))
         .await;
     let run = start(&app, "triage", json!({"input": input, "threadId": t})).await;
-    let waiting = settled(&app, &run).await;
+    let waiting = app.settled(&run).await;
     assert_eq!(waiting["status"], "suspended", "{waiting}");
     assert_eq!(waiting["suspension"]["toolCall"]["name"], "triage");
     let sid = waiting["suspension"]["suspensionId"].as_str().unwrap();
@@ -393,7 +360,7 @@ async fn approval_suspends_a_flowchart_run_and_a_decision_resumes_it(backend: Ba
         )
         .await;
     assert_eq!(st, 202, "{b}");
-    let done = settled(&app, &run).await;
+    let done = app.settled(&run).await;
     assert_eq!(done["status"], "failed", "{done}");
     assert_eq!(done["error"]["code"], "flowchart_rejected");
     assert!(
@@ -409,7 +376,7 @@ async fn approval_suspends_a_flowchart_run_and_a_decision_resumes_it(backend: Ba
 
     // Cancelled while it waits: it ends, and nothing of it runs.
     let run = start(&app, "triage", json!({"input": input, "threadId": t})).await;
-    let waiting = settled(&app, &run).await;
+    let waiting = app.settled(&run).await;
     assert_eq!(waiting["status"], "suspended", "{waiting}");
     let (st, b) = app
         .post(
@@ -421,7 +388,7 @@ async fn approval_suspends_a_flowchart_run_and_a_decision_resumes_it(backend: Ba
         )
         .await;
     assert_eq!(st, 202, "{b}");
-    let done = settled(&app, &run).await;
+    let done = app.settled(&run).await;
     assert_eq!(done["status"], "cancelled", "{done}");
     assert!(stages(&app.observations(&t).await).is_empty());
     assert_eq!(llm.calls(), 0, "no model request");
@@ -436,8 +403,9 @@ both_stores!(
 async fn llm_stages_ask_the_model_under_the_runs_budget(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn(backend, Some(&llm)).await;
-    put(
+    define_flowchart(
         &app,
+        None,
         "summarize",
         json!({
             "description": "Summarize a text.",
@@ -453,7 +421,7 @@ async fn llm_stages_ask_the_model_under_the_runs_budget(backend: Backend) {
     .await;
     llm.push("flowchart", Reply::Text("short".into()));
     let run = start(&app, "summarize", json!({"input": {"text": "a long text"}})).await;
-    let done = settled(&app, &run).await;
+    let done = app.settled(&run).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["finalResponse"]["output"], json!({"summary": "short"}));
     assert_eq!(done["usage"]["llmCalls"], 1, "{done}");
@@ -470,7 +438,7 @@ async fn llm_stages_ask_the_model_under_the_runs_budget(backend: Backend) {
         json!({"input": {"text": "a long text"}, "threadId": t}),
     )
     .await;
-    let done = settled(&app, &run).await;
+    let done = app.settled(&run).await;
     assert_eq!(done["status"], "failed", "{done}");
     assert_eq!(done["error"]["code"], "flowchart_failed");
     assert!(

@@ -1,11 +1,11 @@
 //! Flowcharts called in runs, through the HTTP API: a decision with its evidence in the tree,
-//! select and loop, a sub-flow nested under its stage, two calls that share nothing, a stage
-//! error and the step limit as tool errors, approval of a whole flowchart and of a tool stage,
-//! the offline model calling one, and kill -9 in the middle of a flowchart resuming after the
-//! last committed stage without repeating it. The bounds of DESIGN.md §7.1: expressions that
-//! would need gigabytes or hours end as tool errors while `/healthz` keeps answering, and are
-//! not evaluated again after a restart; values over `PES_FLOWCHART_MAX_VALUE_BYTES`; `tool`
-//! stages calling only what the calling item may call.
+//! select and loop, a sub-flow nested under its stage, two calls that share nothing, a stage error
+//! and the step limit as tool errors, approval of a whole flowchart and of a tool stage, the
+//! offline model calling one, and kill -9 in the middle of a flowchart resuming after the last
+//! committed stage without repeating it. Evaluation bounds: expressions that would need gigabytes
+//! or hours end as tool errors while `/healthz` keeps answering, and are not evaluated again after
+//! a restart; values over `PES_FLOWCHART_MAX_VALUE_BYTES`; `tool` stages calling only what the
+//! calling item may call.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,24 +16,10 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::durability::{completed_calls, env, temp_log};
 use crate::fake_llm::{FakeLlm, Reply, phase_of, plan, plan_item};
-use crate::helpers::{Backend, TestApp, spawn, spawn_config, spawn_with, test_config};
+use crate::helpers::{
+    Backend, TestApp, define_flowchart, of_type, spawn, spawn_config, spawn_with, test_config,
+};
 use crate::process::Proc;
-
-async fn put(app: &TestApp, name: &str, spec: Value) {
-    let r = app
-        .client
-        .put(app.url(&format!("/v1/flowcharts/{name}")))
-        .json(&spec)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let body: Value = r.json().await.unwrap_or(Value::Null);
-    assert!(
-        status == 201 || status == 200,
-        "PUT {name}: {status} {body}"
-    );
-}
 
 /// Refund triage: scores the amount with the calculator, then decides.
 fn triage() -> Value {
@@ -77,14 +63,10 @@ async fn run_calls(
     (t, run)
 }
 
-fn of_type<'a>(obs: &'a [Value], t: &str) -> Vec<&'a Value> {
-    obs.iter().filter(|o| o["type"] == t).collect()
-}
-
 async fn a_decision_and_its_evidence_land_in_the_tree(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn(backend, Some(&llm)).await;
-    put(&app, "triage", triage()).await;
+    define_flowchart(&app, None, "triage", triage()).await;
     let (st, cat) = app.get("/v1/tools").await;
     assert_eq!(st, 200);
     let entry = cat["items"]
@@ -163,8 +145,9 @@ both_stores!(decide, a_decision_and_its_evidence_land_in_the_tree);
 async fn select_loop_sub_flows_and_isolated_calls(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn(backend, Some(&llm)).await;
-    put(
+    define_flowchart(
         &app,
+        None,
         "counter",
         json!({
             "description": "Counts from a fresh state.",
@@ -174,7 +157,7 @@ async fn select_loop_sub_flows_and_isolated_calls(backend: Backend) {
         }),
     )
     .await;
-    put(&app, "tally", json!({
+    define_flowchart(&app, None, "tally", json!({
         "description": "Adds args.times ones, then classifies.",
         "inputSchema": {"type": "object", "properties": {"times": {"type": "integer"}}, "required": ["times"]},
         "flowchart": {"start": "init", "stages": {
@@ -263,14 +246,15 @@ both_stores!(graph, select_loop_sub_flows_and_isolated_calls);
 async fn stage_errors_and_the_step_limit_are_tool_errors(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn_with(backend, Some(&llm), |c| c.flowchart_max_steps = 6).await;
-    put(&app, "divide", json!({
+    define_flowchart(&app, None, "divide", json!({
         "description": "Divides by zero.",
         "flowchart": {"start": "d", "stages": {
             "d": {"kind": "tool", "tool": "calculator", "args": {"expression": "1/0"}, "output": "x"}
         }}
     })).await;
-    put(
+    define_flowchart(
         &app,
+        None,
         "spin",
         json!({
             "description": "Loops for long.",
@@ -310,7 +294,7 @@ both_stores!(errors, stage_errors_and_the_step_limit_are_tool_errors);
 async fn a_flowchart_and_a_tool_stage_wait_for_approval(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn(backend, Some(&llm)).await;
-    put(&app, "triage", triage()).await;
+    define_flowchart(&app, None, "triage", triage()).await;
     // The whole call waits for a person.
     llm.push("plan", plan(&[("s1", "Triage", &["triage"], &[])]));
     llm.push(
@@ -403,7 +387,7 @@ both_stores!(approval, a_flowchart_and_a_tool_stage_wait_for_approval);
 #[tokio::test]
 async fn the_offline_model_calls_a_flowchart_the_query_names() {
     let app = spawn(Backend::Sqlite, None).await;
-    put(&app, "triage", triage()).await;
+    define_flowchart(&app, None, "triage", triage()).await;
     let t = app.thread(json!({})).await;
     let run = app
         .run_wait(&t, r#"Call triage with {"amount": 2500, "tier": "basic"}"#)
@@ -504,7 +488,7 @@ both_stores!(kill_9, kill_9_in_the_middle_of_a_flowchart);
 async fn llm_stages_ask_the_model(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn(backend, Some(&llm)).await;
-    put(&app, "summarize", json!({
+    define_flowchart(&app, None, "summarize", json!({
         "description": "Classifies a ticket with the model.",
         "inputSchema": {"type": "object", "properties": {"ticket": {"type": "string"}}, "required": ["ticket"]},
         "flowchart": {"start": "plain", "stages": {
@@ -608,8 +592,9 @@ async fn expression_bombs_are_tool_errors_and_never_run_again(backend: Backend) 
         })
     };
     let acc = json!({"var": "accumulator"});
-    put(
+    define_flowchart(
         &app,
+        None,
         "doubler",
         seed(
             "grow",
@@ -617,8 +602,9 @@ async fn expression_bombs_are_tool_errors_and_never_run_again(backend: Backend) 
         ),
     )
     .await;
-    put(
+    define_flowchart(
         &app,
+        None,
         "sharer",
         seed(
             "share",
@@ -626,8 +612,9 @@ async fn expression_bombs_are_tool_errors_and_never_run_again(backend: Backend) 
         ),
     )
     .await;
-    put(
+    define_flowchart(
         &app,
+        None,
         "spinner",
         seed(
             "spin",
@@ -740,7 +727,7 @@ both_stores!(bombs, expression_bombs_are_tool_errors_and_never_run_again);
 async fn a_value_over_the_limit_is_a_tool_error(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn_with(backend, Some(&llm), |c| c.flowchart_max_value_bytes = 1000).await;
-    put(&app, "twice", json!({
+    define_flowchart(&app, None, "twice", json!({
         "description": "Writes its text twice.",
         "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
         "flowchart": {"start": "double", "stages": {
@@ -790,7 +777,7 @@ both_stores!(value_limit, a_value_over_the_limit_is_a_tool_error);
 async fn a_call_cannot_fill_the_log(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn_with(backend, Some(&llm), |c| c.flowchart_max_value_bytes = 4000).await;
-    put(&app, "churn", json!({
+    define_flowchart(&app, None, "churn", json!({
         "description": "Rewrites a large value many times.",
         "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
         "flowchart": {"start": "l", "stages": {
@@ -826,7 +813,7 @@ both_stores!(log_bound, a_call_cannot_fill_the_log);
 async fn a_tool_stage_calls_only_what_the_item_may_call(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn(backend, Some(&llm)).await;
-    put(&app, "triage", triage()).await;
+    define_flowchart(&app, None, "triage", triage()).await;
     let call = || {
         Reply::ToolCalls(vec![(
             "triage".into(),

@@ -1,4 +1,4 @@
-//! Store conformance for flowcharts (part of the suite in `store.rs`, on both backends): versions
+//! Store conformance for flowcharts (part of the suite in `store/`, on both backends): versions
 //! per tenant and name, soft deletes the engine can still read through, and distinct versions
 //! under concurrent PUTs.
 

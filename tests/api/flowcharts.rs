@@ -1,24 +1,12 @@
-//! The flowchart registry over HTTP (DESIGN.md §6.2): versions, reads, deletes, per tenant; a
-//! name of a tool is refused; every mistake in a definition is a 422 naming its JSON Pointer; a
-//! flowchart is a tool of its tenant's catalogue and thread configs.
+//! The flowchart registry over HTTP: versions, reads, deletes, per tenant; a name of a tool is
+//! refused; every mistake in a definition is a 422 naming its JSON Pointer; a flowchart is a tool
+//! of its tenant's catalogue and thread configs.
 
 use serde_json::{Value, json};
 
 use crate::both_stores;
-use crate::helpers::{Backend, TestApp, read, spawn, spawn_with};
-use crate::http::assert_problem;
-
-async fn put(app: &TestApp, name: &str, body: Value) -> (u16, Value) {
-    put_as(app, None, name, body).await
-}
-
-async fn put_as(app: &TestApp, key: Option<&str>, name: &str, body: Value) -> (u16, Value) {
-    let mut r = app.client.put(app.url(&format!("/v1/flowcharts/{name}")));
-    if let Some(k) = key {
-        r = r.bearer_auth(k);
-    }
-    read(r.json(&body).send().await.unwrap()).await
-}
+use crate::helpers::assert_problem;
+use crate::helpers::{Backend, TestApp, put_flowchart, read, spawn, spawn_with};
 
 async fn delete(app: &TestApp, key: Option<&str>, name: &str) -> (u16, Value) {
     let mut r = app
@@ -56,7 +44,7 @@ fn calls(target: &str) -> Value {
 /// 422 `validation_failed` whose `errors` hold exactly these pointers, each also in `detail`.
 #[track_caller]
 fn assert_invalid(status: u16, body: &Value, paths: &[&str]) {
-    assert_problem(status, body, 422, "validation_failed");
+    assert_problem(&(status, body.clone()), 422, "validation_failed");
     let got: Vec<&str> = body["errors"]
         .as_array()
         .unwrap_or_else(|| panic!("no errors: {body}"))
@@ -77,7 +65,7 @@ fn assert_invalid(status: u16, body: &Value, paths: &[&str]) {
 
 async fn flowcharts_are_created_versioned_read_listed_and_deleted(backend: Backend) {
     let app = spawn(backend, None).await;
-    let (s, v1) = put(&app, "triage", triage("first")).await;
+    let (s, v1) = put_flowchart(&app, None, "triage", triage("first")).await;
     assert_eq!(s, 201, "{v1}");
     assert_eq!(
         (v1["name"].as_str(), v1["version"].as_i64()),
@@ -87,7 +75,7 @@ async fn flowcharts_are_created_versioned_read_listed_and_deleted(backend: Backe
     assert_eq!(v1["flowchart"], triage("first")["flowchart"]);
     assert!(v1["createdAt"].is_string(), "{v1}");
 
-    let (s, v2) = put(&app, "triage", triage("second")).await;
+    let (s, v2) = put_flowchart(&app, None, "triage", triage("second")).await;
     assert_eq!(s, 200, "a new version of an existing flowchart: {v2}");
     assert_eq!(v2["version"], 2);
 
@@ -96,15 +84,15 @@ async fn flowcharts_are_created_versioned_read_listed_and_deleted(backend: Backe
     let (s, got) = app.get("/v1/flowcharts/triage?version=1").await;
     assert_eq!((s, &got), (200, &v1));
     let (s, b) = app.get("/v1/flowcharts/triage?version=3").await;
-    assert_problem(s, &b, 404, "flowchart_not_found");
+    assert_problem(&(s, b), 404, "flowchart_not_found");
     let (s, b) = app.get("/v1/flowcharts/triage?version=0").await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app.get("/v1/flowcharts/nope").await;
-    assert_problem(s, &b, 404, "flowchart_not_found");
+    assert_problem(&(s, b), 404, "flowchart_not_found");
     let (s, b) = app.get("/v1/flowcharts/bad%20name").await;
-    assert_problem(s, &b, 404, "flowchart_not_found");
+    assert_problem(&(s, b), 404, "flowchart_not_found");
 
-    put(&app, "another", calls("triage")).await;
+    put_flowchart(&app, None, "another", calls("triage")).await;
     let (s, list) = app.get("/v1/flowcharts").await;
     assert_eq!(s, 200, "{list}");
     let items: Vec<(&str, i64)> = list["items"]
@@ -118,16 +106,16 @@ async fn flowcharts_are_created_versioned_read_listed_and_deleted(backend: Backe
     let (s, b) = delete(&app, None, "triage").await;
     assert_eq!(s, 204, "{b}");
     let (s, b) = app.get("/v1/flowcharts/triage").await;
-    assert_problem(s, &b, 404, "flowchart_not_found");
+    assert_problem(&(s, b), 404, "flowchart_not_found");
     let (s, b) = app.get("/v1/flowcharts/triage?version=1").await;
-    assert_problem(s, &b, 404, "flowchart_not_found");
+    assert_problem(&(s, b), 404, "flowchart_not_found");
     let (s, b) = delete(&app, None, "triage").await;
-    assert_problem(s, &b, 404, "flowchart_not_found");
+    assert_problem(&(s, b), 404, "flowchart_not_found");
     let (_, list) = app.get("/v1/flowcharts").await;
     assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
 
     // Registered again: created, numbering on.
-    let (s, v3) = put(&app, "triage", triage("third")).await;
+    let (s, v3) = put_flowchart(&app, None, "triage", triage("third")).await;
     assert_eq!((s, v3["version"].as_i64()), (201, Some(3)), "{v3}");
     app.stop().await;
 }
@@ -139,8 +127,8 @@ both_stores!(
 async fn a_flowchart_may_not_take_a_tool_name(backend: Backend) {
     let app = spawn(backend, None).await;
     for tool in ["calculator", "ask_user"] {
-        let (s, b) = put(&app, tool, triage("shadow")).await;
-        assert_problem(s, &b, 409, "tool_exists");
+        let (s, b) = put_flowchart(&app, None, tool, triage("shadow")).await;
+        assert_problem(&(s, b), 409, "tool_exists");
     }
     let (_, list) = app.get("/v1/flowcharts").await;
     assert_eq!(list["items"], json!([]));
@@ -213,14 +201,15 @@ async fn every_mistake_is_a_422_naming_its_json_path(backend: Backend) {
         ),
     ];
     for (what, body, paths, text) in cases {
-        let (s, b) = put(&app, "broken", body).await;
+        let (s, b) = put_flowchart(&app, None, "broken", body).await;
         assert_invalid(s, &b, &paths);
         assert!(b["detail"].as_str().unwrap().contains(text), "{what}: {b}");
     }
 
     // Every problem at once, sorted by path.
-    let (s, b) = put(
+    let (s, b) = put_flowchart(
         &app,
+        None,
         "broken",
         json!({"description": "", "inputSchema": {"type": "array"}, "flowchart": {"start": "zz", "stages": {
             "a": {"kind": "set", "values": {"bad key": 1}, "next": "a"}
@@ -240,7 +229,7 @@ async fn every_mistake_is_a_422_naming_its_json_path(backend: Backend) {
     );
 
     // A name that is not a tool name.
-    let (s, b) = put(&app, "dotted.name", triage("d")).await;
+    let (s, b) = put_flowchart(&app, None, "dotted.name", triage("d")).await;
     assert_invalid(s, &b, &["/name"]);
 
     // Not JSON, and JSON that is not an object, answer like every other route.
@@ -253,9 +242,9 @@ async fn every_mistake_is_a_422_naming_its_json_path(backend: Backend) {
         .await
         .unwrap();
     let (s, b) = read(r).await;
-    assert_problem(s, &b, 400, "malformed_json");
-    let (s, b) = put(&app, "x", json!([1])).await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 400, "malformed_json");
+    let (s, b) = put_flowchart(&app, None, "x", json!([1])).await;
+    assert_problem(&(s, b), 422, "validation_failed");
 
     let (_, list) = app.get("/v1/flowcharts").await;
     assert_eq!(list["items"], json!([]), "nothing invalid was stored");
@@ -265,14 +254,14 @@ both_stores!(mistakes, every_mistake_is_a_422_naming_its_json_path);
 
 async fn a_sub_flow_cycle_is_refused_naming_the_chain(backend: Backend) {
     let app = spawn(backend, None).await;
-    let (s, b) = put(&app, "a", triage("leaf for now")).await;
+    let (s, b) = put_flowchart(&app, None, "a", triage("leaf for now")).await;
     assert_eq!(s, 201, "{b}");
-    let (s, b) = put(&app, "b", calls("a")).await;
+    let (s, b) = put_flowchart(&app, None, "b", calls("a")).await;
     assert_eq!(s, 201, "{b}");
-    let (s, b) = put(&app, "c", calls("b")).await;
+    let (s, b) = put_flowchart(&app, None, "c", calls("b")).await;
     assert_eq!(s, 201, "{b}");
     // a → c would close a → c → b → a.
-    let (s, b) = put(&app, "a", calls("c")).await;
+    let (s, b) = put_flowchart(&app, None, "a", calls("c")).await;
     assert_invalid(s, &b, &["/flowchart/stages/a/flowchart"]);
     assert!(
         b["detail"]
@@ -282,18 +271,19 @@ async fn a_sub_flow_cycle_is_refused_naming_the_chain(backend: Backend) {
         "{b}"
     );
     // Calling itself.
-    let (s, b) = put(&app, "self", calls("self")).await;
+    let (s, b) = put_flowchart(&app, None, "self", calls("self")).await;
     assert_invalid(s, &b, &["/flowchart/stages/a/flowchart"]);
     assert!(b["detail"].as_str().unwrap().contains("self → self"), "{b}");
     // A sub-flow that does not exist, and a tool where a flowchart is due.
-    let (s, b) = put(&app, "d", calls("ghost")).await;
+    let (s, b) = put_flowchart(&app, None, "d", calls("ghost")).await;
     assert_invalid(s, &b, &["/flowchart/stages/a/flowchart"]);
-    let (s, b) = put(&app, "d", calls("calculator")).await;
+    let (s, b) = put_flowchart(&app, None, "d", calls("calculator")).await;
     assert_invalid(s, &b, &["/flowchart/stages/a/flowchart"]);
     assert!(b["detail"].as_str().unwrap().contains("is a tool"), "{b}");
     // A flowchart where a tool is due.
-    let (s, b) = put(
+    let (s, b) = put_flowchart(
         &app,
+        None,
         "d",
         json!({"description": "d", "flowchart": {"start": "a", "stages": {"a": {"kind": "tool", "tool": "b", "output": "o"}}}}),
     )
@@ -314,28 +304,28 @@ async fn flowcharts_belong_to_their_tenant(backend: Backend) {
         c.api_keys = Some("ka:acme,kb:globex".into())
     })
     .await;
-    let (s, b) = put(&app, "triage", triage("acme's")).await;
-    assert_problem(s, &b, 401, "unauthorized");
-    let (s, b) = put_as(&app, Some("ka"), "triage", triage("acme's")).await;
+    let (s, b) = put_flowchart(&app, None, "triage", triage("acme's")).await;
+    assert_problem(&(s, b), 401, "unauthorized");
+    let (s, b) = put_flowchart(&app, Some("ka"), "triage", triage("acme's")).await;
     assert_eq!(s, 201, "{b}");
-    put_as(&app, Some("ka"), "triage", triage("acme's again")).await;
+    put_flowchart(&app, Some("ka"), "triage", triage("acme's again")).await;
 
     let (s, b) = app.get_as("kb", "/v1/flowcharts/triage").await;
-    assert_problem(s, &b, 404, "flowchart_not_found");
+    assert_problem(&(s, b), 404, "flowchart_not_found");
     let (s, b) = app.get_as("kb", "/v1/flowcharts/triage?version=1").await;
-    assert_problem(s, &b, 404, "flowchart_not_found");
+    assert_problem(&(s, b), 404, "flowchart_not_found");
     let (_, list) = app.get_as("kb", "/v1/flowcharts").await;
     assert_eq!(list["items"], json!([]));
     let (s, b) = delete(&app, Some("kb"), "triage").await;
-    assert_problem(s, &b, 404, "flowchart_not_found");
+    assert_problem(&(s, b), 404, "flowchart_not_found");
     // Globex may use the same name; its numbering is its own.
-    let (s, b) = put_as(&app, Some("kb"), "triage", triage("globex's")).await;
+    let (s, b) = put_flowchart(&app, Some("kb"), "triage", triage("globex's")).await;
     assert_eq!((s, b["version"].as_i64()), (201, Some(1)), "{b}");
     // A sub-flow names a flowchart of the caller's tenant only.
-    let (s, b) = put_as(&app, Some("kb"), "other", calls("acme-only")).await;
+    let (s, b) = put_flowchart(&app, Some("kb"), "other", calls("acme-only")).await;
     assert_eq!(s, 422, "{b}");
-    put_as(&app, Some("ka"), "acme-only", triage("a")).await;
-    let (s, b) = put_as(&app, Some("kb"), "other", calls("acme-only")).await;
+    put_flowchart(&app, Some("ka"), "acme-only", triage("a")).await;
+    let (s, b) = put_flowchart(&app, Some("kb"), "other", calls("acme-only")).await;
     assert_invalid(s, &b, &["/flowchart/stages/a/flowchart"]);
 
     let (_, a) = app.get_as("ka", "/v1/flowcharts/triage").await;
@@ -356,14 +346,14 @@ async fn a_flowchart_is_a_tool_of_its_tenant(backend: Backend) {
         c.api_keys = Some("ka:acme,kb:globex".into())
     })
     .await;
-    put_as(
+    put_flowchart(
         &app,
         Some("ka"),
         "triage",
         triage("Route a refund by amount"),
     )
     .await;
-    put_as(&app, Some("ka"), "b_first", calls("triage")).await;
+    put_flowchart(&app, Some("ka"), "b_first", calls("triage")).await;
 
     let (s, cat) = app.get_as("ka", "/v1/tools").await;
     assert_eq!(s, 200, "{cat}");
@@ -423,7 +413,7 @@ async fn a_flowchart_is_a_tool_of_its_tenant(backend: Backend) {
     let (s, b) = thread("ka", config.clone()).await;
     assert_eq!(s, 201, "{b}");
     let (s, b) = thread("kb", config.clone()).await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b.clone()), 422, "validation_failed");
     assert!(
         b["detail"]
             .as_str()
@@ -432,7 +422,7 @@ async fn a_flowchart_is_a_tool_of_its_tenant(backend: Backend) {
         "{b}"
     );
     let (s, b) = thread("ka", json!({"config": {"requireApproval": ["ghost"]}})).await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b.clone()), 422, "validation_failed");
     assert!(
         b["detail"].as_str().unwrap().contains("triage"),
         "the flowcharts are among the available: {b}"
@@ -447,7 +437,7 @@ async fn a_flowchart_is_a_tool_of_its_tenant(backend: Backend) {
         .await
         .unwrap();
     let (s, b) = read(r).await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
 
     // Deleted, it leaves the catalogue and can no longer be enabled.
     delete(&app, Some("ka"), "triage").await;
@@ -461,7 +451,7 @@ async fn a_flowchart_is_a_tool_of_its_tenant(backend: Backend) {
         "{cat}"
     );
     let (s, b) = thread("ka", config).await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     app.stop().await;
 }
 both_stores!(catalogue, a_flowchart_is_a_tool_of_its_tenant);

@@ -1,6 +1,6 @@
-//! Thread history and forks over HTTP (DESIGN §7.2): every past state readable and exact, the
-//! points it can be read at, and forks that continue a run on a new thread, where a person can
-//! decide differently, while the source stays as it was.
+//! Thread history and forks over HTTP: every past state readable and exact, the points it can be
+//! read at, and forks that continue a run on a new thread, where a person can decide differently,
+//! while the source stays as it was.
 
 use std::collections::BTreeMap;
 

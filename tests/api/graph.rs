@@ -1,7 +1,7 @@
-//! The plan as a graph (DESIGN §6.1): ready items run at once under `maxParallelItems`, a failed
-//! item cancels its dependents while independent branches go on, suspensions of parallel items,
-//! compaction of long results, what an item's brief holds (`contextMode`, roles), tool
-//! allowlists, and a crash with two items in flight.
+//! The plan as a graph: ready items run at once under `maxParallelItems`, a failed item cancels its
+//! dependents while independent branches go on, suspensions of parallel items, compaction of long
+//! results, what an item's brief holds (`contextMode`, roles), tool allowlists, and a crash with
+//! two items in flight.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 use crate::both_stores;
 use crate::durability::assert_gap_free;
 use crate::fake_llm::{FakeLlm, Reply, item_of, phase_of, plan};
-use crate::helpers::{Backend, SseReader, TestApp, spawn, spawn_config, spawn_with, test_config};
+use crate::helpers::{
+    Backend, SseReader, TestApp, of_type, resume, spawn, spawn_config, spawn_with, test_config,
+};
 
 use crate::fake_llm::plan_item as item;
 
@@ -60,10 +62,6 @@ fn offered(req: &Value) -> BTreeSet<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn of_type<'a>(obs: &'a [Value], t: &str) -> Vec<&'a Value> {
-    obs.iter().filter(|o| o["type"] == t).collect()
 }
 
 /// The seq of the `ITEM_STATUS_CHANGE` that moved `id` to `status` (the first such).
@@ -135,17 +133,6 @@ fn set(ids: &[&str]) -> BTreeSet<String> {
     ids.iter().map(|s| (*s).to_owned()).collect()
 }
 
-/// Post a query with an optional run config; the run id.
-async fn post_run(app: &TestApp, t: &str, config: Option<Value>) -> String {
-    let mut body = json!({"query": "graph please"});
-    if let Some(c) = config {
-        body["config"] = c;
-    }
-    let (s, run) = app.post(&format!("/v1/threads/{t}/runs"), body).await;
-    assert_eq!(s, 202, "{run}");
-    run["runId"].as_str().unwrap().to_owned()
-}
-
 fn three_and_a_join() -> Reply {
     plan(&[
         ("a", "part a", &[], &[]),
@@ -166,7 +153,7 @@ async fn ready_items_run_together_under_the_parallel_limit(backend: Backend) {
     llm.push("plan", three_and_a_join());
     llm.hold_if(|r| phase_of(r) == "execute");
     let t = app.thread(json!({})).await;
-    let rid = post_run(&app, &t, None).await;
+    let rid = app.start_run(&t, json!({"query": "graph please"})).await;
     wait_until("three execute requests at the model at once", async || {
         llm.requests_of("execute").len() >= 3
     })
@@ -228,7 +215,7 @@ async fn ready_items_run_together_under_the_parallel_limit(backend: Backend) {
     // One at a time (thread config): each item starts after the one before it ended.
     llm.push("plan", three_and_a_join());
     let t1 = app.thread(json!({"config": {"maxParallelItems": 1}})).await;
-    let rid = post_run(&app, &t1, None).await;
+    let rid = app.start_run(&t1, json!({"query": "graph please"})).await;
     app.wait_run(&t1, &rid, |r| r["status"] == "completed")
         .await;
     let obs = app.observations(&t1).await;
@@ -242,7 +229,12 @@ async fn ready_items_run_together_under_the_parallel_limit(backend: Backend) {
     llm.push("plan", three_and_a_join());
     llm.hold_if(|r| phase_of(r) == "execute");
     let t2 = app.thread(json!({})).await;
-    let rid = post_run(&app, &t2, Some(json!({"maxParallelItems": 2}))).await;
+    let rid = app
+        .start_run(
+            &t2,
+            json!({"query": "graph please", "config": {"maxParallelItems": 2}}),
+        )
+        .await;
     let before = llm.requests_of("execute").len();
     wait_until("two execute requests at the model at once", async || {
         llm.requests_of("execute").len() >= before + 2
@@ -380,14 +372,6 @@ both_stores!(
     a_failed_item_cancels_its_dependents_and_the_rest_goes_on
 );
 
-async fn resume(app: &TestApp, id: &str) -> (u16, Value) {
-    app.post(
-        &format!("/v1/suspensions/{id}/resume"),
-        json!({"decision": "approve"}),
-    )
-    .await
-}
-
 /// The suspension ids of `AGENT_SUSPENDED` observations, by item.
 fn suspensions_by_item(obs: &[Value]) -> HashMap<String, String> {
     of_type(obs, "AGENT_SUSPENDED")
@@ -466,7 +450,7 @@ async fn two_waiting_items_suspend_the_run_once_and_resume_one_by_one(backend: B
     let (_, thread) = app.get(&format!("/v1/threads/{t}")).await;
     assert_eq!(thread["status"], "suspended");
 
-    let (s, resumed) = resume(&app, &sa).await;
+    let (s, resumed) = resume(&app, &sa, json!({"decision": "approve"})).await;
     assert_eq!(s, 202, "{resumed}");
     assert_eq!(resumed["runId"], rid.as_str());
     let again = app.wait_run(&t, &rid, |r| r["status"] == "suspended").await;
@@ -486,7 +470,7 @@ async fn two_waiting_items_suspend_the_run_once_and_resume_one_by_one(backend: B
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
     assert_eq!(list["items"][0]["suspensionId"], sb.as_str());
 
-    let (s, _) = resume(&app, &sb).await;
+    let (s, _) = resume(&app, &sb, json!({"decision": "approve"})).await;
     assert_eq!(s, 202);
     let done = app.wait_run(&t, &rid, |r| r["status"] == "completed").await;
     assert_eq!(done["finalResponse"]["response"], "final answer");
@@ -528,7 +512,7 @@ async fn approval_pending_while_others_run(
     let t = app
         .thread(json!({"config": {"requireApproval": ["calculator"]}}))
         .await;
-    let rid = post_run(app, &t, None).await;
+    let rid = app.start_run(&t, json!({"query": "graph please"})).await;
     wait_until("a suspended while s is at the model", async || {
         let obs = app.observations(&t).await;
         !of_type(&obs, "AGENT_SUSPENDED").is_empty() && !executes_of(llm, "s").is_empty()
@@ -565,7 +549,7 @@ async fn a_waiting_item_does_not_stop_the_others(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn(backend, Some(&llm)).await;
     let (t, rid, sid) = approval_pending_while_others_run(&app, &llm).await;
-    let (s, resumed) = resume(&app, &sid).await;
+    let (s, resumed) = resume(&app, &sid, json!({"decision": "approve"})).await;
     assert_eq!(s, 202, "a decision is taken while the run runs: {resumed}");
     assert_eq!(resumed["runId"], rid.as_str());
     assert_eq!(resumed["status"], "running", "{resumed}");
@@ -734,7 +718,7 @@ async fn a_decision_reaches_a_busy_run_at_once(backend: Backend) {
     let llm = FakeLlm::start().await;
     let app = spawn_with(backend, Some(&llm), |c| c.decision_poll_ms = NO_FALLBACK_MS).await;
     let (t, rid, sid) = approval_pending_while_others_run(&app, &llm).await;
-    let (status, resumed) = resume(&app, &sid).await;
+    let (status, resumed) = resume(&app, &sid, json!({"decision": "approve"})).await;
     assert_eq!(status, 202, "{resumed}");
     a_goes_on_while_u_is_held(&app, &llm, &t, &rid).await;
     let obs = app.observations(&t).await;
@@ -760,7 +744,7 @@ async fn a_decision_taken_on_another_replica_reaches_the_busy_run_at_once() {
     on_b.worker_concurrency = 0;
     let b = spawn_config(on_b).await;
     let (t, rid, sid) = approval_pending_while_others_run(&a, &llm).await;
-    let (status, resumed) = resume(&b, &sid).await;
+    let (status, resumed) = resume(&b, &sid, json!({"decision": "approve"})).await;
     assert_eq!(status, 202, "{resumed}");
     assert_eq!(resumed["status"], "running", "A still drives it: {resumed}");
     a_goes_on_while_u_is_held(&a, &llm, &t, &rid).await;
@@ -789,7 +773,7 @@ async fn an_expiry_reaches_a_busy_run_at_once(backend: Backend) {
     let t = app
         .thread(json!({"config": {"requireApproval": ["calculator"], "suspensionTtlSeconds": 1}}))
         .await;
-    let rid = post_run(&app, &t, None).await;
+    let rid = app.start_run(&t, json!({"query": "graph please"})).await;
     wait_until(
         "a asks the model again after its suspension expired",
         async || executes_of(&llm, "a").len() >= 2,

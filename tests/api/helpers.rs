@@ -10,7 +10,7 @@ use pes_server::config::{Config, ProviderKind};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::db;
+use crate::db::{self, TempDir};
 use crate::fake_llm::FakeLlm;
 
 /// Which store a test runs on.
@@ -145,6 +145,19 @@ impl TestApp {
         read(r).await
     }
 
+    /// `POST path` with a JSON body as `key`'s tenant.
+    pub async fn post_as(&self, key: &str, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .client
+            .post(self.url(path))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        read(r).await
+    }
+
     /// `DELETE path` as `key`'s tenant.
     pub async fn delete_as(&self, key: &str, path: &str) -> (u16, Value) {
         let r = self
@@ -166,14 +179,24 @@ impl TestApp {
 
     /// Post a query and wait for the run to end or suspend.
     pub async fn run_wait(&self, thread: &str, query: &str) -> Value {
+        self.run_wait_with(thread, serde_json::json!({"query": query}))
+            .await
+    }
+
+    /// Post a run (any body: query, config, …) and wait for it to end or suspend (200).
+    pub async fn run_wait_with(&self, thread: &str, body: Value) -> Value {
         let (status, run) = self
-            .post(
-                &format!("/v1/threads/{thread}/runs/wait"),
-                serde_json::json!({"query": query}),
-            )
+            .post(&format!("/v1/threads/{thread}/runs/wait"), body)
             .await;
         assert_eq!(status, 200, "{run}");
         run
+    }
+
+    /// Start a run (any body) without waiting for it (202); its id.
+    pub async fn start_run(&self, thread: &str, body: Value) -> String {
+        let (status, run) = self.post(&format!("/v1/threads/{thread}/runs"), body).await;
+        assert_eq!(status, 202, "{run}");
+        run["runId"].as_str().unwrap().to_owned()
     }
 
     /// Every observation of a thread, in order.
@@ -204,11 +227,41 @@ impl TestApp {
         run_id: &str,
         pred: impl Fn(&Value) -> bool,
     ) -> Value {
+        self.poll_run(None, thread, run_id, pred).await
+    }
+
+    /// [`Self::wait_run`] as `key`'s tenant.
+    pub async fn wait_run_as(
+        &self,
+        key: &str,
+        thread: &str,
+        run_id: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        self.poll_run(Some(key), thread, run_id, pred).await
+    }
+
+    /// `run` (as a run's JSON: its `threadId` and `runId`) once it has ended or suspended.
+    pub async fn settled(&self, run: &Value) -> Value {
+        let thread = run["threadId"].as_str().expect("a run's threadId");
+        let run_id = run["runId"].as_str().expect("a run's runId");
+        self.wait_run(thread, run_id, settled).await
+    }
+
+    async fn poll_run(
+        &self,
+        key: Option<&str>,
+        thread: &str,
+        run_id: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let path = format!("/v1/threads/{thread}/runs/{run_id}");
         loop {
-            let (_, run) = self
-                .get(&format!("/v1/threads/{thread}/runs/{run_id}"))
-                .await;
+            let (_, run) = match key {
+                Some(k) => self.get_as(k, &path).await,
+                None => self.get(&path).await,
+            };
             if pred(&run) {
                 return run;
             }
@@ -239,6 +292,142 @@ impl TestApp {
         self.token.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.handle).await;
     }
+}
+
+/// Whether a run has ended or suspended (it is neither queued nor running).
+pub fn settled(run: &Value) -> bool {
+    !matches!(run["status"].as_str(), Some("queued" | "running"))
+}
+
+/// Whether a run has completed or failed.
+pub fn completed_or_failed(run: &Value) -> bool {
+    run["status"] == "completed" || run["status"] == "failed"
+}
+
+/// A run's total tokens (`usage.totalTokens`).
+pub fn total_tokens(run: &Value) -> u64 {
+    run["usage"]["totalTokens"].as_u64().unwrap()
+}
+
+/// The observations of type `t`, in order.
+pub fn of_type<'a>(obs: &'a [Value], t: &str) -> Vec<&'a Value> {
+    obs.iter().filter(|o| o["type"] == t).collect()
+}
+
+/// Assert a problem+json answer: its status (of the response and in the body), its `code`, and
+/// a `title`, `detail` and `type`.
+#[track_caller]
+pub fn assert_problem(got: &(u16, Value), status: u16, code: &str) {
+    let (got_status, body) = got;
+    assert_eq!(
+        (*got_status, body["code"].as_str()),
+        (status, Some(code)),
+        "{body}"
+    );
+    assert_eq!(body["status"], status, "{body}");
+    assert!(
+        body["title"].is_string() && body["detail"].is_string() && body["type"].is_string(),
+        "{body}"
+    );
+}
+
+/// `method path` with an optional JSON body, as the tenant of `key` (or with no key).
+pub async fn send(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    key: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = app.client.request(method, app.url(path));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    read(req.send().await.unwrap()).await
+}
+
+/// `POST /v1/suspensions/{id}/resume` with `body` (the decision).
+pub async fn resume(app: &TestApp, id: &str, body: Value) -> (u16, Value) {
+    app.post(&format!("/v1/suspensions/{id}/resume"), body)
+        .await
+}
+
+/// Every item's status in the thread's present state (as `key`'s tenant, or with no key), by id.
+pub async fn statuses(app: &TestApp, key: Option<&str>, thread: &str) -> Vec<(String, String)> {
+    let path = format!("/v1/threads/{thread}/state");
+    let (s, state) = match key {
+        Some(k) => app.get_as(k, &path).await,
+        None => app.get(&path).await,
+    };
+    assert_eq!(s, 200, "{state}");
+    item_statuses(&state)
+}
+
+/// The statuses of a thread state's todo list, by item id.
+pub fn item_statuses(state: &Value) -> Vec<(String, String)> {
+    state["todoList"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["id"].as_str().unwrap().to_owned(),
+                i["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// `PUT /v1/flowcharts/{name}` (as `key`'s tenant, or with no key).
+pub async fn put_flowchart(
+    app: &TestApp,
+    key: Option<&str>,
+    name: &str,
+    spec: Value,
+) -> (u16, Value) {
+    let mut req = app
+        .client
+        .put(app.url(&format!("/v1/flowcharts/{name}")))
+        .json(&spec);
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    read(req.send().await.unwrap()).await
+}
+
+/// Define a flowchart (a new version: 201, or 200 for the same definition); the status.
+pub async fn define_flowchart(app: &TestApp, key: Option<&str>, name: &str, spec: Value) -> u16 {
+    let (status, body) = put_flowchart(app, key, name, spec).await;
+    assert!(
+        status == 201 || status == 200,
+        "PUT {name}: {status} {body}"
+    );
+    status
+}
+
+/// A fake model whose every call reports 1,000 prompt and 500 completion tokens (1,500).
+pub async fn metered_llm() -> FakeLlm {
+    let llm = FakeLlm::start().await;
+    llm.set_usage(1000, 500);
+    llm
+}
+
+/// A fresh folder under the system temp dir (`<prefix>-<uuid>`), removed when the guard drops.
+pub fn scratch(prefix: &str) -> (std::path::PathBuf, TempDir) {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    (dir.clone(), TempDir(dir))
+}
+
+/// A file of the repository (relative to its root), as a path string for a child process.
+pub fn repo_file(rel: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(rel)
+        .to_string_lossy()
+        .into_owned()
 }
 
 pub async fn read(r: reqwest::Response) -> (u16, Value) {
@@ -364,6 +553,33 @@ macro_rules! both_stores {
             async fn sqlite() {
                 super::$body($crate::helpers::Backend::Sqlite).await
             }
+        }
+    };
+}
+
+/// Run store cases (each `async fn(Arc<SqlStore>)`) on a fresh Postgres database and a
+/// fresh SQLite file: `postgres::<case>` and `sqlite::<case>`. Used by every module whose tests
+/// take a store directly.
+#[macro_export]
+macro_rules! conformance {
+    ($($case:ident),+ $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let store = $crate::db::postgres_store().await;
+                    super::$case(std::sync::Arc::new(store)).await;
+                }
+            )+
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let (store, _dir) = $crate::db::sqlite_store().await;
+                    super::$case(std::sync::Arc::new(store)).await;
+                }
+            )+
         }
     };
 }

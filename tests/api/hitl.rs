@@ -7,17 +7,8 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
-use crate::helpers::{Backend, SseReader, TestApp, spawn, spawn_with};
+use crate::helpers::{Backend, SseReader, TestApp, of_type, resume, spawn, spawn_with};
 use crate::process::{Proc, env_for};
-
-fn of_type<'a>(obs: &'a [Value], t: &str) -> Vec<&'a Value> {
-    obs.iter().filter(|o| o["type"] == t).collect()
-}
-
-async fn resume(app: &TestApp, id: &str, body: Value) -> (u16, Value) {
-    app.post(&format!("/v1/suspensions/{id}/resume"), body)
-        .await
-}
 
 /// A thread whose calculator calls need approval; returns (thread, suspended run).
 async fn suspended_on_calculator(app: &TestApp) -> (String, Value) {

@@ -7,17 +7,7 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
-use crate::helpers::{Backend, SseReader, spawn, spawn_with};
-
-pub(crate) fn assert_problem(status: u16, body: &Value, expected: u16, code: &str) {
-    assert_eq!(status, expected, "{body}");
-    assert_eq!(body["status"], expected, "{body}");
-    assert_eq!(body["code"], code, "{body}");
-    assert!(
-        body["title"].is_string() && body["detail"].is_string() && body["type"].is_string(),
-        "{body}"
-    );
-}
+use crate::helpers::{Backend, SseReader, assert_problem, spawn, spawn_with};
 
 async fn threads_can_be_created_listed_updated_and_deleted(backend: Backend) {
     let app = spawn(backend, None).await;
@@ -32,7 +22,7 @@ async fn threads_can_be_created_listed_updated_and_deleted(backend: Backend) {
     assert_eq!(t["status"], "idle");
     assert_eq!(t["config"]["maxIterations"], 3);
     let (s, body) = app.post("/v1/threads", json!({"threadId": "t-1"})).await;
-    assert_problem(s, &body, 409, "thread_exists");
+    assert_problem(&(s, body), 409, "thread_exists");
     let (s, t) = app.post("/v1/threads", json!({})).await;
     assert_eq!(s, 201);
     assert_eq!(
@@ -91,9 +81,9 @@ async fn threads_can_be_created_listed_updated_and_deleted(backend: Backend) {
         .unwrap();
     assert_eq!(r.status(), 204);
     let (s, body) = app.get("/v1/threads/t-1").await;
-    assert_problem(s, &body, 404, "thread_not_found");
+    assert_problem(&(s, body), 404, "thread_not_found");
     let (s, body) = app.get("/v1/threads/t-1/observations").await;
-    assert_problem(s, &body, 404, "thread_not_found");
+    assert_problem(&(s, body), 404, "thread_not_found");
     app.stop().await;
 }
 both_stores!(
@@ -117,7 +107,7 @@ async fn bad_input_gets_problem_details_and_the_service_stays_healthy(backend: B
         .await
         .unwrap();
     let (s, b) = crate::helpers::read(r).await;
-    assert_problem(s, &b, 400, "malformed_json");
+    assert_problem(&(s, b), 400, "malformed_json");
     // Wrong content type.
     let r = app
         .client
@@ -128,73 +118,73 @@ async fn bad_input_gets_problem_details_and_the_service_stays_healthy(backend: B
         .await
         .unwrap();
     let (s, b) = crate::helpers::read(r).await;
-    assert_problem(s, &b, 415, "unsupported_media_type");
+    assert_problem(&(s, b), 415, "unsupported_media_type");
     // Missing field, wrong type, unknown field, bad id, bad config.
     let (s, b) = app.post(&format!("/v1/threads/{t}/runs"), json!({})).await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b.clone()), 422, "validation_failed");
     assert!(b["detail"].as_str().unwrap().contains("query"), "{b}");
     let (s, b) = app
         .post(&format!("/v1/threads/{t}/runs"), json!({"query": 5}))
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app
         .post(
             &format!("/v1/threads/{t}/runs"),
             json!({"query": "x", "bogus": 1}),
         )
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app
         .post(&format!("/v1/threads/{t}/runs"), json!({"query": "   "}))
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app
         .post("/v1/threads", json!({"threadId": "has space"}))
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app
         .post("/v1/threads", json!({"config": {"maxIterations": 0}}))
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app
         .post("/v1/threads", json!({"config": {"tools": ["nope"]}}))
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app.post("/v1/threads", json!({"metadata": [1, 2]})).await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app
         .post(
             &format!("/v1/threads/{t}/runs"),
             json!({"query": "x", "multitaskStrategy": "explode"}),
         )
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     // Unknown ids.
     let (s, b) = app
         .post("/v1/threads/missing/runs", json!({"query": "x"}))
         .await;
-    assert_problem(s, &b, 404, "thread_not_found");
+    assert_problem(&(s, b), 404, "thread_not_found");
     let (s, b) = app.get(&format!("/v1/threads/{t}/runs/not-a-uuid")).await;
-    assert_problem(s, &b, 404, "run_not_found");
+    assert_problem(&(s, b), 404, "run_not_found");
     let (s, b) = app
         .get(&format!(
             "/v1/threads/{t}/runs/01934b5e-0000-7000-8000-000000000000"
         ))
         .await;
-    assert_problem(s, &b, 404, "run_not_found");
+    assert_problem(&(s, b), 404, "run_not_found");
     let (s, b) = app
         .get("/v1/suspensions/01934b5e-0000-7000-8000-000000000000")
         .await;
-    assert_problem(s, &b, 404, "suspension_not_found");
+    assert_problem(&(s, b), 404, "suspension_not_found");
     // Bad query parameters and cursors.
     let (s, b) = app.get("/v1/threads?limit=0").await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app.get("/v1/threads?cursor=zz").await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app
         .get(&format!("/v1/threads/{t}/observations?type=NOPE"))
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let r = app
         .client
         .get(app.url(&format!("/v1/threads/{t}/events")))
@@ -203,7 +193,7 @@ async fn bad_input_gets_problem_details_and_the_service_stays_healthy(backend: B
         .await
         .unwrap();
     let (s, b) = crate::helpers::read(r).await;
-    assert_problem(s, &b, 400, "invalid_header");
+    assert_problem(&(s, b), 400, "invalid_header");
     // A 20 MB body.
     let big = format!("{{\"query\": \"{}\"}}", "x".repeat(20 * 1024 * 1024));
     let r = app
@@ -215,14 +205,14 @@ async fn bad_input_gets_problem_details_and_the_service_stays_healthy(backend: B
         .await;
     if let Ok(r) = r {
         let (s, b) = crate::helpers::read(r).await;
-        assert_problem(s, &b, 413, "payload_too_large");
+        assert_problem(&(s, b), 413, "payload_too_large");
     }
     // Unknown routes and methods.
     let (s, b) = app.get("/v1/nothing-here").await;
-    assert_problem(s, &b, 404, "route_not_found");
+    assert_problem(&(s, b), 404, "route_not_found");
     let r = app.client.put(app.url("/v1/threads")).send().await.unwrap();
     let (s, b) = crate::helpers::read(r).await;
-    assert_problem(s, &b, 405, "method_not_allowed");
+    assert_problem(&(s, b), 405, "method_not_allowed");
 
     // Still healthy, nothing lost.
     let (s, _) = app.get("/healthz").await;
@@ -245,7 +235,7 @@ async fn api_keys_separate_tenants(backend: Backend) {
     })
     .await;
     let (s, b) = app.post("/v1/threads", json!({})).await;
-    assert_problem(s, &b, 401, "unauthorized");
+    assert_problem(&(s, b), 401, "unauthorized");
     let auth = |k: &str| format!("Bearer {k}");
     let r = app
         .client
@@ -324,7 +314,7 @@ async fn multitask_reject_enqueue_idempotency_and_cancel(backend: Backend) {
             json!({"query": "two", "multitaskStrategy": "reject"}),
         )
         .await;
-    assert_problem(s, &b, 409, "thread_busy");
+    assert_problem(&(s, b), 409, "thread_busy");
     let (s, queued) = app
         .post(&format!("/v1/threads/{t}/runs"), json!({"query": "three"}))
         .await;
@@ -342,7 +332,7 @@ async fn multitask_reject_enqueue_idempotency_and_cancel(backend: Backend) {
     let (s, b) = app
         .post(&format!("/v1/threads/{t}/runs/{qid}/cancel"), json!({}))
         .await;
-    assert_problem(s, &b, 409, "conflict");
+    assert_problem(&(s, b), 409, "conflict");
     let fid = first["runId"].as_str().unwrap();
     let done = app.wait_run(&t, fid, |r| r["status"] == "completed").await;
     assert_eq!(done["status"], "completed");
@@ -604,7 +594,7 @@ async fn errors_tell_a_newcomer_what_to_do(backend: Backend) {
     let (s, b) = app
         .post("/v1/threads/nope/runs", json!({"query": "hi"}))
         .await;
-    assert_problem(s, &b, 404, "thread_not_found");
+    assert_problem(&(s, b.clone()), 404, "thread_not_found");
     let detail = b["detail"].as_str().unwrap();
     assert!(
         detail.contains("ifNotExists") && detail.contains("POST /v1/threads"),
@@ -615,7 +605,7 @@ async fn errors_tell_a_newcomer_what_to_do(backend: Backend) {
     let (s, b) = app
         .post(&format!("/v1/threads/{t}/runs"), json!({"query": 42}))
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b.clone()), 422, "validation_failed");
     assert!(
         b["detail"]
             .as_str()
@@ -634,11 +624,11 @@ async fn errors_tell_a_newcomer_what_to_do(backend: Backend) {
     let allow = r.headers()["allow"].to_str().unwrap().to_owned();
     assert!(allow.contains("PATCH") && allow.contains("GET"), "{allow}");
     let (s, b) = crate::helpers::read(r).await;
-    assert_problem(s, &b, 405, "method_not_allowed");
+    assert_problem(&(s, b.clone()), 405, "method_not_allowed");
     assert!(b["detail"].as_str().unwrap().contains("PATCH"), "{b}");
     // A `/v1` route without its prefix says so.
     let (s, b) = app.get("/threads").await;
-    assert_problem(s, &b, 404, "route_not_found");
+    assert_problem(&(s, b.clone()), 404, "route_not_found");
     assert!(b["detail"].as_str().unwrap().contains("/v1/threads"), "{b}");
     // A 409 on a decided suspension says which decision and when.
     let t = app
@@ -652,7 +642,7 @@ async fn errors_tell_a_newcomer_what_to_do(backend: Backend) {
         .await;
     assert_eq!(s, 202);
     let (s, b) = app.post(&resume, json!({"decision": "approve"})).await;
-    assert_problem(s, &b, 409, "suspension_resolved");
+    assert_problem(&(s, b.clone()), 409, "suspension_resolved");
     let detail = b["detail"].as_str().unwrap();
     assert!(
         detail.contains("`reject`") && detail.contains("not now"),

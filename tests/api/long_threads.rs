@@ -1,7 +1,7 @@
-//! Long threads stay bounded (DESIGN §7.1): a thread used like a conversation answers its 30th
-//! follow-up like its first. `maxItems` bounds what one run plans, never the thread's history;
-//! the planner and the synthesis see earlier runs' items only as a bounded summary; the answer is
-//! the answer to the current query; prompt tokens per run stay flat.
+//! Long threads stay bounded: a thread used like a conversation answers its 30th follow-up like its
+//! first. `maxItems` bounds what one run plans, never the thread's history; the planner and the
+//! synthesis see earlier runs' items only as a bounded summary; the answer is the answer to the
+//! current query; prompt tokens per run stay flat.
 
 use serde_json::{Value, json};
 

@@ -13,9 +13,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::both_stores;
-use crate::db::TempDir;
 use crate::fake_llm::{FakeLlm, Reply, plan};
-use crate::helpers::{Backend, TestApp, spawn_with};
+use crate::helpers::{Backend, TestApp, scratch, spawn_with};
 
 /// The venv's Python with the Python MCP SDK (see [`crate::helpers::venv_python`]).
 fn python() -> Option<PathBuf> {
@@ -114,12 +113,6 @@ async fn spawn_mcp(backend: Backend, llm: &FakeLlm, servers: String) -> TestApp 
     .await
 }
 
-fn scratch() -> (PathBuf, TempDir) {
-    let dir = std::env::temp_dir().join(format!("pes-mcp-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    (dir.clone(), TempDir(dir))
-}
-
 /// Poll `/v1/tools` until `pred` holds (30 s at most).
 async fn wait_tools(app: &TestApp, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -161,7 +154,7 @@ async fn executions(app: &TestApp, thread: &str) -> Vec<Value> {
 
 async fn tools_of_both_transports_work_in_a_run(backend: Backend) {
     let Some(python) = python() else { return };
-    let (dir, _guard) = scratch();
+    let (dir, _guard) = scratch("pes-mcp");
     let counter = dir.join("count");
     let peer = HttpPeer::start(&python, 0).await;
     let llm = FakeLlm::start().await;
@@ -295,7 +288,7 @@ both_stores!(run, tools_of_both_transports_work_in_a_run);
 
 async fn approval_gates_mcp_tools_and_the_call_runs_once(backend: Backend) {
     let Some(python) = python() else { return };
-    let (dir, _guard) = scratch();
+    let (dir, _guard) = scratch("pes-mcp");
     let counter = dir.join("count");
     let peer = HttpPeer::start(&python, 0).await;
     let llm = FakeLlm::start().await;
@@ -345,7 +338,7 @@ both_stores!(approval, approval_gates_mcp_tools_and_the_call_runs_once);
 /// back without a restart.
 async fn a_dead_server_never_breaks_a_run_and_comes_back() {
     let Some(python) = python() else { return };
-    let (dir, _guard) = scratch();
+    let (dir, _guard) = scratch("pes-mcp");
     let counter = dir.join("count");
     // A port nothing listens on yet: take one, let it go, and start the server there later.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -467,7 +460,7 @@ async fn a_dead_server_never_breaks_a_run_or_the_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_change_reaches_the_catalogue() {
     let Some(python) = python() else { return };
-    let (dir, _guard) = scratch();
+    let (dir, _guard) = scratch("pes-mcp");
     let peer = HttpPeer::start(&python, 0).await;
     let llm = FakeLlm::start().await;
     let app = spawn_mcp(
@@ -522,7 +515,7 @@ async fn a_bad_server_config_is_a_start_up_error() {
 #[tokio::test]
 async fn the_offline_model_calls_a_tool_the_query_names() {
     let Some(python) = python() else { return };
-    let (dir, _guard) = scratch();
+    let (dir, _guard) = scratch("pes-mcp");
     let peer = HttpPeer::start(&python, 0).await;
     let app = spawn_with(Backend::Sqlite, None, |c| {
         c.mcp_servers = Some(servers(&python, &peer.url(), &dir.join("count")));

@@ -18,23 +18,16 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, phase_of};
-use crate::helpers::{Backend, TestApp, spawn_with};
+use crate::helpers::{Backend, TestApp, define_flowchart, repo_file, spawn_with};
 
 fn python() -> Option<PathBuf> {
     crate::helpers::venv_python("mcp.client", "the Python MCP SDK")
 }
 
-fn client_py() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/mcp/client.py")
-        .to_string_lossy()
-        .into_owned()
-}
-
 /// Run the SDK client: its JSON lines, and whether it succeeded.
 async fn sdk(py: &Path, app: &TestApp, args: &[&str], key: Option<&str>) -> (bool, Vec<Value>) {
     let mut cmd = tokio::process::Command::new(py);
-    cmd.arg(client_py())
+    cmd.arg(repo_file("tests/mcp/client.py"))
         .arg(args[0])
         .arg(&app.base)
         .args(&args[1..]);
@@ -145,23 +138,11 @@ fn triage() -> Value {
     })
 }
 
-async fn put_flowchart(app: &TestApp, key: Option<&str>, name: &str, spec: Value) {
-    let mut req = app
-        .client
-        .put(app.url(&format!("/v1/flowcharts/{name}")))
-        .json(&spec);
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    let r = req.send().await.unwrap();
-    assert_eq!(r.status().as_u16(), 201, "{}", r.text().await.unwrap());
-}
-
 async fn the_sdk_lists_the_tools_and_ask_answers_with_progress(backend: Backend) {
     let Some(py) = python() else { return };
     let llm = FakeLlm::start().await;
     let app = spawn_with(backend, Some(&llm), |_| {}).await;
-    put_flowchart(&app, None, "triage", triage()).await;
+    assert_eq!(define_flowchart(&app, None, "triage", triage()).await, 201);
 
     for (mode, version) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
         let (ok, lines) = sdk(&py, &app, &["list", "--mode", mode], None).await;
@@ -268,7 +249,7 @@ async fn progress_arrives_while_a_slow_run_is_still_going(backend: Backend) {
     // The answer is held: the run waits at its synthesis until released.
     llm.hold_if(|req| phase_of(req) == "synthesis");
     let mut child = tokio::process::Command::new(&py)
-        .arg(client_py())
+        .arg(repo_file("tests/mcp/client.py"))
         .args([
             "call",
             &app.base,
@@ -486,7 +467,7 @@ async fn a_flowchart_is_a_tool_of_its_own(backend: Backend) {
     // A model that never calls a tool: the flowchart runs anyway, by itself.
     let llm = FakeLlm::start().await;
     let app = spawn_with(backend, Some(&llm), |_| {}).await;
-    put_flowchart(&app, None, "triage", triage()).await;
+    assert_eq!(define_flowchart(&app, None, "triage", triage()).await, 201);
     let (result, progress, _) = call(
         &py,
         &app,
@@ -558,7 +539,7 @@ async fn a_flowchart_tool_waiting_for_a_person_returns_its_suspension(backend: B
         c.require_approval = vec!["calculator".into()];
     })
     .await;
-    put_flowchart(
+    let status = define_flowchart(
         &app,
         None,
         "fee",
@@ -574,6 +555,7 @@ async fn a_flowchart_tool_waiting_for_a_person_returns_its_suspension(backend: B
         }),
     )
     .await;
+    assert_eq!(status, 201);
     let (result, _, _) = call(&py, &app, "fee", json!({"amount": 100}), &[], None).await;
     assert_eq!(result["isError"], false, "{result}");
     let s = &result["structured"];
@@ -612,7 +594,10 @@ async fn keys_and_tenants_are_those_of_v1(backend: Backend) {
         c.api_keys = Some("key-a:alpha,key-b:beta".into());
     })
     .await;
-    put_flowchart(&app, Some("key-a"), "triage", triage()).await;
+    assert_eq!(
+        define_flowchart(&app, Some("key-a"), "triage", triage()).await,
+        201
+    );
     let names = |lines: &[Value]| -> Vec<String> {
         line(lines, "tools")
             .as_array()

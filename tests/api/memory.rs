@@ -1,8 +1,7 @@
-//! The memory store over HTTP (DESIGN §7.4), on both stores: items stored, read, replaced and
-//! deleted; namespaces listed by prefix, suffix and depth; filters and pages; full-text ranking;
-//! TTLs (invisible at once, swept later); tenants that never see each other's items; and every
-//! bad request a clear problem. Semantic search and the agent's memory tools are in
-//! `memory_agent`.
+//! The memory store over HTTP, on both stores: items stored, read, replaced and deleted; namespaces
+//! listed by prefix, suffix and depth; filters and pages; full-text ranking; TTLs (invisible at
+//! once, swept later); tenants that never see each other's items; and every bad request a clear
+//! problem. Semantic search and the agent's memory tools are in `memory_agent`.
 
 use std::time::Duration;
 
@@ -10,25 +9,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::both_stores;
-use crate::helpers::{Backend, TestApp, database_url, read, spawn, spawn_config, test_config};
-
-/// `method path` with an optional JSON body, as the tenant of `key` (or with no key).
-pub async fn send(
-    app: &TestApp,
-    method: Method,
-    path: &str,
-    key: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = app.client.request(method, app.url(path));
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    read(req.send().await.unwrap()).await
-}
+use crate::helpers::{
+    Backend, TestApp, assert_problem, database_url, send, spawn, spawn_config, test_config,
+};
 
 /// Store an item (as `key`'s tenant); asserts 204.
 pub async fn put(app: &TestApp, key: Option<&str>, body: Value) {
@@ -57,16 +40,6 @@ async fn namespaces(app: &TestApp, body: Value) -> Value {
 async fn get(app: &TestApp, key: Option<&str>, ns: &str, k: &str) -> (u16, Value) {
     let path = format!("/v1/store/items?namespace={ns}&key={k}");
     send(app, Method::GET, &path, key, None).await
-}
-
-#[track_caller]
-fn assert_problem(got: &(u16, Value), status: u16, code: &str) {
-    assert_eq!(
-        (got.0, got.1["code"].as_str()),
-        (status, Some(code)),
-        "{}",
-        got.1
-    );
 }
 
 async fn items_are_stored_read_replaced_and_deleted(backend: Backend) {

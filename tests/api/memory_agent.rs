@@ -1,7 +1,7 @@
-//! Memory beyond full text (DESIGN §7.4), on both stores: semantic search with the fake model's
-//! deterministic embeddings, an embeddings outage that loses nothing (the item is embedded
-//! later), the agent's `memory_put` and `memory_search` carrying a fact from one thread to
-//! another, and a write repeated under its idempotency key that changes nothing.
+//! Memory beyond full text, on both stores: semantic search with the fake model's deterministic
+//! embeddings, an embeddings outage that loses nothing (the item is embedded later), the agent's
+//! `memory_put` and `memory_search` carrying a fact from one thread to another, and a write
+//! repeated under its idempotency key that changes nothing.
 
 use std::time::Duration;
 
@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, plan};
-use crate::helpers::{Backend, TestApp, spawn_with};
-use crate::memory::{keys, put, search, send};
+use crate::helpers::{Backend, TestApp, send, spawn_with};
+use crate::memory::{keys, put, search};
 
 /// An app whose memory ranks by meaning through the fake model's embeddings.
 async fn semantic_app(backend: Backend, llm: &FakeLlm) -> TestApp {

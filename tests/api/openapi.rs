@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::both_stores;
-use crate::db::{self, TempDir};
-use crate::helpers::{Backend, TestApp, spawn, venv_python};
+use crate::db;
+use crate::helpers::{Backend, scratch, spawn, venv_python};
 use crate::process::Proc;
 
 /// The venv with `openapi-spec-validator` and `schemathesis`, or `None` (after a loud message)
@@ -48,16 +48,9 @@ fn pyvenv() -> Option<PathBuf> {
     None
 }
 
-/// A fresh folder under the system temp dir, removed when the guard drops.
-fn scratch() -> (PathBuf, TempDir) {
-    let dir = std::env::temp_dir().join(format!("pes-openapi-{}", Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    (dir.clone(), TempDir(dir))
-}
-
 /// Run `openapi-spec-validator` (OpenAPI 3.1 rules) on `doc`: its success and its output.
 fn validate(venv: &Path, doc: &Value) -> (bool, String) {
-    let (dir, _guard) = scratch();
+    let (dir, _guard) = scratch("pes-openapi");
     let file = dir.join("openapi.json");
     std::fs::write(&file, serde_json::to_vec_pretty(doc).unwrap()).unwrap();
     let out = std::process::Command::new(venv.join("bin").join("openapi-spec-validator"))
@@ -136,7 +129,7 @@ async fn schemathesis_finds_nothing(backend: Backend) {
 
     let (status, doc) = server.get("/openapi.json").await;
     assert_eq!(status, 200, "the served document: {doc}");
-    let (dir, _guard) = scratch();
+    let (dir, _guard) = scratch("pes-openapi");
     let file = dir.join("openapi.json");
     std::fs::write(&file, serde_json::to_vec(&doc).unwrap()).unwrap();
 
@@ -255,15 +248,6 @@ fn assert_fits(doc: &Value, name: &str, value: &Value) {
     assert!(errors.is_empty(), "not a {name}: {errors:#?}\n{value:#}");
 }
 
-/// `run` once it is neither queued nor running (read again until then, with a deadline).
-async fn settled(app: &TestApp, thread: &str, run: &Value) -> Value {
-    let id = run["runId"].as_str().unwrap();
-    app.wait_run(thread, id, |r| {
-        !matches!(r["status"].as_str(), Some("queued" | "running"))
-    })
-    .await
-}
-
 /// What the server sends for runs with approvals (one edited, one interrupted by a newer run,
 /// one rejected) fits the document: each run, suspension and state as the routes answer them,
 /// and every observation, whose `content` the document types by `type`.
@@ -288,7 +272,7 @@ async fn what_runs_send_fits_the_document(backend: Backend) {
         .await;
     assert_eq!(s, 202, "{resumed}");
     assert_fits(&doc, "Run", &resumed);
-    let done = settled(&app, &t, &first).await;
+    let done = app.settled(&first).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_fits(&doc, "Run", &done);
     let (_, decided) = app.get(&format!("/v1/suspensions/{sid}")).await;
@@ -318,7 +302,7 @@ async fn what_runs_send_fits_the_document(backend: Backend) {
         )
         .await;
     assert_eq!(s, 202, "{r}");
-    assert_eq!(settled(&app, &t, &third).await["status"], "completed");
+    assert_eq!(app.settled(&third).await["status"], "completed");
 
     let (_, runs) = app.get(&format!("/v1/threads/{t}/runs")).await;
     assert_fits(&doc, "Page_Run", &runs);
@@ -443,7 +427,7 @@ async fn a_generated_client_runs_an_approval_typed_end_to_end(backend: Backend) 
     let app = spawn(backend, None).await;
     let (status, doc) = app.get("/openapi.json").await;
     assert_eq!(status, 200, "{doc}");
-    let (dir, _guard) = scratch();
+    let (dir, _guard) = scratch("pes-openapi");
     let client = generate_client(&bin, &doc, &dir).await;
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openapi/client_run.py");

@@ -9,7 +9,10 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::FakeLlm;
-use crate::helpers::{Backend, TestApp, database_url, read, spawn_config, test_config};
+use crate::helpers::{
+    Backend, TestApp, assert_problem, completed_or_failed, database_url, metered_llm, read,
+    settled, spawn_config, test_config,
+};
 use crate::mcp_server::{message, raw};
 
 const KEYS: &str = "kc:tenantC,kd:tenantD";
@@ -17,22 +20,12 @@ const OPERATOR: &str = "op-key";
 /// The probe's budget: a day so small that a tenant's first model call is past it.
 const BUDGETS: &str = r#"{"tenantC": {"maxTokens": 50}, "tenantD": {"maxTokens": 50}}"#;
 
-async fn fake() -> FakeLlm {
-    let llm = FakeLlm::start().await;
-    llm.set_usage(1000, 500);
-    llm
-}
-
 fn config(url: &str, llm: &FakeLlm) -> pes_server::config::Config {
     let mut c = test_config(url, Some(llm));
     c.api_keys = Some(KEYS.into());
     c.operator_keys = Some(OPERATOR.into());
     c.tenant_budgets = Some(BUDGETS.into());
     c
-}
-
-async fn post_as(app: &TestApp, key: Option<&str>, path: &str, body: Value) -> (u16, Value) {
-    post_raw(app, key, path, body.to_string()).await
 }
 
 async fn post_raw(app: &TestApp, key: Option<&str>, path: &str, body: String) -> (u16, Value) {
@@ -47,27 +40,13 @@ async fn post_raw(app: &TestApp, key: Option<&str>, path: &str, body: String) ->
     read(req.send().await.unwrap()).await
 }
 
-fn assert_problem(got: &(u16, Value), status: u16, code: &str) {
-    assert_eq!(
-        (got.0, got.1["code"].as_str()),
-        (status, Some(code)),
-        "{}",
-        got.1
-    );
-    assert_eq!(got.1["status"], status, "{}", got.1);
-}
-
 /// A run of `key`'s tenant on `thread`, waited for until it ends or suspends.
 async fn run_as(app: &TestApp, key: &str, thread: &str, body: Value) -> Value {
     let mut body = body;
     body["ifNotExists"] = json!("create");
-    let (s, run) = post_as(
-        app,
-        Some(key),
-        &format!("/v1/threads/{thread}/runs/wait"),
-        body,
-    )
-    .await;
+    let (s, run) = app
+        .post_as(key, &format!("/v1/threads/{thread}/runs/wait"), body)
+        .await;
     assert_eq!(s, 200, "{run}");
     run
 }
@@ -91,20 +70,6 @@ async fn stopped_on_the_day(app: &TestApp, key: &str, thread: &str) -> (String, 
     )
 }
 
-async fn wait_end(app: &TestApp, key: &str, thread: &str, run_id: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let (_, run) = app
-            .get_as(key, &format!("/v1/threads/{thread}/runs/{run_id}"))
-            .await;
-        if run["status"] == "completed" || run["status"] == "failed" {
-            return run;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{run}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
 async fn run_status(app: &TestApp, key: &str, thread: &str, run_id: &str) -> Value {
     let (_, run) = app
         .get_as(key, &format!("/v1/threads/{thread}/runs/{run_id}"))
@@ -116,7 +81,7 @@ async fn run_status(app: &TestApp, key: &str, thread: &str, run_id: &str) -> Val
 /// 1e300) and its run completed. Now no door lets a tenant approve it, and the operator's
 /// approval raises the day, in the store, for every run of the tenant stopped on it.
 async fn a_tenant_cannot_lift_its_own_day_and_the_operator_can(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let url = database_url(backend).await;
     let app = spawn_config(config(&url, &llm)).await;
     let (rid_b, sid_b) = stopped_on_the_day(&app, "kc", "t1").await;
@@ -126,19 +91,19 @@ async fn a_tenant_cannot_lift_its_own_day_and_the_operator_can(backend: Backend)
         json!({"tokens": 1e15, "usd": 1e300}),
         json!({"tokens": 100}),
     ] {
-        let got = post_as(
-            &app,
-            Some("kc"),
-            &resume,
-            json!({"decision": "approve", "raiseBy": raise}),
-        )
-        .await;
+        let got = app
+            .post_as(
+                "kc",
+                &resume,
+                json!({"decision": "approve", "raiseBy": raise}),
+            )
+            .await;
         assert_problem(&got, 403, "operator_only");
     }
     // The AG-UI door: a resume entry that approves.
     let agui = json!({"threadId": "t1", "messages": [], "resume": [{"interruptId": sid_b,
         "status": "resolved", "payload": {"decision": "approve", "raiseBy": {"tokens": 100}}}]});
-    let got = post_as(&app, Some("kc"), "/v1/ag-ui", agui).await;
+    let got = app.post_as("kc", "/v1/ag-ui", agui).await;
     assert_problem(&got, 403, "operator_only");
     // The MCP door: the `resume` tool.
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
@@ -170,29 +135,33 @@ async fn a_tenant_cannot_lift_its_own_day_and_the_operator_can(backend: Backend)
     assert_eq!(day["raises"], json!([]), "{day}");
 
     // The operator approves one: the day is raised, and both runs go on.
-    let (s, run) = post_as(
-        &app,
-        Some(OPERATOR),
-        &format!("/v1/admin/suspensions/{sid_b}/resume"),
-        json!({"decision": "approve", "raiseBy": {"tokens": 100000}, "reason": "month end"}),
-    )
-    .await;
+    let (s, run) = app
+        .post_as(
+            OPERATOR,
+            &format!("/v1/admin/suspensions/{sid_b}/resume"),
+            json!({"decision": "approve", "raiseBy": {"tokens": 100000}, "reason": "month end"}),
+        )
+        .await;
     assert_eq!(s, 202, "{run}");
     assert_eq!(run["runId"], rid_b.as_str());
-    let b = wait_end(&app, "kc", "t1", &rid_b).await;
+    let b = app
+        .wait_run_as("kc", "t1", &rid_b, completed_or_failed)
+        .await;
     assert_eq!(b["status"], "completed", "{b}");
-    let c = wait_end(&app, "kc", "t2", &rid_c).await;
+    let c = app
+        .wait_run_as("kc", "t2", &rid_c, completed_or_failed)
+        .await;
     assert_eq!(c["status"], "completed", "{c}");
     let (_, one) = app.get_as("kc", &format!("/v1/suspensions/{sid_c}")).await;
     assert_eq!(one["decision"], "approve", "{one}");
     // Deciding again is a conflict.
-    let got = post_as(
-        &app,
-        Some(OPERATOR),
-        &format!("/v1/admin/suspensions/{sid_b}/resume"),
-        json!({"decision": "approve", "raiseBy": {"tokens": 100000}}),
-    )
-    .await;
+    let got = app
+        .post_as(
+            OPERATOR,
+            &format!("/v1/admin/suspensions/{sid_b}/resume"),
+            json!({"decision": "approve", "raiseBy": {"tokens": 100000}}),
+        )
+        .await;
     assert_eq!(got.0, 409, "{}", got.1);
     let (_, day) = app
         .get_as(OPERATOR, "/v1/admin/tenants/tenantC/spend")
@@ -207,15 +176,15 @@ async fn a_tenant_cannot_lift_its_own_day_and_the_operator_can(backend: Backend)
 
     // Tenant D may reject a suspension on its day: the run fails.
     let (rid, sid) = stopped_on_the_day(&app, "kd", "t1").await;
-    let (s, p) = post_as(
-        &app,
-        Some("kd"),
-        &format!("/v1/suspensions/{sid}/resume"),
-        json!({"decision": "reject"}),
-    )
-    .await;
+    let (s, p) = app
+        .post_as(
+            "kd",
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "reject"}),
+        )
+        .await;
     assert_eq!(s, 202, "{p}");
-    let failed = wait_end(&app, "kd", "t1", &rid).await;
+    let failed = app.wait_run_as("kd", "t1", &rid, completed_or_failed).await;
     assert_eq!(failed["error"]["code"], "budget_exceeded", "{failed}");
 
     // The operator raises tenant D's day directly: its stopped run goes on.
@@ -231,7 +200,7 @@ async fn a_tenant_cannot_lift_its_own_day_and_the_operator_can(backend: Backend)
         json!({"tokens": 2.5}),
         json!({}),
     ] {
-        let got = post_as(&app, Some(OPERATOR), raises, bad.clone()).await;
+        let got = app.post_as(OPERATOR, raises, bad.clone()).await;
         assert_problem(&got, 422, "invalid_raise");
     }
     for bad in [
@@ -242,16 +211,18 @@ async fn a_tenant_cannot_lift_its_own_day_and_the_operator_can(backend: Backend)
         let got = post_raw(&app, Some(OPERATOR), raises, bad.into()).await;
         assert_problem(&got, 422, "invalid_raise");
     }
-    let got = post_as(
-        &app,
-        Some(OPERATOR),
-        "/v1/admin/tenants/nobody/budget-raises",
-        json!({"tokens": 5}),
-    )
-    .await;
+    let got = app
+        .post_as(
+            OPERATOR,
+            "/v1/admin/tenants/nobody/budget-raises",
+            json!({"tokens": 5}),
+        )
+        .await;
     assert_problem(&got, 404, "tenant_not_found");
     assert_eq!(run_status(&app, "kd", "t2", &rid).await, "suspended");
-    let (s, made) = post_as(&app, Some(OPERATOR), raises, json!({"tokens": 100000})).await;
+    let (s, made) = app
+        .post_as(OPERATOR, raises, json!({"tokens": 100000}))
+        .await;
     assert_eq!(s, 201, "{made}");
     assert_eq!(made["raise"]["tokens"], 100000, "{made}");
     let resumed: Vec<&str> = made["resumed"]
@@ -262,7 +233,7 @@ async fn a_tenant_cannot_lift_its_own_day_and_the_operator_can(backend: Backend)
         .collect();
     assert_eq!(resumed, [rid.as_str()], "{made}");
     assert_eq!(made["spend"]["limitTokens"], 100050, "{made}");
-    let done = wait_end(&app, "kd", "t2", &rid).await;
+    let done = app.wait_run_as("kd", "t2", &rid, completed_or_failed).await;
     assert_eq!(done["status"], "completed", "{done}");
     // Tenant C's day is its own: D's raise is not C's.
     let (_, day) = app
@@ -280,13 +251,13 @@ both_stores!(
 /// nobody is the operator, except on a service without any key, whose one person is both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_act_only_where_they_belong() {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let url = database_url(Backend::Sqlite).await;
     let app = spawn_config(config(&url, &llm)).await;
     let spend = "/v1/admin/tenants/tenantC/spend";
     let got = app.get_as(OPERATOR, "/v1/threads").await;
     assert_problem(&got, 401, "unauthorized");
-    let got = post_as(&app, Some(OPERATOR), "/v1/threads", json!({})).await;
+    let got = app.post_as(OPERATOR, "/v1/threads", json!({})).await;
     assert_problem(&got, 401, "unauthorized");
     assert!(
         got.1["detail"].as_str().unwrap().contains("/v1/admin"),
@@ -294,13 +265,13 @@ async fn keys_act_only_where_they_belong() {
         got.1
     );
     assert_problem(&app.get_as("kc", spend).await, 403, "operator_only");
-    let got = post_as(
-        &app,
-        Some("kc"),
-        "/v1/admin/tenants/tenantC/budget-raises",
-        json!({"tokens": 5}),
-    )
-    .await;
+    let got = app
+        .post_as(
+            "kc",
+            "/v1/admin/tenants/tenantC/budget-raises",
+            json!({"tokens": 5}),
+        )
+        .await;
     assert_problem(&got, 403, "operator_only");
     assert_problem(&app.get(spend).await, 401, "unauthorized");
     assert_problem(&app.get_as("nope", spend).await, 401, "unauthorized");
@@ -346,7 +317,7 @@ async fn keys_act_only_where_they_belong() {
 /// tokens, 1e15 tokens with $1e300, NaN and the negative are 422 `invalid_raise`, and the run
 /// stays suspended; a raise within the bounds goes on.
 async fn run_raises_are_bounded_and_finite(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let url = database_url(backend).await;
     let mut c = test_config(&url, Some(&llm));
     c.max_budget_raise_tokens = 200_000;
@@ -413,43 +384,35 @@ both_stores!(bounded_raises, run_raises_are_bounded_and_finite);
 /// to its end and a new run of the tenant too: B read the raise from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_raise_is_seen_by_every_replica() {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let url = database_url(Backend::Postgres).await;
     let mut on_a = config(&url, &llm);
     on_a.worker_concurrency = 0;
     let a = spawn_config(on_a).await;
     let b = spawn_config(config(&url, &llm)).await;
     let (rid, _) = stopped_on_the_day(&b, "kc", "t1").await;
-    let (s, made) = post_as(
-        &a,
-        Some(OPERATOR),
-        "/v1/admin/tenants/tenantC/budget-raises",
-        json!({"tokens": 10000}),
-    )
-    .await;
+    let (s, made) = a
+        .post_as(
+            OPERATOR,
+            "/v1/admin/tenants/tenantC/budget-raises",
+            json!({"tokens": 10000}),
+        )
+        .await;
     assert_eq!(s, 201, "{made}");
     assert_eq!(made["resumed"][0]["runId"], rid.as_str(), "{made}");
-    let done = wait_end(&b, "kc", "t1", &rid).await;
+    let done = b.wait_run_as("kc", "t1", &rid, completed_or_failed).await;
     assert_eq!(done["status"], "completed", "{done}");
     // A new run on B fits the raised day too (7,500 spent of 10,050).
-    let (s, p) = post_as(
-        &b,
-        Some("kc"),
-        "/v1/threads/t2/runs",
-        json!({"query": "2+2?", "ifNotExists": "create"}),
-    )
-    .await;
+    let (s, p) = b
+        .post_as(
+            "kc",
+            "/v1/threads/t2/runs",
+            json!({"query": "2+2?", "ifNotExists": "create"}),
+        )
+        .await;
     assert_eq!(s, 202, "{p}");
     let rid = p["runId"].as_str().unwrap();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    let second = loop {
-        let (_, run) = b.get_as("kc", &format!("/v1/threads/t2/runs/{rid}")).await;
-        if run["status"] != "queued" && run["status"] != "running" {
-            break run;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{run}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let second = b.wait_run_as("kc", "t2", rid, settled).await;
     // It stops at the raised limit (10,050; one call's misestimate past it at most), not at
     // the configured 50: its plan ran.
     assert_eq!(second["status"], "suspended", "{second}");

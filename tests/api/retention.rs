@@ -1,8 +1,7 @@
-//! Retention (DESIGN.md §7.2): a thread idle past its time-to-live (its config's, its
-//! assistant's, the server's default) is deleted by the sweeper and its streams end with
-//! `THREAD_DELETED`; a thread with a running or suspended run is kept; two replicas on one
-//! Postgres delete each thread once. The routes (`/storage`, `/threads/prune`, bad input) are in
-//! `routes`.
+//! Retention: a thread idle past its time-to-live (its config's, its assistant's, the server's
+//! default) is deleted by the sweeper and its streams end with `THREAD_DELETED`; a thread with a
+//! running or suspended run is kept; two replicas on one Postgres delete each thread once. The
+//! routes (`/storage`, `/threads/prune`, bad input) are in `routes`.
 
 mod routes;
 
@@ -12,10 +11,10 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::FakeLlm;
+use crate::helpers::assert_problem;
 use crate::helpers::{
     Backend, SseReader, TestApp, database_url, read, spawn_config, spawn_with, test_config,
 };
-use crate::http::assert_problem;
 
 /// The value of an unlabelled series on `/metrics`.
 pub(super) async fn metric(app: &TestApp, name: &str) -> f64 {
@@ -74,19 +73,6 @@ pub(super) async fn kept(app: &TestApp, key: Option<&str>, thread: &str) {
     assert_eq!(s, 200, "thread {thread} should be kept: {body}");
 }
 
-/// POST `path` as `key`.
-pub(super) async fn post_as(app: &TestApp, key: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = app
-        .client
-        .post(app.url(path))
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    read(r).await
-}
-
 /// PATCH a thread's config.
 async fn set_config(app: &TestApp, thread: &str, config: Value) {
     let r = app
@@ -102,7 +88,7 @@ async fn set_config(app: &TestApp, thread: &str, config: Value) {
 
 /// Create a thread as `key`; its id.
 pub(super) async fn thread_as(app: &TestApp, key: &str, body: Value) -> String {
-    let (s, t) = post_as(app, key, "/v1/threads", body).await;
+    let (s, t) = app.post_as(key, "/v1/threads", body).await;
     assert_eq!(s, 201, "{t}");
     t["threadId"].as_str().unwrap().to_owned()
 }
@@ -172,9 +158,9 @@ async fn a_thread_idle_past_its_ttl_is_deleted_and_its_stream_ends(backend: Back
         "nothing new before the deletion: {shown:?}"
     );
     let (s, body) = app.get(&format!("/v1/threads/{t}")).await;
-    assert_problem(s, &body, 404, "thread_not_found");
+    assert_problem(&(s, body), 404, "thread_not_found");
     let (s, body) = app.get(&format!("/v1/threads/{t}/runs")).await;
-    assert_problem(s, &body, 404, "thread_not_found");
+    assert_problem(&(s, body), 404, "thread_not_found");
     assert_eq!(metric(&app, "pes_threads_expired_total").await, 1.0);
     passes(&app, 2.0).await;
     kept(&app, None, &forever).await;
@@ -253,7 +239,7 @@ async fn an_assistants_ttl_applies_to_its_threads_and_a_locked_ttl_wins(backend:
             json!({"assistantId": "z", "config": {"ttlSeconds": 3600}}),
         )
         .await;
-    crate::assistants::assert_problem(&refused, 422, "field_locked");
+    assert_problem(&refused, 422, "field_locked");
     gone(&app, None, &follows).await;
     passes(&app, 2.0).await;
     kept(&app, None, &own).await;

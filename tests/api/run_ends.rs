@@ -7,28 +7,7 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, item_of, plan};
-use crate::helpers::{Backend, TestApp, spawn};
-
-fn of_type<'a>(obs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    obs.iter().filter(|o| o["type"] == kind).collect()
-}
-
-/// Every item's status in the thread's present state, by id.
-async fn statuses(app: &TestApp, t: &str) -> Vec<(String, String)> {
-    let (s, st) = app.get(&format!("/v1/threads/{t}/state")).await;
-    assert_eq!(s, 200, "{st}");
-    st["todoList"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| {
-            (
-                i["id"].as_str().unwrap().to_owned(),
-                i["status"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
-}
+use crate::helpers::{Backend, TestApp, of_type, spawn, statuses};
 
 async fn cancel(app: &TestApp, t: &str, run: &str) {
     let (s, b) = app
@@ -57,7 +36,7 @@ async fn a_cancelled_suspension_is_never_executed_by_the_next_run(backend: Backe
     assert_eq!(done["status"], "cancelled", "{done}");
 
     // The run's work ended with it: every item cancelled, the suspension too.
-    let items = statuses(&app, "cx").await;
+    let items = statuses(&app, None, "cx").await;
     assert!(!items.is_empty());
     assert!(
         items.iter().all(|(_, s)| s == "cancelled"),
@@ -162,7 +141,7 @@ async fn a_running_run_ends_its_waiting_and_working_items(backend: Backend) {
     let done = app.wait_run(&t, &rid, |r| r["status"] == "cancelled").await;
     assert_eq!(done["status"], "cancelled");
     llm.release();
-    let items = statuses(&app, &t).await;
+    let items = statuses(&app, None, &t).await;
     assert_eq!(
         items,
         vec![
@@ -208,7 +187,7 @@ async fn queued_again_and_failed_runs_end_their_items(backend: Backend) {
     app.wait_run(&t, &rid, |r| r["status"] == "cancelled").await;
     llm.release();
     assert!(
-        statuses(&app, &t)
+        statuses(&app, None, &t)
             .await
             .iter()
             .all(|(_, s)| s == "cancelled")
@@ -244,7 +223,7 @@ async fn queued_again_and_failed_runs_end_their_items(backend: Backend) {
     assert_eq!(s, 200, "{run}");
     assert_eq!(run["status"], "failed", "{run}");
     assert_eq!(run["error"]["code"], "budget_exceeded", "{run}");
-    let items = statuses(&app, &t2).await;
+    let items = statuses(&app, None, &t2).await;
     assert_eq!(items.len(), 3, "{items:?}");
     assert!(
         items.iter().all(|(_, s)| s == "cancelled" || s == "failed"),

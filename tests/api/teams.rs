@@ -1,6 +1,6 @@
-//! Team items over HTTP (DESIGN §6.1): a team is planned when it is ready (`PLAN` under the team
-//! item, children `<teamId>.<childId>` with `parentItemId`), its children run under the same rules,
-//! it completes when they do, and a team deeper than `maxTeamDepth` fails with the reason.
+//! Team items over HTTP: a team is planned when it is ready (`PLAN` under the team item, children
+//! `<teamId>.<childId>` with `parentItemId`), its children run under the same rules, it completes
+//! when they do, and a team deeper than `maxTeamDepth` fails with the reason.
 
 use serde_json::{Value, json};
 

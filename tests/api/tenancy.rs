@@ -1,7 +1,7 @@
-//! What keeps one tenant from hurting another or the process (DESIGN §7.1): JSON-only writes,
-//! per-tenant quotas (429 `quota_exceeded` with `Retry-After`), claims that serve tenants in
-//! turn, approval and tool floors a run cannot loosen, `/metrics` without tenant data and behind
-//! its own key, and a cap on every stored tool result.
+//! What keeps one tenant from hurting another or the process: JSON-only writes, per-tenant quotas
+//! (429 `quota_exceeded` with `Retry-After`), claims that serve tenants in turn, approval and tool
+//! floors a run cannot loosen, `/metrics` without tenant data and behind its own key, and a cap on
+//! every stored tool result.
 
 use std::time::Duration;
 

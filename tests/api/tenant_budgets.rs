@@ -8,18 +8,15 @@ use serde_json::{Value, json};
 
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, Reply, phase_of, plan};
-use crate::helpers::{Backend, TestApp, database_url, read, spawn_config, test_config};
+use crate::helpers::{
+    Backend, TestApp, completed_or_failed, database_url, metered_llm, spawn_config, test_config,
+    total_tokens,
+};
 
 const CALL: u64 = 1500;
 const KEYS: &str = "ka:acme,kb:globex,kc:initech";
 const BUDGETS: &str =
     r#"{"*": {"maxTokens": 9000}, "initech": {"maxTokens": 9000, "onExceed": "fail"}}"#;
-
-async fn fake() -> FakeLlm {
-    let llm = FakeLlm::start().await;
-    llm.set_usage(1000, 500);
-    llm
-}
 
 fn config(url: &str, llm: &FakeLlm) -> pes_server::config::Config {
     let mut c = test_config(url, Some(llm));
@@ -29,33 +26,17 @@ fn config(url: &str, llm: &FakeLlm) -> pes_server::config::Config {
     c
 }
 
-async fn post_as(app: &TestApp, key: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = app
-        .client
-        .post(app.url(path))
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    read(r).await
-}
-
 /// A run of `key`'s tenant on thread `thread`, waited for until it ends or suspends.
 async fn run_as(app: &TestApp, key: &str, thread: &str, query: &str) -> Value {
-    let (s, run) = post_as(
-        app,
-        key,
-        &format!("/v1/threads/{thread}/runs/wait"),
-        json!({"query": query, "ifNotExists": "create"}),
-    )
-    .await;
+    let (s, run) = app
+        .post_as(
+            key,
+            &format!("/v1/threads/{thread}/runs/wait"),
+            json!({"query": query, "ifNotExists": "create"}),
+        )
+        .await;
     assert_eq!(s, 200, "{run}");
     run
-}
-
-fn total(run: &Value) -> u64 {
-    run["usage"]["totalTokens"].as_u64().unwrap()
 }
 
 /// The thread's `BUDGET` observations, as `key`'s tenant reads them.
@@ -79,7 +60,7 @@ async fn budget_obs(app: &TestApp, key: &str, thread: &str) -> Vec<Value> {
 /// The tenant's second run stops at its limit with a `budget` suspension that names the tenant.
 async fn assert_stopped_by_the_tenant(app: &TestApp, key: &str, thread: &str, run: &Value) {
     assert_eq!(run["status"], "suspended", "{run}");
-    assert_eq!(total(run), CALL, "only its plan fitted: {run}");
+    assert_eq!(total_tokens(run), CALL, "only its plan fitted: {run}");
     let s = &run["suspension"];
     assert_eq!(s["kind"], "budget", "{s}");
     assert_eq!(s["toolCall"]["arguments"]["scope"], "tenant", "{s}");
@@ -100,14 +81,14 @@ async fn assert_stopped_by_the_tenant(app: &TestApp, key: &str, thread: &str, ru
 }
 
 async fn a_tenant_over_its_day_is_stopped_and_others_are_not(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let url = database_url(backend).await;
     let app = spawn_config(config(&url, &llm)).await;
 
     // acme: the first run fits (with the 80 % warning of the tenant's day), the second stops.
     let first = run_as(&app, "ka", "t1", "what is 2+2?").await;
     assert_eq!(first["status"], "completed", "{first}");
-    assert_eq!(total(&first), 5 * CALL);
+    assert_eq!(total_tokens(&first), 5 * CALL);
     let warned = budget_obs(&app, "ka", "t1").await;
     assert_eq!(warned.len(), 1, "{warned:?}");
     assert_eq!(warned[0]["content"]["state"], "warning");
@@ -119,7 +100,7 @@ async fn a_tenant_over_its_day_is_stopped_and_others_are_not(backend: Backend) {
     // A new run of a tenant already over its day starts and stops at its first model call.
     let third = run_as(&app, "ka", "t3", "what is 4+4?").await;
     assert_eq!(third["status"], "suspended", "{third}");
-    assert_eq!(total(&third), 0, "{third}");
+    assert_eq!(total_tokens(&third), 0, "{third}");
     assert_eq!(llm.calls(), calls, "no model call past the tenant's limit");
     assert_eq!(
         third["suspension"]["toolCall"]["arguments"]["scope"],
@@ -132,31 +113,31 @@ async fn a_tenant_over_its_day_is_stopped_and_others_are_not(backend: Backend) {
 
     // The tenant cannot raise its own day; the operator's raise lets both stopped runs go on.
     let sid = second["suspension"]["suspensionId"].as_str().unwrap();
-    let (code, p) = post_as(
-        &app,
-        "ka",
-        &format!("/v1/suspensions/{sid}/resume"),
-        json!({"decision": "approve", "raiseBy": {"tokens": 100000}}),
-    )
-    .await;
+    let (code, p) = app
+        .post_as(
+            "ka",
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "approve", "raiseBy": {"tokens": 100000}}),
+        )
+        .await;
     assert_eq!(
         (code, p["code"].as_str()),
         (403, Some("operator_only")),
         "{p}"
     );
-    let (code, p) = post_as(
-        &app,
-        "op",
-        &format!("/v1/admin/suspensions/{sid}/resume"),
-        json!({"decision": "approve", "raiseBy": {"tokens": 100000}}),
-    )
-    .await;
+    let (code, p) = app
+        .post_as(
+            "op",
+            &format!("/v1/admin/suspensions/{sid}/resume"),
+            json!({"decision": "approve", "raiseBy": {"tokens": 100000}}),
+        )
+        .await;
     assert_eq!(code, 202, "{p}");
     let rid = second["runId"].as_str().unwrap();
-    let done = wait_run_as(&app, "ka", "t2", rid).await;
+    let done = app.wait_run_as("ka", "t2", rid, completed_or_failed).await;
     assert_eq!(done["status"], "completed", "{done}");
     let rid3 = third["runId"].as_str().unwrap();
-    let done = wait_run_as(&app, "ka", "t3", rid3).await;
+    let done = app.wait_run_as("ka", "t3", rid3, completed_or_failed).await;
     assert_eq!(done["status"], "completed", "{done}");
 
     // initech's day fails its run instead.
@@ -172,29 +153,15 @@ async fn a_tenant_over_its_day_is_stopped_and_others_are_not(backend: Backend) {
             .contains("tenant's daily budget"),
         "{failed}"
     );
-    assert_eq!(total(&failed), CALL);
+    assert_eq!(total_tokens(&failed), CALL);
     let b = budget_obs(&app, "kc", "t2").await;
     assert_eq!(b.last().unwrap()["content"]["scope"], "tenant");
     app.stop().await;
 }
 both_stores!(stopped, a_tenant_over_its_day_is_stopped_and_others_are_not);
 
-async fn wait_run_as(app: &TestApp, key: &str, thread: &str, run_id: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let (_, run) = app
-            .get_as(key, &format!("/v1/threads/{thread}/runs/{run_id}"))
-            .await;
-        if run["status"] == "completed" || run["status"] == "failed" {
-            return run;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{run}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
 async fn the_days_spend_survives_a_restart(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let url = database_url(backend).await;
     let app = spawn_config(config(&url, &llm)).await;
     let first = run_as(&app, "ka", "t1", "what is 2+2?").await;
@@ -213,7 +180,7 @@ both_stores!(restart, the_days_spend_survives_a_restart);
 /// as one run's items share its budget, so together they never pass the limit (without the
 /// shared holds each run would count only its own calls in flight: 15,000 tokens).
 async fn parallel_runs_share_the_tenants_day(backend: Backend) {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     let four = || {
         plan(&[
             ("a", "think a", &[], &[]),
@@ -233,8 +200,7 @@ async fn parallel_runs_share_the_tenants_day(backend: Backend) {
     let app = spawn_config(config(&url, &llm)).await;
     let mut runs = Vec::new();
     for t in ["p1", "p2"] {
-        let (s, run) = post_as(
-            &app,
+        let (s, run) = app.post_as(
             "ka",
             &format!("/v1/threads/{t}/runs"),
             json!({"query": "think", "ifNotExists": "create", "config": {"maxParallelItems": 4}}),
@@ -278,7 +244,7 @@ async fn parallel_runs_share_the_tenants_day(backend: Backend) {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         };
         assert_eq!(run["status"], "suspended", "{run}");
-        spent += total(&run);
+        spent += total_tokens(&run);
     }
     // At most one call's misestimate past the limit (a plan's prompt is counted before its
     // reply says what it cost).
@@ -293,7 +259,7 @@ both_stores!(parallel, parallel_runs_share_the_tenants_day);
 /// next run and stops it at the limit: B read A's spend from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_share_a_tenants_day() {
-    let llm = fake().await;
+    let llm = metered_llm().await;
     llm.hold_if(|r| r.to_string().contains("HOLD-ME"));
     let url = database_url(Backend::Postgres).await;
     let mut on_a = config(&url, &llm);
@@ -302,13 +268,13 @@ async fn two_replicas_share_a_tenants_day() {
     let first = run_as(&a, "ka", "t1", "what is 2+2?").await;
     assert_eq!(first["status"], "completed", "{first}");
     // A's only slot: a globex run whose model call is held.
-    let (s, held) = post_as(
-        &a,
-        "kb",
-        "/v1/threads/held/runs",
-        json!({"query": "HOLD-ME please", "ifNotExists": "create"}),
-    )
-    .await;
+    let (s, held) = a
+        .post_as(
+            "kb",
+            "/v1/threads/held/runs",
+            json!({"query": "HOLD-ME please", "ifNotExists": "create"}),
+        )
+        .await;
     assert_eq!(s, 202, "{held}");
     llm.wait_for_request(|r| r.to_string().contains("HOLD-ME"))
         .await;
@@ -321,7 +287,7 @@ async fn two_replicas_share_a_tenants_day() {
 
     llm.release();
     let rid = held["runId"].as_str().unwrap();
-    let done = wait_run_as(&a, "kb", "held", rid).await;
+    let done = a.wait_run_as("kb", "held", rid, completed_or_failed).await;
     assert_eq!(done["status"], "completed", "{done}");
     b.stop().await;
     a.stop().await;

@@ -1,6 +1,6 @@
-//! Webhooks across crashes (DESIGN §7.3): kill -9 of the real binary between a run's end and its
-//! delivery, and the store's side on both stores: the outbox row commits with the run's end and
-//! only then, and a claimed delivery is one replica's until its outcome.
+//! Webhooks across crashes: kill -9 of the real binary between a run's end and its delivery, and
+//! the store's side on both stores: the outbox row commits with the run's end and only then, and a
+//! claimed delivery is one replica's until its outcome.
 
 use std::time::Duration;
 

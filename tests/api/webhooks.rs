@@ -1,8 +1,7 @@
-//! Webhooks (DESIGN §7.3) over real HTTP on both stores, received by a Python receiver that
-//! verifies every signature with the official Standard Webhooks library
-//! (`tests/webhooks/receiver.py`): signed deliveries, one `webhook-id` across retries, 410 stops,
-//! thread and assistant webhooks and their events, the SSRF guard and tenants (crashes:
-//! `webhook_durability`).
+//! Webhooks over real HTTP on both stores, received by a Python receiver that verifies every
+//! signature with the official Standard Webhooks library (`tests/webhooks/receiver.py`): signed
+//! deliveries, one `webhook-id` across retries, 410 stops, thread and assistant webhooks and their
+//! events, the SSRF guard and tenants (crashes: `webhook_durability`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

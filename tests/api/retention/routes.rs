@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{gone, kept, metric, post_as, stream, thread_as, until_deleted};
+use super::{gone, kept, metric, stream, thread_as, until_deleted};
 use crate::both_stores;
 use crate::fake_llm::{FakeLlm, plan};
+use crate::helpers::assert_problem;
 use crate::helpers::{Backend, TestApp, read, spawn_with};
-use crate::http::assert_problem;
 
 fn footprint(s: &Value, kind: &str) -> (u64, u64) {
     (
@@ -40,13 +40,13 @@ async fn storage_counts_grow_with_a_run_and_are_per_tenant(backend: Backend) {
     ] {
         assert_eq!(footprint(&empty, kind), (0, 0), "{kind}: {empty}");
     }
-    let (s, run) = post_as(
-        &app,
-        "ka",
-        &format!("/v1/threads/{t}/runs/wait"),
-        json!({"query": "what is 2+2?"}),
-    )
-    .await;
+    let (s, run) = app
+        .post_as(
+            "ka",
+            &format!("/v1/threads/{t}/runs/wait"),
+            json!({"query": "what is 2+2?"}),
+        )
+        .await;
     assert_eq!(
         (s, run["status"].as_str()),
         (200, Some("completed")),
@@ -92,8 +92,7 @@ async fn storage_counts_grow_with_a_run_and_are_per_tenant(backend: Backend) {
             .sum()
     };
     assert_eq!(footprint(&one, "total"), (sum(0), sum(1)));
-    post_as(
-        &app,
+    app.post_as(
         "ka",
         &format!("/v1/threads/{t}/runs/wait"),
         json!({"query": "and 3+3?"}),
@@ -109,11 +108,11 @@ async fn storage_counts_grow_with_a_run_and_are_per_tenant(backend: Backend) {
     }
     // Another tenant's view: no such thread.
     let (s, body) = app.get_as("kb", &path).await;
-    assert_problem(s, &body, 404, "thread_not_found");
+    assert_problem(&(s, body), 404, "thread_not_found");
     let (s, body) = app.get_as("ka", "/v1/threads/nope/storage").await;
-    assert_problem(s, &body, 404, "thread_not_found");
+    assert_problem(&(s, body), 404, "thread_not_found");
     let (s, body) = app.get_as("ka", "/v1/threads/has%20space/storage").await;
-    assert_problem(s, &body, 404, "thread_not_found");
+    assert_problem(&(s, body), 404, "thread_not_found");
 
     // A deleted thread takes its history with it (the version tables hold no foreign key on
     // Postgres): a new thread under the same id starts with none, and its past holds nothing
@@ -128,8 +127,7 @@ async fn storage_counts_grow_with_a_run_and_are_per_tenant(backend: Backend) {
     let (s, points) = app.get_as("ka", &format!("/v1/threads/{t}/history")).await;
     assert_eq!(s, 200, "{points}");
     assert_eq!(points["items"], json!([]), "{points}");
-    post_as(
-        &app,
+    app.post_as(
         "ka",
         &format!("/v1/threads/{t}/runs/wait"),
         json!({"query": "what is 2+2?"}),
@@ -165,7 +163,7 @@ async fn prune_dry_run_names_threads_without_deleting_then_prune_deletes_them(ba
         c.prune_max_threads = 2;
     })
     .await;
-    let prune = |body: Value| post_as(&app, "ka", "/v1/threads/prune", body);
+    let prune = |body: Value| app.post_as("ka", "/v1/threads/prune", body);
     // Age: a thread is matched once it has been idle long enough, and a newer one is not.
     let old = thread_as(&app, "ka", json!({"threadId": "old"})).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -189,13 +187,13 @@ async fn prune_dry_run_names_threads_without_deleting_then_prune_deletes_them(ba
     llm.push("plan", plan(&[("a", "x", &[], &["zz"])]));
     llm.push("plan", plan(&[("a", "x", &[], &["zz"])]));
     let failed = thread_as(&app, "ka", json!({"threadId": "failed"})).await;
-    let (_, run) = post_as(
-        &app,
-        "ka",
-        &format!("/v1/threads/{failed}/runs/wait"),
-        json!({"query": "q"}),
-    )
-    .await;
+    let (_, run) = app
+        .post_as(
+            "ka",
+            &format!("/v1/threads/{failed}/runs/wait"),
+            json!({"query": "q"}),
+        )
+        .await;
     assert_eq!(run["status"], "failed", "{run}");
     let waiting = thread_as(
         &app,
@@ -203,13 +201,13 @@ async fn prune_dry_run_names_threads_without_deleting_then_prune_deletes_them(ba
         json!({"threadId": "waiting", "config": {"requireApproval": ["calculator"]}}),
     )
     .await;
-    let (_, run) = post_as(
-        &app,
-        "ka",
-        &format!("/v1/threads/{waiting}/runs/wait"),
-        json!({"query": "what is 2+2?"}),
-    )
-    .await;
+    let (_, run) = app
+        .post_as(
+            "ka",
+            &format!("/v1/threads/{waiting}/runs/wait"),
+            json!({"query": "what is 2+2?"}),
+        )
+        .await;
     assert_eq!(run["status"], "suspended", "{run}");
     let extra = thread_as(&app, "ka", json!({"threadId": "extra"})).await;
     let other = thread_as(&app, "kb", json!({"threadId": "theirs"})).await;
@@ -299,10 +297,10 @@ async fn bad_retention_input_is_a_clear_problem(backend: Backend) {
         "[]",
     ] {
         let (s, b) = send(&app, reqwest::Method::POST, "/v1/threads/prune", body).await;
-        assert_problem(s, &b, 422, "validation_failed");
+        assert_problem(&(s, b), 422, "validation_failed");
     }
     let (s, b) = send(&app, reqwest::Method::POST, "/v1/threads/prune", "{").await;
-    assert_problem(s, &b, 400, "malformed_json");
+    assert_problem(&(s, b), 400, "malformed_json");
     let r = app
         .client
         .post(app.url("/v1/threads/prune"))
@@ -312,7 +310,7 @@ async fn bad_retention_input_is_a_clear_problem(backend: Backend) {
         .await
         .unwrap();
     let (s, b) = read(r).await;
-    assert_problem(s, &b, 415, "unsupported_media_type");
+    assert_problem(&(s, b), 415, "unsupported_media_type");
     // A TTL is a thread's (or an assistant's), within ten years.
     let (s, b) = app
         .post(
@@ -320,11 +318,11 @@ async fn bad_retention_input_is_a_clear_problem(backend: Backend) {
             json!({"config": {"ttlSeconds": 315_360_001u64}}),
         )
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let (s, b) = app
         .post("/v1/threads", json!({"config": {"ttlSeconds": -5}}))
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b), 422, "validation_failed");
     let t = app.thread(json!({})).await;
     let (s, b) = app
         .post(
@@ -332,16 +330,16 @@ async fn bad_retention_input_is_a_clear_problem(backend: Backend) {
             json!({"query": "hi", "config": {"ttlSeconds": 60}}),
         )
         .await;
-    assert_problem(s, &b, 422, "validation_failed");
+    assert_problem(&(s, b.clone()), 422, "validation_failed");
     assert!(
         b["detail"].as_str().unwrap().contains("thread setting"),
         "{b}"
     );
     let (s, b) = app.get("/v1/threads/prune/storage").await;
-    assert_problem(s, &b, 404, "thread_not_found");
+    assert_problem(&(s, b), 404, "thread_not_found");
     // The prune route does not hide a thread whose id is `prune`.
     let (s, b) = app.get("/v1/threads/prune").await;
-    assert_problem(s, &b, 404, "thread_not_found");
+    assert_problem(&(s, b), 404, "thread_not_found");
     app.thread(json!({"threadId": "prune"})).await;
     let (s, b) = app.get("/v1/threads/prune").await;
     assert_eq!((s, b["threadId"].as_str()), (200, Some("prune")), "{b}");
@@ -358,7 +356,7 @@ async fn bad_retention_input_is_a_clear_problem(backend: Backend) {
     let (s, _) = send(&app, reqwest::Method::DELETE, "/v1/threads/prune", "").await;
     assert_eq!(s, 204);
     let (s, b) = app.get("/v1/threads/prune").await;
-    assert_problem(s, &b, 404, "thread_not_found");
+    assert_problem(&(s, b), 404, "thread_not_found");
     // What the path is for is POST: other methods are refused, naming it.
     for method in [reqwest::Method::PUT, reqwest::Method::OPTIONS] {
         let r = app
@@ -369,7 +367,7 @@ async fn bad_retention_input_is_a_clear_problem(backend: Backend) {
             .unwrap();
         assert_eq!(r.headers()["allow"], "POST");
         let (s, b) = read(r).await;
-        assert_problem(s, &b, 405, "method_not_allowed");
+        assert_problem(&(s, b.clone()), 405, "method_not_allowed");
         assert!(
             b["detail"].as_str().unwrap().ends_with("allowed: POST"),
             "{b}"

@@ -355,6 +355,132 @@ async fn what_runs_send_fits_the_document(backend: Backend) {
 
 both_stores!(runs_fit_the_document, what_runs_send_fits_the_document);
 
+/// Every observation of the runs that write the rarer shapes fits the document too: a run steered
+/// while it waits for a person (`STEERING`, and the `PLAN_UPDATE` of its refinement turn with
+/// `steeringMessageIds`), a follow-up that refines the thread's plan, a flowchart run
+/// (`FLOWCHART_STEP`), and a run that stops at its token budget (a `budget` suspension).
+async fn what_other_runs_send_fits_the_document(backend: Backend) {
+    let app = spawn(backend, None).await;
+    let doc = serde_json::to_value(pes_server::http::openapi()).unwrap();
+    let observation = validator(&doc, "Observation");
+
+    // Steered while suspended, then approved: the refinement turn reads the steering.
+    let t = app
+        .thread(json!({"config": {"requireApproval": ["calculator"]}}))
+        .await;
+    let run = app.run_wait(&t, "What is 17*23?").await;
+    assert_eq!(run["status"], "suspended", "{run}");
+    let rid = run["runId"].as_str().unwrap();
+    let (s, steered) = app
+        .post(
+            &format!("/v1/threads/{t}/runs/{rid}/steer"),
+            json!({"message": "Also say what 2+2 is."}),
+        )
+        .await;
+    assert_eq!(s, 202, "{steered}");
+    let sid = run["suspension"]["suspensionId"].as_str().unwrap();
+    let (s, r) = app
+        .post(
+            &format!("/v1/suspensions/{sid}/resume"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{r}");
+    let mut done = app.settled(&run).await;
+    // The refinement may plan another approval: approve until the run ends.
+    while done["status"] == "suspended" {
+        let sid = done["suspension"]["suspensionId"].as_str().unwrap();
+        let (s, r) = app
+            .post(
+                &format!("/v1/suspensions/{sid}/resume"),
+                json!({"decision": "approve"}),
+            )
+            .await;
+        assert_eq!(s, 202, "{r}");
+        done = app.settled(&run).await;
+    }
+    assert_eq!(done["status"], "completed", "{done}");
+    // A follow-up on the same thread refines its plan.
+    let follow_up = app.run_wait(&t, "And what is 3+3?").await;
+    let mut follow_up = follow_up;
+    while follow_up["status"] == "suspended" {
+        let sid = follow_up["suspension"]["suspensionId"].as_str().unwrap();
+        let (s, r) = app
+            .post(
+                &format!("/v1/suspensions/{sid}/resume"),
+                json!({"decision": "approve"}),
+            )
+            .await;
+        assert_eq!(s, 202, "{r}");
+        follow_up = app.settled(&follow_up).await;
+    }
+    assert_eq!(follow_up["status"], "completed", "{follow_up}");
+
+    // A flowchart run.
+    let spec = json!({
+        "description": "Double a number.",
+        "inputSchema": {"type": "object", "required": ["n"],
+            "properties": {"n": {"type": "number"}}},
+        "flowchart": {"start": "double", "stages": {
+            "double": {"kind": "tool", "tool": "calculator", "output": "doubled", "next": "done",
+                       "args": {"expression": {"cat": [{"var": "args.n"}, " * 2"]}}},
+            "done": {"kind": "end", "result": {"doubled": {"var": "state.doubled.result"}}}
+        }}
+    });
+    crate::helpers::define_flowchart(&app, None, "double", spec).await;
+    let (s, fc) = app
+        .post("/v1/flowcharts/double/runs", json!({"input": {"n": 21}}))
+        .await;
+    assert_eq!(s, 202, "{fc}");
+    let fc = app.settled(&fc).await;
+    assert_eq!(fc["status"], "completed", "{fc}");
+    let fc_thread = fc["threadId"].as_str().unwrap().to_owned();
+
+    // A run that stops at its token budget.
+    let b = app.thread(json!({})).await;
+    let budgeted = app
+        .run_wait_with(
+            &b,
+            json!({"query": "What is 2+2 and what time is it?",
+                   "config": {"budget": {"maxTokens": 1, "onExceed": "suspend"}}}),
+        )
+        .await;
+    assert_eq!(budgeted["status"], "suspended", "{budgeted}");
+    assert_eq!(budgeted["suspension"]["kind"], "budget", "{budgeted}");
+
+    let mut types = std::collections::BTreeSet::new();
+    for thread in [t.as_str(), fc_thread.as_str(), b.as_str()] {
+        let (_, page) = app
+            .get(&format!("/v1/threads/{thread}/observations?limit=1000"))
+            .await;
+        assert_fits(&doc, "Page_Observation", &page);
+        for o in page["items"].as_array().unwrap() {
+            let errors: Vec<String> = observation.iter_errors(o).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{errors:#?}\n{o:#}");
+            types.insert(o["type"].as_str().unwrap().to_owned());
+            if o["type"] == "PLAN_UPDATE" && !o["content"]["steeringMessageIds"].is_null() {
+                types.insert("PLAN_UPDATE from steering".into());
+            }
+        }
+    }
+    for t in [
+        "STEERING",
+        "PLAN_UPDATE",
+        "PLAN_UPDATE from steering",
+        "FLOWCHART_STEP",
+        "AGENT_SUSPENDED",
+        "RUN_SUSPENDED",
+    ] {
+        assert!(types.contains(t), "no {t} among {types:?}");
+    }
+    app.stop().await;
+}
+
+both_stores!(
+    other_runs_fit_the_document,
+    what_other_runs_send_fits_the_document
+);
+
 /// The `openapi-python-client` CLI of the venv, or `None` after a loud message (see
 /// [`venv_python`]).
 fn python_client_generator() -> Option<(PathBuf, PathBuf)> {

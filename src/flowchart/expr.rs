@@ -1,8 +1,8 @@
 //! Flowchart expressions: JSON Logic (the `datalogic-rs` crate, with templating, so an object
 //! whose key is not an operator is a literal object whose values are evaluated) over
 //! `{args, state}`, JSON Logic truthiness, what an expression read (the `var` paths it names
-//! and their values: the evidence of a decision), and the bounds of one evaluation
-//! (DESIGN.md §7.1).
+//! and their values: the evidence of a decision), and the bounds of one evaluation (how
+//! large a value it may compute and for how long: see Bounds, below).
 //!
 //! # Bounds
 //!
@@ -78,7 +78,7 @@ static ENGINE: LazyLock<datalogic_rs::Engine> = LazyLock::new(|| {
 static OPERATORS: LazyLock<BTreeSet<&'static str>> =
     LazyLock::new(|| ENGINE.builtin_operator_names().collect());
 
-/// The bounds of one evaluation (DESIGN.md §7.1).
+/// The bounds of one evaluation: how large a value it may compute and how long it may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExprLimits {
     /// The largest value, in bytes of JSON, an expression may compute, in the middle or as its

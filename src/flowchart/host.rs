@@ -13,6 +13,9 @@ use crate::model::Usage;
 pub const MAX_DEPTH: u32 = 8;
 
 /// What a flowchart call uses of the run it serves.
+///
+/// Its errors are text: each becomes the failed stage's message, which the model reads as the
+/// call's tool error (and the engine implements this trait, in `agent/calls/flowchart.rs`).
 #[async_trait]
 pub trait FlowHost: Send + Sync {
     /// A stored flowchart of the run's tenant: the latest version, or the one given (even
@@ -25,7 +28,7 @@ pub trait FlowHost: Send + Sync {
     /// Commit one step durably (its observation), before the call goes on.
     async fn commit_step(&self, step: StepRecord) -> Result<(), String>;
     /// Whether a `tool` stage may call `tool`: only the tools the calling item may call (the
-    /// thread's tools, the item's `toolAllowlist`, its role's tools; DESIGN.md §7.1).
+    /// thread's tools, narrowed by the item's `toolAllowlist` and its role's tools).
     fn may_call(&self, _tool: &str) -> bool {
         true
     }

@@ -1,4 +1,4 @@
-//! Flowcharts as tools (DESIGN.md §6.2): an operator's fixed procedure, registered per tenant
+//! Flowcharts as tools: an operator's fixed procedure, registered per tenant
 //! and mounted as one tool the model decides when to call. Each call runs in a fresh state,
 //! durably: every executed stage commits a `FLOWCHART_STEP` observation with what it read and
 //! wrote, so a crash resumes after the last committed stage.

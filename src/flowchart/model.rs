@@ -1,4 +1,4 @@
-//! What a flowchart is, as the API takes it and the store keeps it (DESIGN.md §6.2): a start
+//! What a flowchart is, as the API takes it and the store keeps it: a start
 //! stage and stages by id, each of one kind. Expressions (`Expr`) are JSON Logic over
 //! `{args, state}`; a key is the top-level `state` key a stage writes.
 

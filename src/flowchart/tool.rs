@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::model::FlowchartRecord;
-use crate::json::schema::CompiledSchema;
-use crate::llm::ToolSpec;
+use crate::json::schema::{CompiledSchema, SchemaError};
+use crate::model::ToolSpec;
 
 /// A flowchart mounted as a tool.
 #[derive(Debug, Clone)]
@@ -20,7 +20,7 @@ impl FlowTool {
     /// # Errors
     /// Its input schema does not compile (it was checked when it was stored, so only a record
     /// stored by an older version can fail here).
-    pub fn new(record: FlowchartRecord) -> Result<Self, String> {
+    pub fn new(record: FlowchartRecord) -> Result<Self, SchemaError> {
         let schema = CompiledSchema::compile(&record.spec.input_schema())?;
         Ok(Self {
             record: Arc::new(record),
@@ -41,6 +41,7 @@ impl FlowTool {
     ///
     /// # Errors
     /// Every problem, with its JSON path.
+    // Text by design: the model reads it (as the call's invalid-arguments error).
     pub fn validate(&self, args: &serde_json::Value) -> Result<(), String> {
         if !args.is_object() {
             return Err("the arguments must be a JSON object".into());

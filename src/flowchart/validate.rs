@@ -1,4 +1,4 @@
-//! Checking a flowchart before it is stored (DESIGN.md §6.2), so that what the engine runs was
+//! Checking a flowchart before it is stored, so that what the engine runs was
 //! sound when it was registered: [`parse_spec`] reads the body, naming the JSON Pointer of the
 //! first value that does not fit the shape; [`validate`] then finds *every* problem of what
 //! parsed (names, references between stages, loops that could run forever, sub-flow cycles,
@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::model::{FlowchartSpec, Stage};
-use crate::json::schema::CompiledSchema;
+use crate::json::schema::{CompiledSchema, SchemaError};
 
 /// At most this many stages in one flowchart.
 pub const MAX_STAGES: usize = 200;
@@ -356,14 +356,15 @@ fn check_schema(schema: &Value, at: &str, out: &mut Vec<Problem>) -> bool {
     let Err(e) = CompiledSchema::compile(schema) else {
         return true;
     };
-    // The validator words it `schema at <pointer inside the schema>: <what>`.
-    let (path, what) = match e
-        .strip_prefix("schema at ")
-        .and_then(|rest| rest.split_once(": "))
-    {
-        Some(("/", what)) => (at.to_owned(), what.to_owned()),
-        Some((inner, what)) if inner.starts_with('/') => (format!("{at}{inner}"), what.to_owned()),
-        _ => (at.to_owned(), e.clone()),
+    // The problem is at `at`, or at the pointer inside the schema the validator names.
+    let (path, what) = match e {
+        SchemaError::Invalid {
+            at: inner, what, ..
+        } if inner == "/" => (at.to_owned(), what),
+        SchemaError::Invalid {
+            at: inner, what, ..
+        } if inner.starts_with('/') => (format!("{at}{inner}"), what),
+        e => (at.to_owned(), e.to_string()),
     };
     out.push(Problem::new(
         path,

@@ -33,18 +33,19 @@ impl CompiledSchema {
     ///
     /// # Errors
     /// What is wrong with the schema, naming where (`/properties/x/type: …`).
-    pub fn compile(schema: &Value) -> Result<Self, String> {
+    pub fn compile(schema: &Value) -> Result<Self, SchemaError> {
         if !matches!(schema, Value::Object(_) | Value::Bool(_)) {
-            return Err("a schema must be a JSON object or a boolean".into());
+            return Err(SchemaError::NotASchema);
         }
         jsonschema::options()
             .should_validate_formats(true)
             .build(schema)
             .map(|validator| Self { validator })
-            .map_err(|e| {
+            .map_err(|e| SchemaError::Invalid {
                 // Meta-validation reports where in the schema the problem is as the instance path.
-                let at = pointer(&e.instance_path().to_string());
-                format!("schema at {at}: {}", without_instance(&e))
+                at: pointer(&e.instance_path().to_string()),
+                what: without_instance(&e),
+                source: Box::new(e.to_owned()),
             })
     }
 
@@ -69,6 +70,22 @@ impl CompiledSchema {
     }
 }
 
+/// Why a schema cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error("a schema must be a JSON object or a boolean")]
+    NotASchema,
+    /// Meta-validation failed at `at` (a JSON Pointer inside the schema, `/` for its root).
+    #[error("schema at {at}: {what}")]
+    Invalid {
+        at: String,
+        /// The validator's message, its quoted value shortened.
+        what: String,
+        #[source]
+        source: Box<jsonschema::ValidationError<'static>>,
+    },
+}
+
 /// Compile `schema` and check `value` against it, for a schema used once.
 ///
 /// # Errors
@@ -84,7 +101,7 @@ pub fn validate(schema: &Value, value: &Value) -> Result<(), Vec<String>> {
 ///
 /// # Errors
 /// What is wrong with it, naming where.
-pub fn check_schema(schema: &Value) -> Result<(), String> {
+pub fn check_schema(schema: &Value) -> Result<(), SchemaError> {
     CompiledSchema::compile(schema).map(drop)
 }
 

@@ -106,14 +106,9 @@ impl ChatMessage {
     }
 }
 
-/// A function the model may call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ToolSpec {
-    pub name: String,
-    pub description: String,
-    /// JSON Schema of the arguments object.
-    pub parameters: Value,
-}
+/// A function the model may call (a tool's own description, so tools build it without
+/// depending on the model layer).
+pub use crate::model::ToolSpec;
 
 /// Structured output: the reply must be JSON matching `schema` (sent as
 /// `response_format: {type: "json_schema", json_schema: {name, strict: true, schema}}`).
@@ -278,18 +273,6 @@ pub trait LlmProvider: Send + Sync + 'static {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, LlmError>;
 }
 
-/// `text` with every character a function name or a tool-use id may not hold (anything but
-/// `A-Za-z0-9_-`, the rule of the OpenAI and Anthropic APIs) replaced by `_`.
-pub fn identifier_chars(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
+pub use crate::model::ids::identifier_chars;
 
 pub use crate::text::truncate;

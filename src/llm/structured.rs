@@ -62,6 +62,7 @@ fn first_object(text: &str) -> Option<Value> {
 }
 
 /// The JSON value of a reply, or what is wrong with it.
+// Text by design: the model reads it when it is asked to repair its reply.
 fn check_reply(content: Option<&str>, schema_value: &Value) -> Result<Value, String> {
     let text = content.unwrap_or("").trim();
     if text.is_empty() {

@@ -203,70 +203,107 @@ impl AgentConfig {
         }
     }
 
+    /// Check ranges a type cannot express, as text.
+    ///
+    /// # Errors
+    /// As [`AgentConfig::check`].
+    // The text is what `commands/policy.rs` answers (`ApiError::Validation` takes a String); it
+    // can take `check`'s error instead.
+    pub fn validate(&self) -> Result<(), String> {
+        self.check().map_err(|e| e.to_string())
+    }
+
     /// Check ranges a type cannot express.
     ///
     /// # Errors
-    /// A message naming the field that is out of range.
-    pub fn validate(&self) -> Result<(), String> {
+    /// The field that is out of range (its API text names it), with the cause when a part of
+    /// the config (its memory namespace, budget or webhook) is what is wrong.
+    pub fn check(&self) -> Result<(), AgentConfigError> {
         if let Some(n) = self.max_iterations
             && !(1..=50).contains(&n)
         {
-            return Err("config.maxIterations must be between 1 and 50".into());
+            return Err(AgentConfigError::Range(
+                "config.maxIterations must be between 1 and 50".into(),
+            ));
         }
         if let Some(n) = self.max_items
             && !(1..=100).contains(&n)
         {
-            return Err("config.maxItems must be between 1 and 100".into());
+            return Err(AgentConfigError::Range(
+                "config.maxItems must be between 1 and 100".into(),
+            ));
         }
         if let Some(n) = self.suspension_ttl_seconds
             && n > MAX_SUSPENSION_TTL_SECONDS
         {
-            return Err(format!(
+            return Err(AgentConfigError::Range(format!(
                 "config.suspensionTtlSeconds must be between 0 and {MAX_SUSPENSION_TTL_SECONDS} (one year)"
-            ));
+            )));
         }
         if let Some(n) = self.max_parallel_items
             && !(1..=32).contains(&n)
         {
-            return Err("config.maxParallelItems must be between 1 and 32".into());
+            return Err(AgentConfigError::Range(
+                "config.maxParallelItems must be between 1 and 32".into(),
+            ));
         }
         if let Some(n) = self.compaction_threshold_chars
             && !(100..=1_000_000).contains(&n)
         {
-            return Err("config.compactionThresholdChars must be between 100 and 1000000".into());
+            return Err(AgentConfigError::Range(
+                "config.compactionThresholdChars must be between 100 and 1000000".into(),
+            ));
         }
         if let Some(n) = self.max_team_depth
             && n > 5
         {
-            return Err("config.maxTeamDepth must be between 0 and 5".into());
+            return Err(AgentConfigError::Range(
+                "config.maxTeamDepth must be between 0 and 5".into(),
+            ));
         }
         if let Some(n) = self.ttl_seconds
             && n > MAX_THREAD_TTL_SECONDS
         {
-            return Err(format!(
+            return Err(AgentConfigError::Range(format!(
                 "config.ttlSeconds must be between 0 and {MAX_THREAD_TTL_SECONDS} (ten years)"
-            ));
+            )));
         }
         if let Some(ns) = &self.memory_namespace {
             super::memory::Namespace::parse(ns.clone(), usize::MAX, false)
-                .map_err(|e| format!("config.memoryNamespace {e}"))?;
+                .map_err(AgentConfigError::MemoryNamespace)?;
         }
         if let Some(b) = &self.budget {
             b.validate("config.budget")?;
         }
         for (id, role) in self.roles.iter().flatten() {
             if ItemId::parse(id).is_err() {
-                return Err(format!(
+                return Err(AgentConfigError::Range(format!(
                     "config.roles: role id `{id}` must be 1-64 characters of A-Za-z0-9_.-"
-                ));
+                )));
             }
             if role.name.trim().is_empty() {
-                return Err(format!("config.roles.{id}.name must not be empty"));
+                return Err(AgentConfigError::Range(format!(
+                    "config.roles.{id}.name must not be empty"
+                )));
             }
         }
         if let Some(w) = &self.webhook {
-            w.check("config.webhook")?;
+            w.try_check("config.webhook")?;
         }
         Ok(())
     }
+}
+
+/// Why a thread's config cannot be used. The text is the API's 422 detail, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentConfigError {
+    /// A number or name out of its range (the message names the field and the range).
+    #[error("{0}")]
+    Range(String),
+    #[error("config.memoryNamespace {0}")]
+    MemoryNamespace(#[source] super::memory::NamespaceError),
+    #[error(transparent)]
+    Budget(#[from] super::budgets::BudgetError),
+    #[error(transparent)]
+    Webhook(#[from] super::webhooks::WebhookSpecError),
 }

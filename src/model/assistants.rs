@@ -1,4 +1,4 @@
-//! Assistants (DESIGN.md §7.2): named, versioned agent configurations a thread or a run may use.
+//! Assistants: named, versioned agent configurations a thread or a run may use.
 //! This file owns their types and the pure rules of using one: which config fields exist (so
 //! `locked` can name only real ones), which fields a config sets, and how an assistant
 //! version's config combines with a thread's and a run's, `locked` fields and policy floors kept.

@@ -44,20 +44,16 @@ impl Budget {
     /// Check ranges a type cannot express.
     ///
     /// # Errors
-    /// A message naming the field that is out of range.
-    pub fn validate(&self, field: &str) -> Result<(), String> {
+    /// The field that is out of range, named under `field`.
+    pub fn validate(&self, field: &str) -> Result<(), BudgetError> {
         if self
             .max_tokens
             .is_some_and(|t| !(1..=MAX_TOKENS).contains(&t))
         {
-            return Err(format!(
-                "{field}.maxTokens must be between 1 and {MAX_TOKENS}"
-            ));
+            return Err(BudgetError::MaxTokens(field.to_owned()));
         }
         if self.max_cost_usd.is_some_and(|u| !usd_in_range(u)) {
-            return Err(format!(
-                "{field}.maxCostUsd must be more than 0 and at most {MAX_USD}"
-            ));
+            return Err(BudgetError::MaxCostUsd(field.to_owned()));
         }
         Ok(())
     }
@@ -66,6 +62,35 @@ impl Budget {
     pub fn is_set(&self) -> bool {
         self.max_tokens.is_some() || self.max_cost_usd.is_some()
     }
+}
+
+/// A budget field out of range, named under the field that holds the budget (its API text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    #[error("{0}.maxTokens must be between 1 and {MAX_TOKENS}")]
+    MaxTokens(String),
+    #[error("{0}.maxCostUsd must be more than 0 and at most {MAX_USD}")]
+    MaxCostUsd(String),
+}
+
+/// Why `PES_MODEL_PRICES` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PricesError {
+    #[error("PES_MODEL_PRICES is not a JSON object of prices: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("PES_MODEL_PRICES: the prices of `{0}` must be non-negative numbers")]
+    Negative(String),
+}
+
+/// Why `PES_TENANT_BUDGETS` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantBudgetsError {
+    #[error(
+        "PES_TENANT_BUDGETS is not a JSON object of tenant → {{maxTokens?, maxCostUsd?, onExceed?}}: {0}"
+    )]
+    Json(#[source] serde_json::Error),
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
 }
 
 /// The largest token limit (or raise) a budget takes.
@@ -316,19 +341,17 @@ impl Prices {
     /// Read the JSON object of `PES_MODEL_PRICES` (empty text: no prices).
     ///
     /// # Errors
-    /// A message saying what does not parse or is negative.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    /// What does not parse, or the model whose price is negative.
+    pub fn parse(text: &str) -> Result<Self, PricesError> {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        let map: HashMap<String, ModelPrice> = serde_json::from_str(text)
-            .map_err(|e| format!("PES_MODEL_PRICES is not a JSON object of prices: {e}"))?;
+        let map: HashMap<String, ModelPrice> =
+            serde_json::from_str(text).map_err(PricesError::Json)?;
         for (model, p) in &map {
             let ok = |v: f64| v.is_finite() && v >= 0.0;
             if !ok(p.input) || !ok(p.output) || !p.cached_input.is_none_or(ok) {
-                return Err(format!(
-                    "PES_MODEL_PRICES: the prices of `{model}` must be non-negative numbers"
-                ));
+                return Err(PricesError::Negative(model.clone()));
             }
         }
         Ok(Self(map))
@@ -466,16 +489,13 @@ impl TenantBudgets {
     /// Read the JSON object of `PES_TENANT_BUDGETS` (empty text: no tenant has a daily budget).
     ///
     /// # Errors
-    /// A message saying what does not parse or is out of range.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    /// What does not parse, or the tenant's budget field that is out of range.
+    pub fn parse(text: &str) -> Result<Self, TenantBudgetsError> {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        let map: HashMap<String, Budget> = serde_json::from_str(text).map_err(|e| {
-            format!(
-                "PES_TENANT_BUDGETS is not a JSON object of tenant → {{maxTokens?, maxCostUsd?, onExceed?}}: {e}"
-            )
-        })?;
+        let map: HashMap<String, Budget> =
+            serde_json::from_str(text).map_err(TenantBudgetsError::Json)?;
         for (tenant, b) in &map {
             b.validate(&format!("PES_TENANT_BUDGETS[\"{tenant}\"]"))?;
         }

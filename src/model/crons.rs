@@ -1,4 +1,4 @@
-//! Crons (DESIGN.md §7.3): a schedule that posts a query, on a thread or on a new thread per tick.
+//! Crons: a schedule that posts a query, on a thread or on a new thread per tick.
 //! This file owns the types and the pure rules: parsing a schedule in its time zone
 //! ([`Schedule`], with the `croner` crate and `chrono-tz`), naming what is wrong with a bad one,
 //! the tick times, and what a tick's run is keyed by.
@@ -103,15 +103,22 @@ impl Schedule {
     /// `timezone` (an IANA name).
     ///
     /// # Errors
-    /// A message naming what is wrong: the number of fields, the field that does not parse (by
-    /// its name and text), or the time zone.
+    /// As [`Schedule::try_new`], as text.
+    // The text is what `commands/crons.rs` answers (a 422 detail) and tests for "has 6
+    // fields"; it can take `try_new`'s error (`ScheduleError::FieldCount`) instead.
     pub fn parse(expr: &str, timezone: &str, seconds: bool) -> Result<Self, String> {
-        let tz = Tz::from_str(timezone).map_err(|_| {
-            format!(
-                "timezone `{timezone}` is not an IANA time zone name (e.g. `UTC`, \
-                 `Europe/Paris`, `America/New_York`)"
-            )
-        })?;
+        Self::try_new(expr, timezone, seconds).map_err(|e| e.to_string())
+    }
+
+    /// Parse `expr` (5 fields; with `seconds`, also 6 with a leading seconds field) read in
+    /// `timezone` (an IANA name).
+    ///
+    /// # Errors
+    /// What is wrong: the number of fields, the field that does not parse (by its name and
+    /// text, with the parser's error), or the time zone.
+    pub fn try_new(expr: &str, timezone: &str, seconds: bool) -> Result<Self, ScheduleError> {
+        let tz =
+            Tz::from_str(timezone).map_err(|_| ScheduleError::Timezone(timezone.to_owned()))?;
         let parser = CronParser::builder()
             .seconds(if seconds {
                 Seconds::Optional
@@ -125,26 +132,26 @@ impl Schedule {
         let counts = if seconds { "5 or 6" } else { "5" };
         let counted = fields.len() == 5 || (seconds && fields.len() == 6);
         if !(nickname || counted) {
-            return Err(format!(
-                "schedule `{expr}` has {} fields; a cron expression has {counts} \
-                 (minute hour day-of-month month day-of-week{})",
-                fields.len(),
-                if seconds {
+            return Err(ScheduleError::FieldCount {
+                expr: expr.to_owned(),
+                count: fields.len(),
+                counts,
+                seconds_note: if seconds {
                     ", optionally after a seconds field"
                 } else {
                     ""
-                }
-            ));
+                },
+            });
         }
         let cron = parser
             .parse(expr)
-            .map_err(|e| bad_field(&parser, expr, &fields, nickname, &e))?;
+            .map_err(|e| bad_field(&parser, expr, &fields, nickname, e))?;
         // A pattern that never matches (February 30th) has no tick to run.
         if cron
             .find_next_occurrence(&Utc::now().with_timezone(&tz), false)
             .is_err()
         {
-            return Err(format!("schedule `{expr}` never matches a date"));
+            return Err(ScheduleError::NeverMatches(expr.to_owned()));
         }
         Ok(Self { cron, tz })
     }
@@ -167,14 +174,51 @@ impl Schedule {
     }
 }
 
+/// Why a schedule cannot be used. The text names what to fix (the API answers it).
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    #[error(
+        "timezone `{0}` is not an IANA time zone name (e.g. `UTC`, `Europe/Paris`, \
+         `America/New_York`)"
+    )]
+    Timezone(String),
+    #[error(
+        "schedule `{expr}` has {count} fields; a cron expression has {counts} \
+         (minute hour day-of-month month day-of-week{seconds_note})"
+    )]
+    FieldCount {
+        expr: String,
+        count: usize,
+        counts: &'static str,
+        seconds_note: &'static str,
+    },
+    /// One field does not parse (tried alone, the others `*`).
+    #[error("schedule `{expr}`: the {name} field `{field}` is not valid ({source})")]
+    Field {
+        expr: String,
+        name: &'static str,
+        field: String,
+        #[source]
+        source: croner::errors::CronError,
+    },
+    #[error("schedule `{expr}` is not a valid cron expression ({source})")]
+    Expression {
+        expr: String,
+        #[source]
+        source: croner::errors::CronError,
+    },
+    #[error("schedule `{0}` never matches a date")]
+    NeverMatches(String),
+}
+
 /// Name the field of `expr` that does not parse: each field is tried alone, the others `*`.
 fn bad_field(
     parser: &CronParser,
     expr: &str,
     fields: &[&str],
     nickname: bool,
-    e: &croner::errors::CronError,
-) -> String {
+    e: croner::errors::CronError,
+) -> ScheduleError {
     if !nickname {
         let names: Vec<&str> = if fields.len() == 6 {
             std::iter::once("second").chain(FIELDS).collect()
@@ -185,15 +229,20 @@ fn bad_field(
             let alone: Vec<&str> = (0..fields.len())
                 .map(|j| if i == j { *field } else { "*" })
                 .collect();
-            if let Err(e) = parser.parse(&alone.join(" ")) {
-                return format!(
-                    "schedule `{expr}`: the {} field `{field}` is not valid ({e})",
-                    names[i]
-                );
+            if let Err(source) = parser.parse(&alone.join(" ")) {
+                return ScheduleError::Field {
+                    expr: expr.to_owned(),
+                    name: names[i],
+                    field: (*field).to_owned(),
+                    source,
+                };
             }
         }
     }
-    format!("schedule `{expr}` is not a valid cron expression ({e})")
+    ScheduleError::Expression {
+        expr: expr.to_owned(),
+        source: e,
+    }
 }
 
 #[cfg(test)]

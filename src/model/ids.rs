@@ -100,3 +100,17 @@ impl<'de> Deserialize<'de> for ItemId {
         ItemId::parse(&s).map_err(serde::de::Error::custom)
     }
 }
+
+/// `text` with every character a function name or a tool-use id may not hold (anything but
+/// `A-Za-z0-9_-`, the rule of the OpenAI and Anthropic APIs) replaced by `_`.
+pub fn identifier_chars(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}

@@ -308,3 +308,13 @@ pub struct AgentStateRow {
     /// Bumped on every change; optimistic-concurrency token.
     pub version: i64,
 }
+
+/// A function the model may call: a tool as it is offered (its name, what it does, and the JSON
+/// Schema of its arguments object).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+}

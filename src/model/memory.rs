@@ -1,4 +1,4 @@
-//! Memory (DESIGN.md §7.4): what an item of the store is, how a namespace is spelled, and the
+//! Memory (the long-term store runs and the API share): what an item of the store is, how a namespace is spelled, and the
 //! pure pieces of search shared by the store, the use cases and the tools: the text full-text
 //! search reads from a value, the terms of a query, and embeddings (their bytes and cosine).
 //!
@@ -30,19 +30,27 @@ impl Namespace {
     /// `labels` as a namespace of at most `max_depth` labels; `allow_empty` for a prefix.
     ///
     /// # Errors
-    /// A message naming the first bad label (by its index) or the depth.
-    pub fn parse(labels: Vec<String>, max_depth: usize, allow_empty: bool) -> Result<Self, String> {
+    /// What is wrong: no label, too many, or the first bad label (by its index).
+    pub fn parse(
+        labels: Vec<String>,
+        max_depth: usize,
+        allow_empty: bool,
+    ) -> Result<Self, NamespaceError> {
         if labels.is_empty() && !allow_empty {
-            return Err("must have at least one label".into());
+            return Err(NamespaceError::Empty);
         }
         if labels.len() > max_depth {
-            return Err(format!(
-                "has {} labels; at most {max_depth} are allowed (PES_STORE_MAX_NAMESPACE_DEPTH)",
-                labels.len()
-            ));
+            return Err(NamespaceError::TooDeep {
+                depth: labels.len(),
+                max_depth,
+            });
         }
-        for (i, label) in labels.iter().enumerate() {
-            check_label(label).map_err(|e| format!("label {i} ({label:?}) {e}"))?;
+        for (index, label) in labels.iter().enumerate() {
+            check_label(label).map_err(|source| NamespaceError::Label {
+                index,
+                label: label.clone(),
+                source,
+            })?;
         }
         Ok(Self(labels))
     }
@@ -51,7 +59,7 @@ impl Namespace {
     ///
     /// # Errors
     /// As [`Namespace::parse`].
-    pub fn from_dotted(dotted: &str, max_depth: usize) -> Result<Self, String> {
+    pub fn from_dotted(dotted: &str, max_depth: usize) -> Result<Self, NamespaceError> {
         let labels = if dotted.is_empty() {
             vec![]
         } else {
@@ -64,17 +72,15 @@ impl Namespace {
     ///
     /// # Errors
     /// When the thread id holds a `.` (no label may): the thread must name its namespace.
-    pub fn for_thread(thread_id: &str) -> Result<Self, String> {
+    pub fn for_thread(thread_id: &str) -> Result<Self, ThreadNamespaceError> {
         Self::parse(
             vec!["threads".into(), thread_id.to_owned()],
             usize::MAX,
             false,
         )
-        .map_err(|e| {
-            format!(
-                "the thread's default memory namespace [\"threads\", {thread_id:?}] is not \
-                 valid ({e}): set `memoryNamespace` in the thread's config"
-            )
+        .map_err(|source| ThreadNamespaceError {
+            thread_id: thread_id.to_owned(),
+            source,
         })
     }
 
@@ -104,19 +110,83 @@ impl Namespace {
     }
 }
 
+/// Why a namespace is not valid. The text is the API's (`/namespace` problems read
+/// `<path> <message>`), so it starts with a verb.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NamespaceError {
+    #[error("must have at least one label")]
+    Empty,
+    #[error("has {depth} labels; at most {max_depth} are allowed (PES_STORE_MAX_NAMESPACE_DEPTH)")]
+    TooDeep { depth: usize, max_depth: usize },
+    #[error("label {index} ({label:?}) {source}")]
+    Label {
+        index: usize,
+        label: String,
+        #[source]
+        source: LabelError,
+    },
+}
+
+/// A thread's default namespace (`["threads", <id>]`) is not valid: its id holds a `.`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the thread's default memory namespace [\"threads\", {thread_id:?}] is not valid ({source}): \
+     set `memoryNamespace` in the thread's config"
+)]
+pub struct ThreadNamespaceError {
+    pub thread_id: String,
+    #[source]
+    pub source: NamespaceError,
+}
+
+/// Why one label (or an item's key) is not valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("is empty")]
+    Empty,
+    /// The message for a key says "must not be empty" (its API text).
+    #[error("must not be empty")]
+    EmptyKey,
+    #[error("is longer than {0} characters")]
+    TooLong(usize),
+    #[error("holds a `.` (the query form joins labels with dots)")]
+    Dot,
+    #[error("holds a control character")]
+    Control,
+}
+
+/// The API's callers put these messages in a problem's field list as text.
+impl From<NamespaceError> for String {
+    fn from(e: NamespaceError) -> Self {
+        e.to_string()
+    }
+}
+
+impl From<ThreadNamespaceError> for String {
+    fn from(e: ThreadNamespaceError) -> Self {
+        e.to_string()
+    }
+}
+
+impl From<LabelError> for String {
+    fn from(e: LabelError) -> Self {
+        e.to_string()
+    }
+}
+
 /// Whether `label` may be a namespace label.
-fn check_label(label: &str) -> Result<(), String> {
+fn check_label(label: &str) -> Result<(), LabelError> {
     if label.is_empty() {
-        return Err("is empty".into());
+        return Err(LabelError::Empty);
     }
     if label.chars().count() > MAX_LABEL_CHARS {
-        return Err(format!("is longer than {MAX_LABEL_CHARS} characters"));
+        return Err(LabelError::TooLong(MAX_LABEL_CHARS));
     }
     if label.contains('.') {
-        return Err("holds a `.` (the query form joins labels with dots)".into());
+        return Err(LabelError::Dot);
     }
     if label.chars().any(char::is_control) {
-        return Err("holds a control character".into());
+        return Err(LabelError::Control);
     }
     Ok(())
 }
@@ -124,16 +194,16 @@ fn check_label(label: &str) -> Result<(), String> {
 /// Whether `key` may be an item's key: 1–512 characters, no control character.
 ///
 /// # Errors
-/// A message saying what is wrong.
-pub fn check_key(key: &str) -> Result<(), String> {
+/// What is wrong with it.
+pub fn check_key(key: &str) -> Result<(), LabelError> {
     if key.is_empty() {
-        return Err("must not be empty".into());
+        return Err(LabelError::EmptyKey);
     }
     if key.chars().count() > MAX_KEY_CHARS {
-        return Err(format!("is longer than {MAX_KEY_CHARS} characters"));
+        return Err(LabelError::TooLong(MAX_KEY_CHARS));
     }
     if key.chars().any(char::is_control) {
-        return Err("holds a control character".into());
+        return Err(LabelError::Control);
     }
     Ok(())
 }
@@ -309,6 +379,7 @@ mod tests {
         assert!(
             Namespace::for_thread("t.1")
                 .unwrap_err()
+                .to_string()
                 .contains("memoryNamespace")
         );
         // A label that sorts below the separator's successor keeps prefixes contiguous:

@@ -6,7 +6,8 @@
 //! item ids), [`runs`] (threads, runs, usage, messages), [`items`] (todo items, tool calls and
 //! results), [`observations`], [`suspensions`] (and decisions), [`agent_config`] (a thread's
 //! config and its policy floors), [`assistants`] (versioned configs and how they combine), [`webhooks`] (where a run's end is
-//! announced, and deliveries), [`crons`] (schedules and their ticks), [`memory`] (the memory store's items and namespaces). This
+//! announced, and deliveries), [`crons`] (schedules and their ticks), [`memory`] (the memory store's items and namespaces), [`calc`] (the calculator's arithmetic) and
+//! [`time_zone`] (IANA names as people spell them), which the tools and the offline model share. This
 //! file keeps what they share: `string_enum!`, the default tenant, new ids and NUL scrubbing.
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,7 @@ macro_rules! string_enum {
             /// Every variant, in declaration order.
             pub const ALL: &'static [$name] = &[$(Self::$variant),+];
         }
+        // Text: `http/sse.rs` answers it as a 422 detail (`ApiError::Validation` takes a String).
         impl std::str::FromStr for $name {
             type Err = String;
             fn from_str(s: &str) -> Result<Self, String> {
@@ -52,6 +54,7 @@ macro_rules! string_enum {
 pub mod agent_config;
 pub mod assistants;
 pub mod budgets;
+pub mod calc;
 pub mod crons;
 pub mod ids;
 pub mod items;
@@ -60,6 +63,7 @@ pub mod observations;
 pub mod payloads;
 pub mod runs;
 pub mod suspensions;
+pub mod time_zone;
 pub mod webhooks;
 
 pub use agent_config::*;

@@ -1,4 +1,4 @@
-//! Webhooks (DESIGN.md §7.3): where a run's end is announced ([`WebhookSpec`], set on a run, a
+//! Webhooks: where a run's end is announced ([`WebhookSpec`], set on a run, a
 //! thread or an assistant), which events there are, and a delivery as the API lists it. Pure
 //! types and checks; sending is `crate::webhooks`, the outbox is `crate::store`.
 
@@ -61,51 +61,88 @@ impl WebhookSpec {
         self.events.as_ref().is_none_or(|e| e.contains(&event))
     }
 
+    /// Check what a type cannot, as text.
+    ///
+    /// # Errors
+    /// As [`WebhookSpec::try_check`].
+    // The text is what `commands/webhooks.rs` answers (`ApiError::Validation` takes a String);
+    // it can take `try_check`'s error instead.
+    pub fn check(&self, field: &str) -> Result<reqwest::Url, String> {
+        self.try_check(field).map_err(|e| e.to_string())
+    }
+
     /// Check what a type cannot: the URL's form and the events list. `field` names the spot
     /// in the request (`webhook`, `config.webhook`). Where the URL may lead is the guard's
     /// business (its address is judged when it is resolved).
     ///
     /// # Errors
-    /// A message naming the field that is wrong.
-    pub fn check(&self, field: &str) -> Result<reqwest::Url, String> {
+    /// What is wrong, naming the field.
+    pub fn try_check(&self, field: &str) -> Result<reqwest::Url, WebhookSpecError> {
+        let field = || field.to_owned();
         if self.url.len() > MAX_WEBHOOK_URL_BYTES {
-            return Err(format!(
-                "{field}.url is longer than {MAX_WEBHOOK_URL_BYTES} bytes"
-            ));
+            return Err(WebhookSpecError::UrlTooLong(field()));
         }
-        let url = reqwest::Url::parse(&self.url)
-            .map_err(|e| format!("{field}.url is not a URL ({e}): `{}`", self.url))?;
+        let url = reqwest::Url::parse(&self.url).map_err(|source| WebhookSpecError::NotAUrl {
+            field: field(),
+            url: self.url.clone(),
+            source,
+        })?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!(
-                "{field}.url must be an http or https URL, not `{}:`",
-                url.scheme()
-            ));
+            return Err(WebhookSpecError::Scheme {
+                field: field(),
+                scheme: url.scheme().to_owned(),
+            });
         }
         if url.host_str().is_none_or(str::is_empty) {
-            return Err(format!("{field}.url has no host"));
+            return Err(WebhookSpecError::NoHost(field()));
         }
         if !url.username().is_empty() || url.password().is_some() {
-            return Err(format!(
-                "{field}.url must not carry credentials: deliveries are signed \
-                 (`webhook-signature`), verify that instead"
-            ));
+            return Err(WebhookSpecError::Credentials(field()));
         }
         if let Some(events) = &self.events {
             if events.is_empty() {
-                return Err(format!(
-                    "{field}.events must name at least one event (omit it for all)"
-                ));
+                return Err(WebhookSpecError::NoEvents(field()));
             }
             let mut seen = Vec::new();
             for e in events {
                 if seen.contains(e) {
-                    return Err(format!("{field}.events names `{e}` twice"));
+                    return Err(WebhookSpecError::EventTwice(field(), *e));
                 }
                 seen.push(*e);
             }
         }
         Ok(url)
     }
+}
+
+/// Why text is not a URL (`url::ParseError`, reached through reqwest's `Url`).
+pub type UrlParseError = <reqwest::Url as std::str::FromStr>::Err;
+
+/// What is wrong with a webhook as a request gives it, naming the field (`field.url`…).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookSpecError {
+    #[error("{0}.url is longer than {MAX_WEBHOOK_URL_BYTES} bytes")]
+    UrlTooLong(String),
+    #[error("{field}.url is not a URL ({source}): `{url}`")]
+    NotAUrl {
+        field: String,
+        url: String,
+        #[source]
+        source: UrlParseError,
+    },
+    #[error("{field}.url must be an http or https URL, not `{scheme}:`")]
+    Scheme { field: String, scheme: String },
+    #[error("{0}.url has no host")]
+    NoHost(String),
+    #[error(
+        "{0}.url must not carry credentials: deliveries are signed (`webhook-signature`), \
+         verify that instead"
+    )]
+    Credentials(String),
+    #[error("{0}.events must name at least one event (omit it for all)")]
+    NoEvents(String),
+    #[error("{0}.events names `{1}` twice")]
+    EventTwice(String, WebhookEvent),
 }
 
 string_enum! {

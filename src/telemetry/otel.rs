@@ -94,17 +94,32 @@ impl OtelGuard {
     }
 }
 
+/// Why span export was asked for but cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("OpenTelemetry export needs the tokio runtime")]
+    NoRuntime(#[source] tokio::runtime::TryCurrentError),
+    #[error(transparent)]
+    Client(#[from] ClientBuildError),
+    #[error("building the OTLP exporter: {0}")]
+    Exporter(#[source] opentelemetry_otlp::ExporterBuildError),
+}
+
+/// The OTLP HTTP client cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[error("building the OTLP client: {0}")]
+pub struct ClientBuildError(#[source] reqwest::Error);
+
 /// The tracer spans go to, and the guard that flushes them, when the variables ask for export.
 ///
 /// # Errors
 /// A message for the log when export was asked for but cannot start (no tokio runtime, a bad
 /// endpoint, an unsupported protocol is only warned about).
-pub fn pipeline() -> Result<Option<(SdkTracer, OtelGuard)>, String> {
+pub fn pipeline() -> Result<Option<(SdkTracer, OtelGuard)>, PipelineError> {
     if wanted(|k| std::env::var(k).ok()) == Wanted::Off {
         return Ok(None);
     }
-    let runtime = tokio::runtime::Handle::try_current()
-        .map_err(|_| "OpenTelemetry export needs the tokio runtime".to_owned())?;
+    let runtime = tokio::runtime::Handle::try_current().map_err(PipelineError::NoRuntime)?;
     let client = OtlpClient::new(runtime, export_timeout())?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
@@ -112,7 +127,7 @@ pub fn pipeline() -> Result<Option<(SdkTracer, OtelGuard)>, String> {
         .with_timeout(export_timeout())
         .with_http_client(client)
         .build()
-        .map_err(|e| format!("building the OTLP exporter: {e}"))?;
+        .map_err(PipelineError::Exporter)?;
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(resource())
@@ -186,11 +201,14 @@ pub struct OtlpClient {
 impl OtlpClient {
     /// # Errors
     /// The client cannot be built.
-    pub fn new(runtime: tokio::runtime::Handle, timeout: Duration) -> Result<Self, String> {
+    pub fn new(
+        runtime: tokio::runtime::Handle,
+        timeout: Duration,
+    ) -> Result<Self, ClientBuildError> {
         let client = crate::net::client_builder()
             .timeout(timeout)
             .build()
-            .map_err(|e| format!("building the OTLP client: {e}"))?;
+            .map_err(ClientBuildError)?;
         Ok(Self { client, runtime })
     }
 }

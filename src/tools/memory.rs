@@ -1,4 +1,4 @@
-//! The memory tools (DESIGN.md §7.4): `memory_search {query, limit?}` and `memory_put {key,
+//! The memory tools: `memory_search {query, limit?}` and `memory_put {key,
 //! value}`, over the memory store, in the namespace of the calling thread's config
 //! (`memoryNamespace`, default `["threads", <threadId>]`, carried by [`ToolContext`]). The store
 //! is reached through [`MemoryAccess`], which the use-case layer implements (sizes, quota,
@@ -28,6 +28,7 @@ pub trait MemoryAccess: Send + Sync + 'static {
     ///
     /// # Errors
     /// A message the model can read.
+    // Text by design: the tool hands it to the model as its error (as for `put`).
     async fn search(
         &self,
         tenant: &str,
@@ -56,7 +57,7 @@ fn namespace_of(ctx: &ToolContext) -> Result<Namespace, ToolError> {
     match &ctx.memory_namespace {
         Some(labels) => Namespace::parse(labels.clone(), usize::MAX, false)
             .map_err(|e| ToolError::Failed(format!("config.memoryNamespace {e}"))),
-        None => Namespace::for_thread(&ctx.thread_id).map_err(ToolError::Failed),
+        None => Namespace::for_thread(&ctx.thread_id).map_err(|e| ToolError::Failed(e.to_string())),
     }
 }
 

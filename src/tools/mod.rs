@@ -108,6 +108,7 @@ pub trait Tool: Send + Sync + 'static {
     ///
     /// # Errors
     /// A message naming the offending argument (`/inputSchema: …`).
+    // Text by design: the model reads it as the call's invalid-arguments error.
     fn check_arguments(&self, _args: &Value) -> Result<(), String> {
         Ok(())
     }

@@ -13,8 +13,8 @@ use serde_json::Value;
 use tracing::warn;
 
 use super::{DEFAULT_TOOL_TIMEOUT, Tool, ToolContext, ToolError, ToolOutcome, ToolSource, builtin};
-use crate::json::schema::CompiledSchema;
-use crate::llm::ToolSpec;
+use crate::json::schema::{CompiledSchema, SchemaError};
+use crate::model::ToolSpec;
 
 /// A server that serves tools (an MCP server): whether it can take calls now. Declared to the
 /// registry before its tools are known, so names under it (`<server>__<tool>`) are accepted in
@@ -125,7 +125,7 @@ impl ToolRegistry {
     ///
     /// # Errors
     /// The tool's `parameters` is not a usable JSON Schema; the tool is not registered.
-    pub fn try_register(&self, tool: Arc<dyn Tool>) -> Result<(), String> {
+    pub fn try_register(&self, tool: Arc<dyn Tool>) -> Result<(), SchemaError> {
         let entry = compile(tool)?;
         let name = entry.tool.name().to_owned();
         self.write().tools.insert(name, entry);
@@ -385,7 +385,7 @@ impl ToolRegistry {
 }
 
 /// The tool with its schema compiled.
-fn compile(tool: Arc<dyn Tool>) -> Result<Entry, String> {
+fn compile(tool: Arc<dyn Tool>) -> Result<Entry, SchemaError> {
     let schema = CompiledSchema::compile(&tool.parameters())?;
     Ok(Entry {
         tool,
@@ -409,7 +409,7 @@ fn check_object(args: &Value) -> Result<(), ToolError> {
         Value::String(raw) => {
             return Err(ToolError::InvalidArguments(format!(
                 "the arguments must be a JSON object; got a string that is not valid JSON: {}",
-                crate::llm::truncate(raw, 200)
+                crate::text::truncate(raw, 200)
             )));
         }
         Value::Null => "null",

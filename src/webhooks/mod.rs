@@ -1,4 +1,4 @@
-//! Sending webhooks (DESIGN.md §7.3): the Standard Webhooks signature ([`Secret`]), the settings
+//! Sending webhooks: the Standard Webhooks signature ([`Secret`]), the settings
 //! ([`WebhookSettings`]), the SSRF guard they go through, and the delivery loop ([`Deliverer`])
 //! every replica runs over the store's outbox.
 //!
@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::store::SqlStore;
-use crate::tools::http::guard::{AllowList, Guard};
+use crate::tools::http::guard::{AllowList, AllowListError, Guard};
 
 pub use send::Deliverer;
 
@@ -51,13 +51,12 @@ impl Secret {
     /// Parse `whsec_<base64>` (padding optional), 16 to 128 bytes once decoded.
     ///
     /// # Errors
-    /// A message saying what is wrong (never the secret itself).
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let b64 = raw.trim().strip_prefix(SECRET_PREFIX).ok_or_else(|| {
-            "PES_WEBHOOK_SECRET must start with `whsec_` (a Standard Webhooks secret: `whsec_` \
-             then base64 of random bytes)"
-                .to_owned()
-        })?;
+    /// What is wrong (never the secret itself).
+    pub fn parse(raw: &str) -> Result<Self, SecretError> {
+        let b64 = raw
+            .trim()
+            .strip_prefix(SECRET_PREFIX)
+            .ok_or(SecretError::Prefix)?;
         // As lenient as the reference libraries: padding optional, trailing bits ignored.
         let lenient = GeneralPurpose::new(
             &alphabet::STANDARD,
@@ -65,14 +64,9 @@ impl Secret {
                 .with_decode_padding_mode(DecodePaddingMode::Indifferent)
                 .with_decode_allow_trailing_bits(true),
         );
-        let bytes = lenient
-            .decode(b64)
-            .map_err(|e| format!("PES_WEBHOOK_SECRET is not `whsec_` + base64: {e}"))?;
+        let bytes = lenient.decode(b64).map_err(SecretError::Base64)?;
         if !(16..=128).contains(&bytes.len()) {
-            return Err(format!(
-                "PES_WEBHOOK_SECRET holds {} bytes; use 16 to 128 random bytes (32 is usual)",
-                bytes.len()
-            ));
+            return Err(SecretError::Length(bytes.len()));
         }
         Ok(Self(bytes))
     }
@@ -89,6 +83,29 @@ impl Secret {
         mac.update(body);
         format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
     }
+}
+
+/// Why `PES_WEBHOOK_SECRET` cannot be used (the messages never quote the secret).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error(
+        "PES_WEBHOOK_SECRET must start with `whsec_` (a Standard Webhooks secret: `whsec_` then \
+         base64 of random bytes)"
+    )]
+    Prefix,
+    #[error("PES_WEBHOOK_SECRET is not `whsec_` + base64: {0}")]
+    Base64(#[source] base64::DecodeError),
+    #[error("PES_WEBHOOK_SECRET holds {0} bytes; use 16 to 128 random bytes (32 is usual)")]
+    Length(usize),
+}
+
+/// Why the webhook settings cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error(transparent)]
+    Allow(#[from] AllowListError),
 }
 
 /// How webhooks are sent: the settings `PES_WEBHOOK_*`, parsed once.
@@ -110,7 +127,7 @@ impl WebhookSettings {
     ///
     /// # Errors
     /// A bad `PES_WEBHOOK_SECRET` or `PES_WEBHOOK_ALLOW`, named.
-    pub fn from_config(config: &Config) -> Result<Self, String> {
+    pub fn from_config(config: &Config) -> Result<Self, SettingsError> {
         let secret = config
             .webhook_secret
             .as_deref()
@@ -188,7 +205,7 @@ mod tests {
             "whsec_!!!",
             "whsec_AAAA",
         ] {
-            let e = Secret::parse(bad).unwrap_err();
+            let e = Secret::parse(bad).unwrap_err().to_string();
             assert!(
                 e.contains("PES_WEBHOOK_SECRET") && !e.contains("MfKQ"),
                 "{e}"

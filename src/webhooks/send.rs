@@ -32,6 +32,11 @@ pub struct Deliverer {
     owner: String,
 }
 
+/// The webhook HTTP client cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[error("building the webhook HTTP client: {0}")]
+pub struct ClientBuildError(#[source] reqwest::Error);
+
 impl Deliverer {
     /// A deliverer claiming as `owner` (unique per process), with a guarded HTTP client that
     /// follows no redirect and uses no proxy (either could route around the guard).
@@ -42,7 +47,7 @@ impl Deliverer {
         store: Arc<SqlStore>,
         settings: WebhookSettings,
         owner: String,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClientBuildError> {
         let client = crate::net::client_builder()
             .no_proxy()
             .redirect(redirect::Policy::none())
@@ -50,7 +55,7 @@ impl Deliverer {
             .dns_resolver(GuardedResolver::new(settings.guard.clone()))
             .timeout(settings.timeout)
             .build()
-            .map_err(|e| format!("building the webhook HTTP client: {e}"))?;
+            .map_err(ClientBuildError)?;
         Ok(Self {
             store,
             settings,

@@ -27,12 +27,9 @@ impl RemoteCard {
     ///
     /// # Errors
     /// It is not an agent card, or it names no JSON-RPC endpoint of a version we speak.
-    pub fn parse(card: &Value) -> Result<Self, String> {
-        let card: AgentCard =
-            serde_json::from_value(card.clone()).map_err(|e| format!("not an agent card: {e}"))?;
-        let (interface, protocol) = card
-            .jsonrpc_endpoint()
-            .ok_or("the agent card names no JSON-RPC endpoint of version 1.0 or 0.3")?;
+    pub fn parse(card: &Value) -> Result<Self, CardError> {
+        let card: AgentCard = serde_json::from_value(card.clone()).map_err(CardError::NotACard)?;
+        let (interface, protocol) = card.jsonrpc_endpoint().ok_or(CardError::NoEndpoint)?;
         Ok(Self {
             endpoint: interface.url,
             protocol,
@@ -48,6 +45,15 @@ impl RemoteCard {
     }
 }
 
+/// Why a card cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CardError {
+    #[error("not an agent card: {0}")]
+    NotACard(#[source] serde_json::Error),
+    #[error("the agent card names no JSON-RPC endpoint of version 1.0 or 0.3")]
+    NoEndpoint,
+}
+
 /// Fetch and read the card at `url`, as `reach` allows: redirects followed hop by hop through
 /// the guard, the agent's headers only to its configured origins, at most `PES_A2A_MAX_BYTES`
 /// read.
@@ -55,6 +61,8 @@ impl RemoteCard {
 /// # Errors
 /// The card cannot be fetched (refused, too large, unreachable), is not JSON, or lacks what
 /// delegation needs.
+// Text, with the URLs in it redacted: a cause kept beside it would carry the credentials a URL
+// may hold (user info, a token parameter). `agents.rs` keeps it as the agent's card slot.
 pub async fn fetch(
     reach: &super::net::Reach,
     url: &str,
@@ -65,7 +73,7 @@ pub async fn fetch(
         .await
         // The URL may carry credentials (user info, a token parameter): errors never show them.
         .map_err(|e| crate::redact::redact_urls_in(&format!("fetching the agent card: {e}")))?;
-    RemoteCard::parse(&card)
+    RemoteCard::parse(&card).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

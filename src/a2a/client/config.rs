@@ -32,7 +32,7 @@ pub struct AgentConfig {
 /// # Errors
 /// The file cannot be read, the JSON is malformed, or an entry is wrong (naming the agent and
 /// the field).
-pub fn parse(value: &str) -> Result<Vec<AgentConfig>, String> {
+pub fn parse(value: &str) -> Result<Vec<AgentConfig>, AgentsError> {
     let trimmed = value.trim();
     if trimmed.is_empty() {
         return Ok(Vec::new());
@@ -40,49 +40,70 @@ pub fn parse(value: &str) -> Result<Vec<AgentConfig>, String> {
     let (text, origin) = if trimmed.starts_with('{') {
         (trimmed.to_owned(), "PES_A2A_AGENTS".to_owned())
     } else {
-        let text = std::fs::read_to_string(trimmed)
-            .map_err(|e| format!("PES_A2A_AGENTS: cannot read the file `{trimmed}`: {e}"))?;
+        let text = std::fs::read_to_string(trimmed).map_err(|source| AgentsError::Read {
+            path: trimmed.to_owned(),
+            source,
+        })?;
         (text, format!("PES_A2A_AGENTS file `{trimmed}`"))
     };
-    let doc: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{origin}: not valid JSON: {e}"))?;
+    let doc: Value = match serde_json::from_str(&text) {
+        Ok(doc) => doc,
+        Err(source) => return Err(AgentsError::Json { origin, source }),
+    };
     let Value::Object(agents) = doc else {
-        return Err(format!(
-            "{origin}: expected a JSON object of agents by name"
-        ));
+        return Err(AgentsError::NotAnObject { origin });
     };
     agents
         .into_iter()
-        .map(|(name, entry)| agent(&name, entry).map_err(|e| format!("{origin}: {e}")))
+        .map(|(name, entry)| {
+            agent(&name, entry).map_err(|source| AgentsError::Agent {
+                origin: origin.clone(),
+                source,
+            })
+        })
         .collect()
 }
 
-fn agent(name: &str, entry: Value) -> Result<AgentConfig, String> {
+fn agent(name: &str, entry: Value) -> Result<AgentConfig, EntryError> {
     let valid = !name.is_empty()
         && name.len() <= 64
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
     if !valid {
-        return Err(format!(
+        return Err(EntryError::Invalid(format!(
             "agent name `{name}` must be 1-64 characters of A-Z a-z 0-9 - _"
-        ));
+        )));
     }
     let Value::Object(mut fields) = entry else {
-        return Err(format!("agent `{name}`: expected an object"));
+        return Err(EntryError::Invalid(format!(
+            "agent `{name}`: expected an object"
+        )));
     };
     let card_url = match fields.remove("url") {
         Some(Value::String(u)) if u.starts_with("http://") || u.starts_with("https://") => {
-            http_url(&u).map_err(|e| format!("agent `{name}`: url `{u}` {e}"))?;
+            http_url(&u).map_err(|source| EntryError::Url {
+                name: name.to_owned(),
+                url: u.clone(),
+                source,
+            })?;
             u
         }
         Some(Value::String(u)) => {
-            return Err(format!(
+            return Err(EntryError::Invalid(format!(
                 "agent `{name}`: url must be http:// or https://, got `{u}`"
-            ));
+            )));
         }
-        Some(_) => return Err(format!("agent `{name}`: url must be a string")),
-        None => return Err(format!("agent `{name}`: needs url (its agent card URL)")),
+        Some(_) => {
+            return Err(EntryError::Invalid(format!(
+                "agent `{name}`: url must be a string"
+            )));
+        }
+        None => {
+            return Err(EntryError::Invalid(format!(
+                "agent `{name}`: needs url (its agent card URL)"
+            )));
+        }
     };
     let headers = match fields.remove("headers") {
         None => BTreeMap::new(),
@@ -93,20 +114,22 @@ fn agent(name: &str, entry: Value) -> Result<AgentConfig, String> {
                     if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err()
                         || reqwest::header::HeaderValue::from_str(&s).is_err()
                     {
-                        Err(format!(
+                        Err(EntryError::Invalid(format!(
                             "agent `{name}`: the header `{k}` is not a valid HTTP header"
-                        ))
+                        )))
                     } else {
                         Ok((k, s))
                     }
                 }
-                _ => Err(format!("agent `{name}`: headers.{k} must be a string")),
+                _ => Err(EntryError::Invalid(format!(
+                    "agent `{name}`: headers.{k} must be a string"
+                ))),
             })
             .collect::<Result<_, _>>()?,
         Some(_) => {
-            return Err(format!(
+            return Err(EntryError::Invalid(format!(
                 "agent `{name}`: headers must be an object of strings"
-            ));
+            )));
         }
     };
     let origins = match fields.remove("origins") {
@@ -115,9 +138,15 @@ fn agent(name: &str, entry: Value) -> Result<AgentConfig, String> {
             .iter()
             .map(|o| {
                 let shown = o.as_str().map_or_else(|| o.to_string(), str::to_owned);
-                let bad = |why: &str| format!("agent `{name}`: origins: `{shown}` {why}");
+                let bad = |why: &str| {
+                    EntryError::Invalid(format!("agent `{name}`: origins: `{shown}` {why}"))
+                };
                 let text = o.as_str().ok_or_else(|| bad("is not a string"))?;
-                let url = http_url(text).map_err(|e| bad(&e))?;
+                let url = http_url(text).map_err(|source| EntryError::Origin {
+                    name: name.to_owned(),
+                    origin: shown.clone(),
+                    source,
+                })?;
                 if !matches!(url.path(), "" | "/") || url.query().is_some() {
                     return Err(bad(
                         "is not an origin (scheme, host and port only, e.g. `https://api.example`)",
@@ -127,15 +156,15 @@ fn agent(name: &str, entry: Value) -> Result<AgentConfig, String> {
             })
             .collect::<Result<_, _>>()?,
         Some(_) => {
-            return Err(format!(
+            return Err(EntryError::Invalid(format!(
                 "agent `{name}`: origins must be a list of origins (`https://host[:port]`)"
-            ));
+            )));
         }
     };
     if let Some(extra) = fields.keys().next() {
-        return Err(format!(
+        return Err(EntryError::Invalid(format!(
             "agent `{name}`: unknown field `{extra}` (allowed: url, headers, origins)"
-        ));
+        )));
     }
     Ok(AgentConfig {
         name: name.to_owned(),
@@ -146,12 +175,68 @@ fn agent(name: &str, entry: Value) -> Result<AgentConfig, String> {
 }
 
 /// An absolute http or https URL with a host.
-fn http_url(text: &str) -> Result<reqwest::Url, String> {
-    let url = reqwest::Url::parse(text).map_err(|e| format!("is not a valid URL ({e})"))?;
+fn http_url(text: &str) -> Result<reqwest::Url, UrlError> {
+    let url = reqwest::Url::parse(text).map_err(UrlError::Parse)?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return Err("must be an http:// or https:// URL with a host".into());
+        return Err(UrlError::NotHttp);
     }
     Ok(url)
+}
+
+/// Why `PES_A2A_AGENTS` cannot be used (each message starts with where the value came from).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentsError {
+    #[error("PES_A2A_AGENTS: cannot read the file `{path}`: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}: not valid JSON: {source}")]
+    Json {
+        origin: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{origin}: expected a JSON object of agents by name")]
+    NotAnObject { origin: String },
+    #[error("{origin}: {source}")]
+    Agent {
+        origin: String,
+        #[source]
+        source: EntryError,
+    },
+}
+
+/// What is wrong with one agent's entry, naming the agent and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntryError {
+    /// A name, a field or a value that is not what the entry takes (the message says which).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("agent `{name}`: url `{url}` {source}")]
+    Url {
+        name: String,
+        url: String,
+        #[source]
+        source: UrlError,
+    },
+    #[error("agent `{name}`: origins: `{origin}` {source}")]
+    Origin {
+        name: String,
+        origin: String,
+        #[source]
+        source: UrlError,
+    },
+}
+
+/// Why text is not an absolute http or https URL with a host (worded to follow the URL).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("is not a valid URL ({0})")]
+    Parse(#[source] crate::model::webhooks::UrlParseError),
+    #[error("must be an http:// or https:// URL with a host")]
+    NotHttp,
 }
 
 #[cfg(test)]
@@ -202,7 +287,7 @@ mod tests {
                 "must be an http:// or https:// URL",
             ),
         ] {
-            let e = parse(value).unwrap_err();
+            let e = parse(value).unwrap_err().to_string();
             assert!(e.contains(says), "{value}: {e}");
         }
     }

@@ -28,7 +28,7 @@ use reqwest::{Method, Response, StatusCode, Url, redirect};
 use serde_json::Value;
 
 use super::config::AgentConfig;
-use crate::tools::http::guard::{AllowList, Guard, GuardError, GuardedResolver};
+use crate::tools::http::guard::{AllowList, AllowListError, Guard, GuardError, GuardedResolver};
 
 /// The setting that allows remote endpoints beyond public addresses; refusals name it.
 pub const ALLOW_VAR: &str = "PES_A2A_ALLOW";
@@ -69,7 +69,7 @@ impl NetSettings {
     ///
     /// # Errors
     /// An allow-list entry that is not a host name, an address or a CIDR, named.
-    pub fn new(allow: Option<&str>, max_bytes: u64) -> Result<Self, String> {
+    pub fn new(allow: Option<&str>, max_bytes: u64) -> Result<Self, AllowListError> {
         Ok(Self {
             allow: AllowList::parse_setting(ALLOW_VAR, allow.unwrap_or(""))?,
             max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
@@ -89,6 +89,38 @@ pub enum NetError {
     Transport(String),
 }
 
+/// The A2A HTTP client cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[error("building the A2A HTTP client: {0}")]
+pub struct ClientBuildError(#[source] reqwest::Error);
+
+/// `RemoteAgents::start` (`agents.rs`) still reports its errors as text.
+impl From<ClientBuildError> for String {
+    fn from(e: ClientBuildError) -> Self {
+        e.to_string()
+    }
+}
+
+/// Why a configured agent cannot be reached as configured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReachError {
+    #[error("`{url}` is not a URL: {source}")]
+    NotAUrl {
+        url: String,
+        #[source]
+        source: crate::model::webhooks::UrlParseError,
+    },
+    #[error("the header `{0}` is not a valid HTTP header")]
+    Header(String),
+}
+
+/// A redirect whose `Location` is not a URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{from}` redirects to a Location that is not a URL")]
+struct BadLocation {
+    from: Url,
+}
+
 /// The HTTP clients every remote agent is reached with: one for the origins the operator
 /// configured, one guarded for everything else.
 pub struct Net {
@@ -104,14 +136,14 @@ impl Net {
     ///
     /// # Errors
     /// An HTTP client that cannot be built.
-    pub fn new(settings: NetSettings) -> Result<Self, String> {
+    pub fn new(settings: NetSettings) -> Result<Self, ClientBuildError> {
         let guard = Arc::new(Guard::new(settings.allow));
         let build = |b: reqwest::ClientBuilder| {
             b.connect_timeout(CONNECT_TIMEOUT)
                 .redirect(redirect::Policy::none())
                 .referer(false)
                 .build()
-                .map_err(|e| format!("building the A2A HTTP client: {e}"))
+                .map_err(ClientBuildError)
         };
         let trusted = build(crate::net::client_builder())?;
         let guarded = build(
@@ -153,10 +185,13 @@ impl Reach {
     ///
     /// # Errors
     /// A card URL or origin that is not a URL, or a header that is not valid.
-    pub fn new(net: Arc<Net>, config: &AgentConfig) -> Result<Self, String> {
+    pub fn new(net: Arc<Net>, config: &AgentConfig) -> Result<Self, ReachError> {
         let mut origins = Vec::new();
         for u in std::iter::once(&config.card_url).chain(&config.origins) {
-            let url = Url::parse(u).map_err(|e| format!("`{u}` is not a URL: {e}"))?;
+            let url = Url::parse(u).map_err(|source| ReachError::NotAUrl {
+                url: u.clone(),
+                source,
+            })?;
             origins.push(origin_of(&url));
         }
         let mut headers = HeaderMap::new();
@@ -165,7 +200,7 @@ impl Reach {
                 HeaderName::from_bytes(k.as_bytes()),
                 HeaderValue::from_str(v),
             ) else {
-                return Err(format!("the header `{k}` is not a valid HTTP header"));
+                return Err(ReachError::Header(k.clone()));
             };
             headers.insert(k, v);
         }
@@ -246,7 +281,7 @@ impl Reach {
                     "`{url}`: refused: more than {MAX_REDIRECTS} redirects"
                 )));
             }
-            url = next.map_err(NetError::Refused)?;
+            url = next.map_err(|e| NetError::Refused(e.to_string()))?;
         };
         let status = resp.status();
         if !status.is_success() {
@@ -278,7 +313,7 @@ impl Reach {
             .send_once(Method::POST, &url, extra, Some(body), timeout)
             .await?;
         if let Some(target) = redirect_target(&resp, &url) {
-            let to = target.map_or_else(|e| e, |t| format!("`{t}`"));
+            let to = target.map_or_else(|e| e.to_string(), |t| format!("`{t}`"));
             return Err(NetError::Refused(format!(
                 "`{url}` answered with a redirect (HTTP {}) to {to}, which A2A calls do not \
                  follow: the agent's card must name its endpoint",
@@ -319,7 +354,7 @@ pub(crate) fn too_large(what: &str, max: usize) -> NetError {
 
 /// Where a redirect answer leads (`None` when `resp` is not one): the resolved URL, or why it
 /// cannot be followed.
-fn redirect_target(resp: &Response, from: &Url) -> Option<Result<Url, String>> {
+fn redirect_target(resp: &Response, from: &Url) -> Option<Result<Url, BadLocation>> {
     let status = resp.status();
     if !status.is_redirection() || status == StatusCode::NOT_MODIFIED {
         return None;
@@ -330,7 +365,7 @@ fn redirect_target(resp: &Response, from: &Url) -> Option<Result<Url, String>> {
             .to_str()
             .ok()
             .and_then(|l| from.join(l).ok())
-            .ok_or_else(|| format!("`{from}` redirects to a Location that is not a URL")),
+            .ok_or_else(|| BadLocation { from: from.clone() }),
     )
 }
 

@@ -145,18 +145,18 @@ impl Part {
     ///
     /// # Errors
     /// A part that holds none (or more than one) of text, raw, url, data, or an unknown `kind`.
-    pub fn from_wire(v: &Value) -> Result<Self, String> {
+    pub fn from_wire(v: &Value) -> Result<Self, PartError> {
         let obj = v.as_object().ok_or("a part must be an object")?;
         let metadata = match obj.get("metadata") {
             None | Some(Value::Null) => None,
             Some(Value::Object(m)) => Some(m.clone()),
             Some(_) => return Err("part metadata must be an object".into()),
         };
-        let text_of = |key: &str| -> Result<Option<String>, String> {
+        let text_of = |key: &str| -> Result<Option<String>, PartError> {
             match obj.get(key) {
                 None | Some(Value::Null) => Ok(None),
                 Some(Value::String(s)) => Ok(Some(s.clone())),
-                Some(_) => Err(format!("part `{key}` must be a string")),
+                Some(_) => Err(format!("part `{key}` must be a string").into()),
             }
         };
         if let Some(kind) = obj.get("kind") {
@@ -184,7 +184,7 @@ impl Part {
                         media_type: s("mimeType"),
                     }
                 }
-                _ => return Err(format!("unknown part kind {kind}")),
+                _ => return Err(format!("unknown part kind {kind}").into()),
             };
             return Ok(Part { metadata, ..part });
         }
@@ -210,6 +210,24 @@ impl Part {
             filename: text_of("filename")?,
             media_type: text_of("mediaType")?,
         })
+    }
+}
+
+/// Why a value is not a part of either version (the message names the field; no library error
+/// lies under it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PartError(String);
+
+impl From<&str> for PartError {
+    fn from(message: &str) -> Self {
+        Self(message.to_owned())
+    }
+}
+
+impl From<String> for PartError {
+    fn from(message: String) -> Self {
+        Self(message)
     }
 }
 

@@ -24,13 +24,13 @@ mod version;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-pub use message::{Message, Part, PartContent, Role};
+pub use message::{Message, Part, PartContent, PartError, Role};
 pub use params::{
     ListTasksParams, ListTasksResponse, SendMessageConfiguration, SendMessageParams, TaskIdParams,
 };
 pub use task::{
-    Artifact, StreamResponse, Task, TaskArtifactUpdateEvent, TaskState, TaskStatus,
-    TaskStatusUpdateEvent,
+    Artifact, StreamItemError, StreamResponse, Task, TaskArtifactUpdateEvent, TaskState,
+    TaskStatus, TaskStatusUpdateEvent,
 };
 pub use version::{VERSION_HEADER, Version};
 

@@ -266,11 +266,14 @@ impl StreamResponse {
     ///
     /// # Errors
     /// Anything else, or a payload that does not parse.
-    pub fn from_wire(v: &Value) -> Result<Self, String> {
-        let obj = v.as_object().ok_or("a stream item must be an object")?;
-        let parse = |key: &str, value: &Value| -> Result<Self, String> {
+    pub fn from_wire(v: &Value) -> Result<Self, StreamItemError> {
+        let obj = v.as_object().ok_or(StreamItemError::NotAnObject)?;
+        let parse = |key: &str, value: &Value| -> Result<Self, StreamItemError> {
             let value = value.clone();
-            let e = |e: serde_json::Error| format!("invalid `{key}`: {e}");
+            let e = |source| StreamItemError::Invalid {
+                key: key.to_owned(),
+                source,
+            };
             Ok(match key {
                 "task" => Self::Task(serde_json::from_value(value).map_err(e)?),
                 "message" => Self::Message(serde_json::from_value(value).map_err(e)?),
@@ -287,10 +290,27 @@ impl StreamResponse {
         }
         match obj.get("kind").and_then(Value::as_str) {
             Some(k @ ("task" | "message" | "status-update" | "artifact-update")) => parse(k, v),
-            Some(other) => Err(format!("unknown stream item kind `{other}`")),
+            Some(other) => Err(StreamItemError::UnknownKind(other.to_owned())),
             None if obj.contains_key("status") && obj.contains_key("id") => parse("task", v),
             None if obj.contains_key("messageId") => parse("message", v),
-            None => Err("not a task, message, status update or artifact update".into()),
+            None => Err(StreamItemError::Unrecognized),
         }
     }
+}
+
+/// Why a value is not a stream item of either version.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamItemError {
+    #[error("a stream item must be an object")]
+    NotAnObject,
+    #[error("invalid `{key}`: {source}")]
+    Invalid {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("unknown stream item kind `{0}`")]
+    UnknownKind(String),
+    #[error("not a task, message, status update or artifact update")]
+    Unrecognized,
 }

@@ -40,6 +40,11 @@ pub(super) struct EventAssembler {
     stopped: bool,
 }
 
+/// The stream ended before the message did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the streamed reply ended before `message_stop`")]
+struct CutShort;
+
 impl EventAssembler {
     pub(super) fn new(tokens: Tokens, forced: Option<String>) -> Self {
         Self {
@@ -57,9 +62,9 @@ impl EventAssembler {
     ///
     /// # Errors
     /// The stream ended before the message did (a transient failure: worth another attempt).
-    fn message(self) -> Result<Value, String> {
+    fn message(self) -> Result<Value, CutShort> {
         if !self.stopped && self.stop_reason.is_none() {
-            return Err("the streamed reply ended before `message_stop`".into());
+            return Err(CutShort);
         }
         let content: Vec<Value> = self
             .blocks
@@ -158,7 +163,9 @@ impl EventAssembler {
 impl StreamedReply for EventAssembler {
     fn finish(self: Box<Self>) -> Result<ChatResponse, StreamFault> {
         let forced = self.forced.clone();
-        let message = self.message().map_err(StreamFault::Transient)?;
+        let message = self
+            .message()
+            .map_err(|e| StreamFault::Transient(e.to_string()))?;
         let raw = message.to_string();
         super::wire::parse_message(message, forced.as_deref(), &raw).map_err(StreamFault::Fatal)
     }

@@ -5,7 +5,8 @@
 
 use serde_json::{Value, json};
 
-use crate::tools::builtin::{evaluate, parse_timezone};
+use crate::model::calc::evaluate;
+use crate::model::time_zone::parse_timezone;
 
 /// Tools the offline model has rules of its own for.
 const BUILTIN_RULES: &[&str] = &["calculator", "current_time", "ask_user"];

@@ -1,7 +1,7 @@
 //! The `openai` provider: any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama,
 //! llama.cpp, LiteLLM, OpenRouter, Groq, DeepSeek… and the test double).
 //!
-//! It owns the wire format of DESIGN §3 (messages, native tool calling, `response_format`
+//! It owns the Chat Completions wire format (messages, native tool calling, `response_format`
 //! json_schema, streamed chunks) and what a reply means: any 4xx other than 429 is a permanent
 //! [`LlmError::Rejected`]; a provider that refuses `response_format` is asked once more with the
 //! schema in the system prompt instead. Retries and the reading of replies are the shared

@@ -249,6 +249,26 @@ impl Default for AllowList {
     }
 }
 
+/// An allow-list entry that cannot be read, named with the setting it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllowListError {
+    #[error("{setting}: `{entry}` is not a CIDR (expected e.g. `10.0.0.0/8` or `fd00::/8`)")]
+    Cidr {
+        setting: &'static str,
+        entry: String,
+        #[source]
+        source: ipnet::AddrParseError,
+    },
+    #[error(
+        "{setting}: `{entry}` is neither a host name nor an IP address or CIDR (no scheme, port \
+         or path: e.g. `api.internal`, `10.0.0.0/8`)"
+    )]
+    Entry {
+        setting: &'static str,
+        entry: String,
+    },
+}
+
 impl AllowList {
     /// Nothing allowed; refusals name `setting`.
     pub fn empty(setting: &'static str) -> Self {
@@ -264,7 +284,7 @@ impl AllowList {
     ///
     /// # Errors
     /// The first entry that is none of these, named, with what was expected.
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub fn parse(raw: &str) -> Result<Self, AllowListError> {
         Self::parse_setting(ALLOW_VAR, raw)
     }
 
@@ -274,14 +294,15 @@ impl AllowList {
     /// # Errors
     /// The first entry that is not a host name, an address or a CIDR, named, with what was
     /// expected.
-    pub fn parse_setting(setting: &'static str, raw: &str) -> Result<Self, String> {
+    pub fn parse_setting(setting: &'static str, raw: &str) -> Result<Self, AllowListError> {
         let mut list = AllowList::empty(setting);
         for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let bad = |why: &str| format!("{setting}: `{entry}` {why}");
             if entry.contains('/') {
-                let net: IpNet = entry
-                    .parse()
-                    .map_err(|_| bad("is not a CIDR (expected e.g. `10.0.0.0/8` or `fd00::/8`)"))?;
+                let net: IpNet = entry.parse().map_err(|source| AllowListError::Cidr {
+                    setting,
+                    entry: entry.to_owned(),
+                    source,
+                })?;
                 list.nets.push(net.trunc());
             } else if let Ok(ip) = entry
                 .trim_start_matches('[')
@@ -292,10 +313,10 @@ impl AllowList {
             } else if is_host_name(entry) {
                 list.hosts.insert(normalize_host(entry));
             } else {
-                return Err(bad(
-                    "is neither a host name nor an IP address or CIDR (no scheme, port or path: \
-                     e.g. `api.internal`, `10.0.0.0/8`)",
-                ));
+                return Err(AllowListError::Entry {
+                    setting,
+                    entry: entry.to_owned(),
+                });
             }
         }
         Ok(list)
@@ -596,7 +617,9 @@ mod tests {
             "a b",
             "1.2.3.4/x",
         ] {
-            let err = AllowList::parse(&format!("ok.host, {bad}")).unwrap_err();
+            let err = AllowList::parse(&format!("ok.host, {bad}"))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(&format!("`{bad}`")), "{err}");
             assert!(err.starts_with("PES_HTTP_TOOL_ALLOW: "), "{err}");
         }
@@ -604,7 +627,9 @@ mod tests {
 
     #[test]
     fn another_setting_s_list_is_named_in_its_errors_and_refusals() {
-        let err = AllowList::parse_setting("PES_A2A_ALLOW", "a b").unwrap_err();
+        let err = AllowList::parse_setting("PES_A2A_ALLOW", "a b")
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("PES_A2A_ALLOW: `a b`"), "{err}");
         let g = Guard::new(AllowList::parse_setting("PES_A2A_ALLOW", "10.0.0.0/8").unwrap());
         let err = g

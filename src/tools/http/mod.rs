@@ -239,7 +239,7 @@ impl Request {
         let url = Url::parse(raw_url).map_err(|e| {
             ToolError::Failed(format!(
                 "refused: `{}` is not a valid absolute URL ({e})",
-                crate::llm::truncate(raw_url, 200)
+                crate::text::truncate(raw_url, 200)
             ))
         })?;
         let mut headers = HeaderMap::new();

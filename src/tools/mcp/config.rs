@@ -39,7 +39,7 @@ pub struct ServerConfig {
 /// # Errors
 /// The file cannot be read, the JSON is malformed, or a server's entry is wrong (the message
 /// names the server and the field).
-pub fn parse(value: &str) -> Result<Vec<ServerConfig>, String> {
+pub fn parse(value: &str) -> Result<Vec<ServerConfig>, ServersError> {
     let trimmed = value.trim();
     if trimmed.is_empty() {
         return Ok(Vec::new());
@@ -47,24 +47,62 @@ pub fn parse(value: &str) -> Result<Vec<ServerConfig>, String> {
     let (text, origin) = if trimmed.starts_with('{') {
         (trimmed.to_owned(), "PES_MCP_SERVERS".to_owned())
     } else {
-        let text = std::fs::read_to_string(trimmed)
-            .map_err(|e| format!("PES_MCP_SERVERS: cannot read the file `{trimmed}`: {e}"))?;
+        let text = std::fs::read_to_string(trimmed).map_err(|source| ServersError::Read {
+            path: trimmed.to_owned(),
+            source,
+        })?;
         (text, format!("PES_MCP_SERVERS file `{trimmed}`"))
     };
-    let doc: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{origin}: not valid JSON: {e}"))?;
+    let doc: Value = match serde_json::from_str(&text) {
+        Ok(doc) => doc,
+        Err(source) => return Err(ServersError::Json { origin, source }),
+    };
     let Value::Object(servers) = doc else {
-        return Err(format!(
-            "{origin}: expected a JSON object of servers by name"
-        ));
+        return Err(ServersError::NotAnObject { origin });
     };
     servers
         .into_iter()
-        .map(|(name, entry)| server(&name, entry).map_err(|e| format!("{origin}: {e}")))
+        .map(|(name, entry)| {
+            server(&name, entry).map_err(|source| ServersError::Server {
+                origin: origin.clone(),
+                source,
+            })
+        })
         .collect()
 }
 
-fn server(name: &str, entry: Value) -> Result<ServerConfig, String> {
+/// Why `PES_MCP_SERVERS` cannot be used (each message starts with where the value came from).
+#[derive(Debug, thiserror::Error)]
+pub enum ServersError {
+    #[error("PES_MCP_SERVERS: cannot read the file `{path}`: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}: not valid JSON: {source}")]
+    Json {
+        origin: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{origin}: expected a JSON object of servers by name")]
+    NotAnObject { origin: String },
+    #[error("{origin}: {source}")]
+    Server {
+        origin: String,
+        #[source]
+        source: EntryError,
+    },
+}
+
+/// What is wrong with one server's entry: the message names the server and the field (no
+/// library error lies under it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EntryError(String);
+
+fn server(name: &str, entry: Value) -> Result<ServerConfig, EntryError> {
     let valid_name = !name.is_empty()
         && name.len() <= 32
         && name
@@ -72,21 +110,21 @@ fn server(name: &str, entry: Value) -> Result<ServerConfig, String> {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         && !name.contains("__");
     if !valid_name {
-        return Err(format!(
+        return Err(EntryError(format!(
             "server name `{name}` must be 1-32 characters of A-Z a-z 0-9 - _ without `__` (its \
              tools are named `<server>__<tool>`)"
-        ));
+        )));
     }
     let Value::Object(mut fields) = entry else {
-        return Err(format!("server `{name}`: expected an object"));
+        return Err(EntryError(format!("server `{name}`: expected an object")));
     };
     let transport = match (fields.remove("url"), fields.remove("command")) {
         (Some(url), None) => {
             let url = string(name, "url", url)?;
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(format!(
+                return Err(EntryError(format!(
                     "server `{name}`: url must be http:// or https://, got `{url}`"
-                ));
+                )));
             }
             let headers = string_map(name, "headers", fields.remove("headers"))?;
             for (k, v) in &headers {
@@ -97,7 +135,7 @@ fn server(name: &str, entry: Value) -> Result<ServerConfig, String> {
         (None, Some(command)) => {
             let command = string(name, "command", command)?;
             if command.trim().is_empty() {
-                return Err(format!("server `{name}`: command is empty"));
+                return Err(EntryError(format!("server `{name}`: command is empty")));
             }
             let args = match fields.remove("args") {
                 None => Vec::new(),
@@ -106,21 +144,23 @@ fn server(name: &str, entry: Value) -> Result<ServerConfig, String> {
                     .map(|a| string(name, "args[]", a))
                     .collect::<Result<_, _>>()?,
                 Some(_) => {
-                    return Err(format!("server `{name}`: args must be an array of strings"));
+                    return Err(EntryError(format!(
+                        "server `{name}`: args must be an array of strings"
+                    )));
                 }
             };
             let env = string_map(name, "env", fields.remove("env"))?;
             Transport::Stdio { command, args, env }
         }
         (Some(_), Some(_)) => {
-            return Err(format!(
+            return Err(EntryError(format!(
                 "server `{name}`: give either url (streamable HTTP) or command (stdio), not both"
-            ));
+            )));
         }
         (None, None) => {
-            return Err(format!(
+            return Err(EntryError(format!(
                 "server `{name}`: needs url (streamable HTTP) or command (stdio)"
-            ));
+            )));
         }
     };
     if let Some(extra) = fields.keys().next() {
@@ -128,9 +168,9 @@ fn server(name: &str, entry: Value) -> Result<ServerConfig, String> {
             Transport::Http { .. } => "url, headers",
             Transport::Stdio { .. } => "command, args, env",
         };
-        return Err(format!(
+        return Err(EntryError(format!(
             "server `{name}`: unknown field `{extra}` (allowed: {allowed})"
-        ));
+        )));
     }
     Ok(ServerConfig {
         name: name.to_owned(),
@@ -146,32 +186,34 @@ const RESERVED_HEADERS: &[&str] = &[
     "last-event-id",
 ];
 
-fn check_header(server: &str, name: &str, value: &str) -> Result<(), String> {
+fn check_header(server: &str, name: &str, value: &str) -> Result<(), EntryError> {
     if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-        return Err(format!(
+        return Err(EntryError(format!(
             "server `{server}`: `{name}` is not a valid HTTP header name"
-        ));
+        )));
     }
     if RESERVED_HEADERS
         .iter()
         .any(|r| r.eq_ignore_ascii_case(name))
     {
-        return Err(format!(
+        return Err(EntryError(format!(
             "server `{server}`: the header `{name}` is set by the MCP transport itself"
-        ));
+        )));
     }
     if reqwest::header::HeaderValue::from_str(value).is_err() {
-        return Err(format!(
+        return Err(EntryError(format!(
             "server `{server}`: the value of the header `{name}` is not a valid HTTP header value"
-        ));
+        )));
     }
     Ok(())
 }
 
-fn string(server: &str, field: &str, v: Value) -> Result<String, String> {
+fn string(server: &str, field: &str, v: Value) -> Result<String, EntryError> {
     match v {
         Value::String(s) => Ok(s),
-        _ => Err(format!("server `{server}`: {field} must be a string")),
+        _ => Err(EntryError(format!(
+            "server `{server}`: {field} must be a string"
+        ))),
     }
 }
 
@@ -179,16 +221,16 @@ fn string_map(
     server: &str,
     field: &str,
     v: Option<Value>,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, EntryError> {
     match v {
         None => Ok(BTreeMap::new()),
         Some(Value::Object(map)) => map
             .into_iter()
             .map(|(k, v)| Ok((k.clone(), string(server, &format!("{field}.{k}"), v)?)))
             .collect(),
-        Some(_) => Err(format!(
+        Some(_) => Err(EntryError(format!(
             "server `{server}`: {field} must be an object of strings"
-        )),
+        ))),
     }
 }
 
@@ -261,7 +303,7 @@ mod tests {
                 "cannot read the file `/no/such/file.json`",
             ),
         ] {
-            let e = parse(value).unwrap_err();
+            let e = parse(value).unwrap_err().to_string();
             assert!(e.contains(says), "{value}: {e}");
         }
     }

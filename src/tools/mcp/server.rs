@@ -213,7 +213,7 @@ pub(super) async fn keep(
         };
         let error = match attempt {
             Err(_) => format!("connecting timed out after {:?}", timings.connect_timeout),
-            Ok(Err(e)) => e,
+            Ok(Err(e)) => e.to_string(),
             Ok(Ok(running)) => {
                 match session(&connection, &registry, mount, running, timings, &stop).await {
                     Ended::Stopped => break,
@@ -271,7 +271,7 @@ async fn session(
     let lost = |error: String, was_up: bool| Ended::Lost { error, was_up };
     if let Err(e) = discover(connection, registry, mount, &peer).await {
         cancel.cancel();
-        return lost(e, false);
+        return lost(e.to_string(), false);
     }
     connection.set(State::Up(peer.clone()));
     connection.first_attempt.cancel();
@@ -305,7 +305,7 @@ async fn session(
                 // A `list_changed`, or a call that lost the transport: re-listing checks both.
                 if let Err(e) = discover(connection, registry, mount, &peer).await {
                     cancel.cancel();
-                    return lost(e, true);
+                    return lost(e.to_string(), true);
                 }
             }
             _ = ping.tick() => {
@@ -332,11 +332,8 @@ async fn discover(
     registry: &ToolRegistry,
     mount: Mount,
     peer: &Peer<RoleClient>,
-) -> Result<(), String> {
-    let listed = peer
-        .list_all_tools()
-        .await
-        .map_err(|e| format!("listing tools failed: {}", root_cause(&e)))?;
+) -> Result<(), SessionError> {
+    let listed = peer.list_all_tools().await.map_err(SessionError::Listing)?;
     let mut tools: Vec<Arc<dyn Tool>> = Vec::with_capacity(listed.len());
     for t in &listed {
         match mount(connection, t) {
@@ -364,7 +361,7 @@ async fn discover(
 async fn connect(
     connection: &Arc<Connection>,
     tracker: &TaskTracker,
-) -> Result<RunningService<RoleClient, Handler>, String> {
+) -> Result<RunningService<RoleClient, Handler>, SessionError> {
     let handler = Handler {
         connection: connection.clone(),
     };
@@ -373,23 +370,25 @@ async fn connect(
             let client = crate::net::client_builder()
                 .connect_timeout(Duration::from_secs(10))
                 .build()
-                .map_err(|e| format!("building the HTTP client: {e}"))?;
+                .map_err(SessionError::Client)?;
             let mut custom = HashMap::new();
             for (k, v) in headers {
                 let (Ok(k), Ok(v)) = (k.parse(), v.parse()) else {
-                    return Err(format!("the header `{k}` is not a valid HTTP header"));
+                    return Err(SessionError::Header(k.clone()));
                 };
                 custom.insert(k, v);
             }
             let config =
                 StreamableHttpClientTransportConfig::with_uri(url.clone()).custom_headers(custom);
             let transport = StreamableHttpClientTransport::with_client(client, config);
-            handler.serve(transport).await.map_err(|e| {
-                // The URL may carry credentials (user info, a token parameter): never shown.
-                let shown = crate::redact::redact_url(url.as_ref());
-                let cause = crate::redact::redact_urls_in(&root_cause(&e));
-                format!("connecting to {shown}: {cause}")
-            })
+            handler
+                .serve(transport)
+                .await
+                .map_err(|e| SessionError::Connect {
+                    // The URL may carry credentials (user info, a token parameter): never shown.
+                    url: crate::redact::redact_url(url.as_ref()),
+                    cause: crate::redact::redact_urls_in(&root_cause(&e)),
+                })
         }
         Transport::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
@@ -401,7 +400,10 @@ async fn connect(
             let (process, stderr) = TokioChildProcess::builder(cmd)
                 .stderr(std::process::Stdio::piped())
                 .spawn()
-                .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+                .map_err(|source| SessionError::Spawn {
+                    command: command.clone(),
+                    source,
+                })?;
             if let Some(stderr) = stderr {
                 // The server's own log lines, in ours at debug level (servers log every
                 // request); the last one is kept to say why a server died.
@@ -415,12 +417,12 @@ async fn connect(
                                 .last_stderr
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner) =
-                                Some(crate::llm::truncate(line.trim(), 300));
+                                Some(crate::text::truncate(line.trim(), 300));
                         }
                     }
                 });
             }
-            handler.serve(process).await.map_err(|e| {
+            handler.serve(process).await.map_err(|source| {
                 let last_words = connection
                     .last_stderr
                     .lock()
@@ -428,10 +430,44 @@ async fn connect(
                     .take()
                     .map(|l| format!("; its last stderr line: {l}"))
                     .unwrap_or_default();
-                format!("starting `{command}`: {}{last_words}", root_cause(&e))
+                SessionError::Start {
+                    command: command.clone(),
+                    last_words,
+                    source: Box::new(source),
+                }
             })
         }
     }
+}
+
+/// Why a session could not be opened or its tools listed. The text is what the server's state
+/// says (`State::Down`) and the log shows.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("listing tools failed: {}", root_cause(.0))]
+    Listing(#[source] ServiceError),
+    #[error("building the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error("the header `{0}` is not a valid HTTP header")]
+    Header(String),
+    /// Both texts redacted; the SDK's error is not kept, since its text may hold the URL's
+    /// credentials.
+    #[error("connecting to {url}: {cause}")]
+    Connect { url: String, cause: String },
+    #[error("cannot start `{command}`: {source}")]
+    Spawn {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("starting `{command}`: {}{last_words}", root_cause(&**source))]
+    Start {
+        command: String,
+        /// `; its last stderr line: …`, when it wrote one.
+        last_words: String,
+        #[source]
+        source: Box<rmcp::service::ClientInitializeError>,
+    },
 }
 
 /// What went wrong, from an SDK error: the transport errors wrap the cause in several layers

@@ -66,7 +66,7 @@ impl McpTool {
 /// `<server>__<tool>` with every character a function name cannot hold replaced by `_`, or `None`
 /// when it would be longer than a function name may be.
 fn local_name(server: &str, tool: &str) -> Option<String> {
-    let clean = crate::llm::identifier_chars(tool);
+    let clean = crate::model::ids::identifier_chars(tool);
     let name = format!("{server}__{clean}");
     (!clean.is_empty() && name.len() <= MAX_NAME).then_some(name)
 }

@@ -239,8 +239,7 @@ impl App {
             .map(|(name, p)| (name, Instrumented::wrap(p, metrics.clone())))
             .collect();
         let mcp_servers =
-            crate::tools::mcp::parse_servers(config.mcp_servers.as_deref().unwrap_or(""))
-                .map_err(|e| anyhow::anyhow!(e))?;
+            crate::tools::mcp::parse_servers(config.mcp_servers.as_deref().unwrap_or(""))?;
         let tools = ToolRegistry::with_builtins()
             .with_timeout(Duration::from_secs(config.tool_timeout_seconds.max(1)));
         let memory = build_memory(&config, &store)?;
@@ -281,14 +280,12 @@ impl App {
             );
         }
         let a2a_agents =
-            crate::a2a::client::config::parse(config.a2a_agents.as_deref().unwrap_or(""))
-                .map_err(|e| anyhow::anyhow!(e))?;
+            crate::a2a::client::config::parse(config.a2a_agents.as_deref().unwrap_or(""))?;
         // Read either way, so a bad PES_A2A_ALLOW stops the start before an agent is added.
         let a2a_net = crate::a2a::client::net::NetSettings::new(
             config.a2a_allow.as_deref(),
             config.a2a_max_bytes,
-        )
-        .map_err(anyhow::Error::msg)?;
+        )?;
         let remote_agents = if a2a_agents.is_empty() {
             None
         } else {
@@ -306,16 +303,14 @@ impl App {
             )));
             Some(agents)
         };
-        let prices = crate::model::Prices::parse(config.model_prices.as_deref().unwrap_or(""))
-            .map_err(anyhow::Error::msg)?;
+        let prices = crate::model::Prices::parse(config.model_prices.as_deref().unwrap_or(""))?;
         let allowed_models = crate::model::AllowedModels::new(
             config.allowed_models.as_deref(),
             providers.values().filter_map(|p| p.default_model()),
             &prices,
         );
         let tenant_budgets =
-            crate::model::TenantBudgets::parse(config.tenant_budgets.as_deref().unwrap_or(""))
-                .map_err(anyhow::Error::msg)?;
+            crate::model::TenantBudgets::parse(config.tenant_budgets.as_deref().unwrap_or(""))?;
         let engine = Engine::new(
             providers,
             tools,
@@ -386,11 +381,9 @@ impl App {
             Some(_) => {}
         }
         // After the bind: the default hosts name the address bound and the public URL.
-        let hosts =
-            crate::http::hosts::HostPolicy::from_config(&config).map_err(anyhow::Error::msg)?;
+        let hosts = crate::http::hosts::HostPolicy::from_config(&config)?;
         // Read either way, so a bad PES_WEBHOOK_SECRET or PES_WEBHOOK_ALLOW stops the start.
-        let webhooks =
-            crate::webhooks::WebhookSettings::from_config(&config).map_err(anyhow::Error::msg)?;
+        let webhooks = crate::webhooks::WebhookSettings::from_config(&config)?;
         let bus = EventBus::new();
         let commands = RunCommands::new(store.clone(), bus.clone());
         let hard_stop = CancellationToken::new();
@@ -646,8 +639,7 @@ fn build_memory(
 fn register_http_tool(config: &Config, tools: &ToolRegistry) -> anyhow::Result<()> {
     use crate::tools::http::guard::AllowList;
     use crate::tools::http::{HttpRequestTool, HttpToolSettings};
-    let allow = AllowList::parse(config.http_tool_allow.as_deref().unwrap_or(""))
-        .map_err(anyhow::Error::msg)?;
+    let allow = AllowList::parse(config.http_tool_allow.as_deref().unwrap_or(""))?;
     if !config.http_tool {
         if !allow.is_empty() {
             warn!(

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::{RunRequest, UseCases};
 use crate::model::{
-    AgentConfig, AssistantId, Cron, MultitaskStrategy, OnMissed, Schedule, ThreadId,
+    AgentConfig, AssistantId, Cron, MultitaskStrategy, OnMissed, Schedule, ScheduleError, ThreadId,
 };
 use crate::problem::Refusal;
 use crate::store::{CronDraft, PageCursor, StoreError, TickRecord};
@@ -69,14 +69,13 @@ fn cron_not_found(id: Uuid) -> Refusal {
 impl UseCases {
     /// The schedule in its zone, or 422 naming what is wrong.
     fn schedule(&self, schedule: &str, timezone: &str) -> Result<Schedule, Refusal> {
-        Schedule::parse(schedule, timezone, self.config.cron_seconds).map_err(|e| {
-            if e.contains("has 6 fields") && !self.config.cron_seconds {
+        Schedule::try_new(schedule, timezone, self.config.cron_seconds).map_err(|e| match e {
+            ScheduleError::FieldCount { count: 6, .. } if !self.config.cron_seconds => {
                 Refusal::Validation(format!(
                     "{e} (a leading seconds field needs PES_CRON_SECONDS=true)"
                 ))
-            } else {
-                Refusal::Validation(e)
             }
+            e => Refusal::Validation(e.to_string()),
         })
     }
 
@@ -214,8 +213,8 @@ impl UseCases {
             let s = match schedule {
                 Some(s) => s,
                 // A schedule stored earlier parses (seconds included if it has them).
-                None => Schedule::parse(&cur.schedule, &cur.timezone, true)
-                    .map_err(Refusal::Validation)?,
+                None => Schedule::try_new(&cur.schedule, &cur.timezone, true)
+                    .map_err(|e| Refusal::Validation(e.to_string()))?,
             };
             s.next_after(Utc::now())
         } else {
@@ -272,13 +271,13 @@ impl UseCases {
     /// skips), then move it on.
     async fn tick(&self, cron: Cron, now: DateTime<Utc>, owner: &str) {
         let due = cron.next_run_at;
-        let schedule = match Schedule::parse(&cron.schedule, &cron.timezone, true) {
+        let schedule = match Schedule::try_new(&cron.schedule, &cron.timezone, true) {
             Ok(s) => s,
             Err(e) => {
                 // Only a schedule the parser no longer takes (after an upgrade): look again in
                 // a day, and say why.
                 let record = TickRecord {
-                    error: Some(e),
+                    error: Some(e.to_string()),
                     ..TickRecord::default()
                 };
                 let later = now + chrono::Duration::days(1);

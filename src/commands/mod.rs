@@ -1,5 +1,5 @@
 //! The use-case layer: what a client may ask of the service, whichever door it comes through
-//! (the REST API, A2A, later MCP, AG-UI, crons and webhooks). [`UseCases`] checks a request
+//! (the REST API, A2A, AG-UI, the MCP server, crons). [`UseCases`] checks a request
 //! (`runs`: the query, the config, the tool policy floor, the tenant's quota; `decisions`: a
 //! person's decision against its suspension; `assistants`: versioned configs and their use; `webhooks`: where a run's end may be announced, and
 //! the deliveries; `crons`: schedules, and the scheduler that turns their ticks into runs;

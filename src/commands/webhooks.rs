@@ -25,7 +25,9 @@ impl UseCases {
     /// 422 naming the field and what is wrong; 422 `webhooks_not_configured` without
     /// `PES_WEBHOOK_SECRET`.
     pub fn check_webhook(&self, spec: &WebhookSpec, field: &str) -> Result<(), Refusal> {
-        let url = spec.check(field).map_err(Refusal::Validation)?;
+        let url = spec
+            .try_check(field)
+            .map_err(|e| Refusal::Validation(e.to_string()))?;
         if !self.webhooks.enabled() {
             return Err(Refusal::Unprocessable {
                 code: "webhooks_not_configured",

@@ -103,17 +103,6 @@ impl Schedule {
     /// `timezone` (an IANA name).
     ///
     /// # Errors
-    /// As [`Schedule::try_new`], as text.
-    // The text is what `commands/crons.rs` answers (a 422 detail) and tests for "has 6
-    // fields"; it can take `try_new`'s error (`ScheduleError::FieldCount`) instead.
-    pub fn parse(expr: &str, timezone: &str, seconds: bool) -> Result<Self, String> {
-        Self::try_new(expr, timezone, seconds).map_err(|e| e.to_string())
-    }
-
-    /// Parse `expr` (5 fields; with `seconds`, also 6 with a leading seconds field) read in
-    /// `timezone` (an IANA name).
-    ///
-    /// # Errors
     /// What is wrong: the number of fields, the field that does not parse (by its name and
     /// text, with the parser's error), or the time zone.
     pub fn try_new(expr: &str, timezone: &str, seconds: bool) -> Result<Self, ScheduleError> {
@@ -157,7 +146,7 @@ impl Schedule {
     }
 
     /// The first tick strictly after `t`; `None` when there is none (a schedule checked by
-    /// [`Schedule::parse`] always has one).
+    /// [`Schedule::try_new`] always has one).
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.cron
             .find_next_occurrence(&t.with_timezone(&self.tz), false)
@@ -255,7 +244,7 @@ mod tests {
 
     #[test]
     fn a_schedule_ticks_in_its_time_zone() {
-        let s = Schedule::parse("0 9 * * *", "Asia/Tokyo", false).unwrap();
+        let s = Schedule::try_new("0 9 * * *", "Asia/Tokyo", false).unwrap();
         assert_eq!(
             s.next_after(at("2026-03-01T12:00:00Z")),
             Some(at("2026-03-02T00:00:00Z"))
@@ -264,7 +253,7 @@ mod tests {
             s.latest_at_or_before(at("2026-03-02T00:00:00Z")),
             Some(at("2026-03-02T00:00:00Z"))
         );
-        let every = Schedule::parse("*/15 * * * *", "UTC", false).unwrap();
+        let every = Schedule::try_new("*/15 * * * *", "UTC", false).unwrap();
         assert_eq!(
             every.next_after(at("2026-03-01T12:00:00Z")),
             Some(at("2026-03-01T12:15:00Z"))
@@ -273,28 +262,42 @@ mod tests {
 
     #[test]
     fn a_bad_schedule_says_what_is_wrong() {
-        let e = Schedule::parse("61 * * * *", "UTC", false).unwrap_err();
+        let e = Schedule::try_new("61 * * * *", "UTC", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("minute field `61`"), "{e}");
-        let e = Schedule::parse("0 9 * * MON-XYZ", "UTC", false).unwrap_err();
+        let e = Schedule::try_new("0 9 * * MON-XYZ", "UTC", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("day-of-week"), "{e}");
-        let e = Schedule::parse("0 9 * *", "UTC", false).unwrap_err();
+        let e = Schedule::try_new("0 9 * *", "UTC", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("has 4 fields") && e.contains("5"), "{e}");
-        let e = Schedule::parse("* * * * * *", "UTC", false).unwrap_err();
+        let e = Schedule::try_new("* * * * * *", "UTC", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("has 6 fields"), "{e}");
-        let e = Schedule::parse("0 9 * * *", "Mars/Base", false).unwrap_err();
+        let e = Schedule::try_new("0 9 * * *", "Mars/Base", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("timezone `Mars/Base`"), "{e}");
-        let e = Schedule::parse("0 0 30 2 *", "UTC", false).unwrap_err();
+        let e = Schedule::try_new("0 0 30 2 *", "UTC", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("never matches"), "{e}");
     }
 
     #[test]
     fn seconds_only_when_allowed() {
-        let s = Schedule::parse("*/2 * * * * *", "UTC", true).unwrap();
+        let s = Schedule::try_new("*/2 * * * * *", "UTC", true).unwrap();
         assert_eq!(
             s.next_after(at("2026-03-01T12:00:00Z")),
             Some(at("2026-03-01T12:00:02Z"))
         );
-        let e = Schedule::parse("70 * * * * *", "UTC", true).unwrap_err();
+        let e = Schedule::try_new("70 * * * * *", "UTC", true)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("second field `70`"), "{e}");
     }
 

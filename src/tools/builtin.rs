@@ -146,10 +146,10 @@ impl Tool for AskUser {
     fn blocking(&self) -> Option<SuspensionKind> {
         Some(SuspensionKind::Input)
     }
-    // The model reads this text (as the call's invalid-arguments error).
-    fn check_arguments(&self, args: &Value) -> Result<(), String> {
+    fn check_arguments(&self, args: &Value) -> Result<(), ToolError> {
         match args.get("inputSchema") {
-            Some(s) => schema::check_schema(s).map_err(|e| format!("/inputSchema: {e}")),
+            Some(s) => schema::check_schema(s)
+                .map_err(|e| ToolError::InvalidArguments(format!("/inputSchema: {e}"))),
             None => Ok(()),
         }
     }
@@ -342,6 +342,9 @@ mod tests {
         let e = AskUser
             .check_arguments(&json!({"question": "?", "inputSchema": {"type": "nope"}}))
             .unwrap_err();
+        let ToolError::InvalidArguments(e) = e else {
+            panic!("{e}")
+        };
         assert!(
             e.starts_with("/inputSchema: schema at /type: \"nope\" is not valid"),
             "{e}"

@@ -107,9 +107,9 @@ pub trait Tool: Send + Sync + 'static {
     /// schema), run by [`ToolRegistry::validate`] after the schema passed.
     ///
     /// # Errors
-    /// A message naming the offending argument (`/inputSchema: …`).
-    // Text by design: the model reads it as the call's invalid-arguments error.
-    fn check_arguments(&self, _args: &Value) -> Result<(), String> {
+    /// [`ToolError::InvalidArguments`] naming the offending argument (`/inputSchema: …`): the
+    /// model reads it as the call's error.
+    fn check_arguments(&self, _args: &Value) -> Result<(), ToolError> {
         Ok(())
     }
     /// Run the tool with arguments already validated against [`Tool::parameters`].

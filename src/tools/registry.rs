@@ -327,10 +327,7 @@ impl ToolRegistry {
             .schema
             .validate(args)
             .map_err(|errors| ToolError::InvalidArguments(errors.join("; ")))?;
-        entry
-            .tool
-            .check_arguments(args)
-            .map_err(ToolError::InvalidArguments)
+        entry.tool.check_arguments(args)
     }
 
     /// Validate and run one call, bounded by the registry's timeout. Never panics and never

@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
-use super::history::{self, copy_items, copy_state};
+use super::fragments::{
+    ANNOUNCED, Commit, RUN_UPDATE, bind_fence, copy_items, copy_state, outbox_insert,
+};
+use super::history;
 use super::rows;
 use super::sql::{Conn, Raw, q};
 use super::sql_store::{Db, SqlStore};
@@ -20,7 +22,6 @@ use super::tables::{
     suspension_cols,
 };
 use super::threads::lock_thread;
-use super::webhooks::outbox_insert;
 use super::{Applied, Batch, Fence, Op, Signal, StoreError, StoreResult};
 use crate::model::{NewObservation, Observation, ThreadId};
 

@@ -1,7 +1,8 @@
-//! What only Postgres does: connecting, the one-round-trip claim, the list insert of
-//! observations (with its `NOTIFY`), and the signals between replicas (LISTEN, and the poll of
-//! watched threads that covers a lost notification). Everything else is the shared logic of
-//! [`SqlStore`].
+//! What only Postgres does: its pool, the one-round-trip claim, the commit as one statement, the
+//! list insert of observations (with its `NOTIFY`), and the signals between replicas (LISTEN,
+//! and the poll of watched threads that covers a lost notification). A layer below
+//! [`super::SqlStore`] that knows nothing of it: functions over a pool or a [`Conn`], which the
+//! store's methods call; everything else is the store's shared logic.
 //!
 //! How Postgres keeps the store's invariants (see [`super`]):
 //! - **Gap-free seqs.** `threads.last_seq` is bumped by the transaction that inserts the
@@ -28,60 +29,28 @@ use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use serde_json::Value;
 
-use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
+use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence, flag, outbox_insert};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
-use super::history::flag;
 use super::rows;
+use super::signals::Signal;
 use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
-use super::sql_store::{Db, SqlStore};
 use super::tables::{
     AGENT_STATE, ITEM_COLUMNS, MESSAGES, RowCols, STATE_COLUMNS, TODO_ITEMS, Table, item_cols,
     message_cols_at, state_cols,
 };
-use super::webhooks::outbox_insert;
-use super::{Claim, Fence, Op, Signal, StoreError, StoreResult};
+use super::{Claim, Fence, Op, StoreError, StoreResult};
 use crate::model::{NewObservation, ThreadId, TodoItem};
 
 /// The embedded Postgres migrations (`migrations/postgres`).
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
-/// Opens the store on Postgres.
+/// Opens the store on Postgres: [`PgStore::connect`] and [`PgStore::from_pool`] build the
+/// [`super::SqlStore`] (in `sql_store.rs`, above this file); [`PgStore::probe`] only asks
+/// whether the server answers.
 #[derive(Debug, Clone, Copy)]
 pub struct PgStore;
 
 impl PgStore {
-    /// Connect a pool of at most `max_connections` to `url` (`postgres://…`). Does not migrate.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the URL is invalid or the server cannot be reached.
-    pub async fn connect(url: &str, max_connections: u32) -> StoreResult<SqlStore> {
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    // Every statement is prepared once per connection and its parameters are
-                    // keys and values, never selectivity-changing ranges: a generic plan fits,
-                    // and planning each execution again (the default for the first five, and
-                    // whenever a custom plan looks cheaper) was a fifth of a commit's cost.
-                    sqlx::query("SET plan_cache_mode = force_generic_plan")
-                        .execute(conn)
-                        .await?;
-                    Ok(())
-                })
-            })
-            .connect(url)
-            .await?;
-        // No more transactions of all replicas together are ever in flight than the server
-        // takes connections: what lets a tenant far below a quota skip its lock (`quotas`).
-        let most: String = sqlx::query_scalar("SHOW max_connections")
-            .fetch_one(&pool)
-            .await?;
-        let mut store = Self::from_pool(pool);
-        store.in_flight = most.trim().parse().unwrap_or(u64::MAX);
-        Ok(store)
-    }
-
     /// Open and close one connection to `url`: whether the server answers and lets us in,
     /// without a pool's own retries (start-up waits for the database with this, so each attempt
     /// is seen, and the pool is built once it answers).
@@ -94,11 +63,35 @@ impl PgStore {
         conn.close().await.ok();
         Ok(())
     }
+}
 
-    /// Wrap an existing pool.
-    pub fn from_pool(pool: PgPool) -> SqlStore {
-        SqlStore::new(Db::Pg(pool))
-    }
+/// A pool of at most `max_connections` to `url` (`postgres://…`), and the most transactions of
+/// every replica together that can be in flight (the server's `max_connections`; `u64::MAX`
+/// when unreadable): what [`PgStore::connect`] builds the store on. Does not migrate.
+pub(crate) async fn pool(url: &str, max_connections: u32) -> StoreResult<(PgPool, u64)> {
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(10))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                // Every statement is prepared once per connection and its parameters are
+                // keys and values, never selectivity-changing ranges: a generic plan fits,
+                // and planning each execution again (the default for the first five, and
+                // whenever a custom plan looks cheaper) was a fifth of a commit's cost.
+                sqlx::query("SET plan_cache_mode = force_generic_plan")
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await?;
+    // No more transactions of all replicas together are ever in flight than the server
+    // takes connections: what lets a tenant far below a quota skip its lock (`quotas`).
+    let most: String = sqlx::query_scalar("SHOW max_connections")
+        .fetch_one(&pool)
+        .await?;
+    Ok((pool, most.trim().parse().unwrap_or(u64::MAX)))
 }
 
 /// Whether connecting failed for a reason that passes by itself: the server is not up yet (refused,

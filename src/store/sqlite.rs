@@ -1,6 +1,7 @@
 //! What only SQLite does: opening the file (pragmas, one writer connection, readers), its claim
-//! (writers are serialized, so no row locks), and inserting a list of observations. Everything
-//! else is the shared logic of [`SqlStore`].
+//! (writers are serialized, so no row locks), the commit as one call, and inserting a list of
+//! observations. A layer below [`super::SqlStore`] that knows nothing of it: functions over pools
+//! or a [`Conn`], which the store's methods call; everything else is the store's shared logic.
 //!
 //! SQLite has one writer. Writes go through a pool of **one** connection and every write
 //! transaction starts with `BEGIN IMMEDIATE` (see `SqlStore::write`). Reads use a separate pool
@@ -22,17 +23,16 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
-use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
+use super::fragments::{
+    ANNOUNCED, Commit, RUN_UPDATE, bind_fence, copy_items, copy_state, flag, outbox_insert,
+};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
-use super::history::{copy_items, copy_state, flag};
 use super::rows;
 use super::sql::{Arg, Conn, Q, id_text, q};
-use super::sql_store::{Db, SqlStore};
 use super::tables::{
     AGENT_STATE, MESSAGES, RowCols, SUSPENSIONS, TODO_ITEMS, Table, item_cols, message_cols_at,
     state_cols, suspension_cols,
 };
-use super::webhooks::outbox_insert;
 use super::{Claim, Fence, Op, StoreError, StoreResult};
 use crate::model::{NewObservation, ThreadId};
 
@@ -48,7 +48,8 @@ const LEASES: &str = "SELECT COALESCE(MAX(lease_expires_at < {now}), 0) AS any_e
 /// Prepared statements the writer connection keeps (sqlx's default is 100).
 const WRITER_STATEMENTS: usize = 2048;
 
-/// Opens the store on an SQLite file (or in memory).
+/// Opens the store on an SQLite file (or in memory): [`SqliteStore::connect`] builds the
+/// [`super::SqlStore`] (in `sql_store.rs`, above this file) on the pools of [`pools`].
 #[derive(Debug, Clone, Copy)]
 pub struct SqliteStore;
 
@@ -57,55 +58,45 @@ fn is_memory(url: &str) -> bool {
     url.contains(":memory:") || url.contains("mode=memory")
 }
 
-impl SqliteStore {
-    /// Open (creating the file and its folder when missing) the database at `url`:
-    /// `sqlite://relative/path.db`, `sqlite:///absolute/path.db` or `sqlite::memory:`.
-    /// Every connection gets `foreign_keys=ON`, `busy_timeout`, and for files WAL with
-    /// `synchronous=NORMAL`. Does not migrate.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] for a malformed URL, a folder that cannot be created or a
-    /// database that cannot be opened.
-    pub async fn connect(url: &str) -> StoreResult<SqlStore> {
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
-        if is_memory(url) {
-            // The database lives as long as a connection to it: keep exactly one, forever.
-            let pool = SqlitePoolOptions::new()
-                .max_connections(1)
-                .min_connections(1)
-                .idle_timeout(None)
-                .max_lifetime(None)
-                .connect_with(options)
-                .await?;
-            return Ok(SqlStore::new(Db::Lite {
-                writer: pool.clone(),
-                reader: pool,
-            }));
-        }
-        if let Some(dir) = options.get_filename().parent()
-            && !dir.as_os_str().is_empty()
-        {
-            create_folder(dir)?;
-        }
-        let options = options
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal);
-        // A commit is one call whose SQL depends on the batch's ops (one statement each): keep
-        // many prepared, so the one writer does not prepare them again and again.
-        let writer = SqlitePoolOptions::new()
+/// The writer pool (exactly one connection) and the readers' pool of the database at `url`
+/// (the same pool for an in-memory database, which lives as long as its one connection), as
+/// [`SqliteStore::connect`] documents them. Does not migrate.
+pub(crate) async fn pools(url: &str) -> StoreResult<(SqlitePool, SqlitePool)> {
+    let options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .foreign_keys(true)
+        .busy_timeout(Duration::from_secs(10));
+    if is_memory(url) {
+        // The database lives as long as a connection to it: keep exactly one, forever.
+        let pool = SqlitePoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone().statement_cache_capacity(WRITER_STATEMENTS))
-            .await?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(4)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
             .connect_with(options)
             .await?;
-        Ok(SqlStore::new(Db::Lite { writer, reader }))
+        return Ok((pool.clone(), pool));
     }
+    if let Some(dir) = options.get_filename().parent()
+        && !dir.as_os_str().is_empty()
+    {
+        create_folder(dir)?;
+    }
+    let options = options
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal);
+    // A commit is one call whose SQL depends on the batch's ops (one statement each): keep
+    // many prepared, so the one writer does not prepare them again and again.
+    let writer = SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options.clone().statement_cache_capacity(WRITER_STATEMENTS))
+        .await?;
+    let reader = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await?;
+    Ok((writer, reader))
 }
 
 /// Create the database's folder when missing and check that this process can write in it (SQLite

@@ -1,5 +1,5 @@
 //! SQL text the shared logic and both dialects build on, below both and knowing nothing of
-//! [`super::SqlStore`]: the run's fenced update and how a batch's fence is bound; the history
+//! [`super::SqlStore`]: the run's fenced update and the cancel of its suspensions; the history
 //! copies a commit makes of the rows it writes ([`copy_items`], [`copy_state`]); the webhook
 //! outbox row a run's ending commit writes ([`outbox_insert`]); the claim's candidate rules and
 //! the memory of tenants served that orders them ([`ServedTenants`]). So `apply`, `leases`,
@@ -7,12 +7,8 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-
-use super::sql::{Arg, Dialect, Q};
+use super::sql::{Arg, Dialect};
 use super::tables::{ITEM_COLUMNS, STATE_COLUMNS};
-use super::{Fence, Op, RunUpdate};
-use crate::model::{NewObservation, RunPhase, RunStatus, ThreadId};
 
 /// The run's part of a commit, under the fence (`$1` run, `$2` attempt, `$12`/`$13` its
 /// thread): extend the lease (`$3` seconds) or clear it (`$10`), and apply the run's update. A
@@ -30,6 +26,15 @@ pub(crate) const RUN_UPDATE: &str = "UPDATE runs SET \
       ended_at = CASE WHEN $9 THEN {now} ELSE ended_at END \
     WHERE run_id = $1 AND attempt = $2 AND status = 'running' \
       AND tenant = $12 AND thread_id = $13";
+
+/// Resolve run `$1`'s pending suspensions as cancelled by the commit whose seq is `seq` (an SQL
+/// expression); `gate` is appended to the `WHERE` (the fence, as the dialect checks it).
+pub(crate) fn cancel_suspensions(seq: &str, gate: &str) -> String {
+    format!(
+        "UPDATE suspensions SET status = 'cancelled', resolved_at = {{now}}, resolved_seq = {seq} \
+         WHERE run_id = $1 AND status = 'pending'{gate}"
+    )
+}
 
 /// The statuses a webhook announces (`webhooks::outbox_insert`'s callers keep to them).
 pub(crate) const ANNOUNCED: &str = "w.status IN ('completed', 'failed', 'cancelled', 'suspended')";
@@ -84,46 +89,6 @@ pub(crate) const CLAIM: &str = "UPDATE runs SET status = 'running', attempt = at
 /// The lease in seconds, as a bind value.
 pub(crate) fn lease_secs(lease: Duration) -> Arg {
     Arg::Float(lease.as_secs_f64())
-}
-
-/// Bind `$1`–`$14` of a fenced commit: the fence, the lease, the run's update ([`RUN_UPDATE`]),
-/// the thread and `n`, how many seqs to reserve.
-pub(crate) fn bind_fence(stmt: Q, fence: Fence, lease: Duration, c: &Commit<'_>) -> Q {
-    let u = c.update;
-    stmt.bind(fence.run_id)
-        .bind(fence.attempt)
-        .bind(lease_secs(lease))
-        .bind(u.status.map(RunStatus::as_str))
-        .bind(u.phase.map(RunPhase::as_str))
-        .bind(c.usage.clone())
-        .bind(c.error.clone())
-        .bind(u.final_response.clone())
-        .bind(u.ended)
-        .bind(c.clear_lease)
-        .bind(u.unless_decided.clone())
-        .bind(c.tenant)
-        .bind(c.thread_id.as_str())
-        .bind(c.n)
-}
-
-/// A batch, taken apart for committing.
-pub(crate) struct Commit<'a> {
-    pub tenant: &'a str,
-    pub thread_id: &'a ThreadId,
-    pub update: &'a RunUpdate,
-    pub usage: Option<Value>,
-    pub error: Option<Value>,
-    /// The run stops holding a lease (it ended or waits for a person).
-    pub clear_lease: bool,
-    /// The update moves the run to a status a webhook announces: the commit writes the outbox
-    /// row (when the run has a webhook that wants it) with the run's change.
-    pub announces: bool,
-    /// The batch changes §2's state: its commit is a point of the thread's history.
-    pub changed: bool,
-    /// How many observations, hence seqs.
-    pub n: i64,
-    pub ops: &'a [Op],
-    pub observations: &'a [NewObservation],
 }
 
 /// The tenants this process's claims served, the most recent last (at most
@@ -249,9 +214,11 @@ const SQLITE_UUID: &str = "lower(hex(randomblob(4)) || '-' || hex(randomblob(2))
 
 /// The `INSERT … SELECT` that writes one outbox row per run of `source` (aliased `w`: the
 /// `runs` table, or a CTE of updated runs rows) matching `cond`, whose webhook wants the event of
-/// its status. Only statuses with an event may reach it (the callers' `cond` says which). No
-/// parameters of its own, so it fits into any statement's numbering.
-pub(crate) fn outbox_insert(d: Dialect, source: &str, cond: &str) -> String {
+/// its status. Only statuses with an event may reach it (the callers' `cond` says which). A
+/// `run.suspended` event names the run's newest pending suspension, looked up in `suspensions`
+/// (the table, or a relation that adds the ones the same statement inserts, which the table
+/// does not show it yet). No parameters of its own, so it fits into any statement's numbering.
+pub(crate) fn outbox_insert(d: Dialect, source: &str, cond: &str, suspensions: &str) -> String {
     let (id, url, snapshot, wants) = match d {
         Dialect::Postgres => (
             "gen_random_uuid()".to_owned(),
@@ -285,7 +252,7 @@ pub(crate) fn outbox_insert(d: Dialect, source: &str, cond: &str) -> String {
         "INSERT INTO webhook_deliveries (delivery_id, tenant, thread_id, run_id, event, url, \
            run_snapshot, suspension_id, status, attempts, next_attempt_at, created_at) \
          SELECT {id}, w.tenant, w.thread_id, w.run_id, 'run.' || w.status, {url}, {snapshot}, \
-           CASE WHEN w.status = 'suspended' THEN (SELECT s.suspension_id FROM suspensions s \
+           CASE WHEN w.status = 'suspended' THEN (SELECT s.suspension_id FROM {suspensions} s \
              WHERE s.run_id = w.run_id AND s.status = 'pending' \
              ORDER BY s.created_at DESC LIMIT 1) END, \
            'pending', 0, {{now}}, {{now}} \

@@ -29,23 +29,8 @@ use super::rows;
 use super::sql::{Arg, Conn, Dialect, q};
 use super::sql_store::SqlStore;
 use super::tables::item_view_columns;
-use super::{AgentSnapshot, Op, StoreError, StoreResult};
+use super::{AgentSnapshot, StoreError, StoreResult};
 use crate::model::{AgentStateRow, SuspensionStatus, ThreadId};
-
-/// Whether a batch changes §2's state (what `/history` lists): the agent state, an item, or a
-/// suspension. Messages and the run's own row are not part of it.
-pub(crate) fn changes_state(ops: &[Op]) -> bool {
-    ops.iter().any(|op| {
-        matches!(
-            op,
-            Op::SetAgentState(_)
-                | Op::UpsertItem(_)
-                | Op::DeleteItem(_)
-                | Op::InsertSuspension(_)
-                | Op::CancelSuspensions
-        )
-    })
-}
 
 /// Mark observation `last` as the end of its commit (inside the commit's transaction, after the
 /// observation was inserted): `changed` says whether the commit changed the state; the phase

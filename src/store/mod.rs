@@ -19,8 +19,9 @@
 //! - `sql_store`: the type itself, opening it, its connections and what concerns the whole
 //!   store (migrations, readiness, the backlog, signals between processes);
 //! - the dialects, which know nothing of [`SqlStore`]: `postgres` and `sqlite` hold only what
-//!   truly differs (their pools, the claim, the commit in one round trip, the list insert of
-//!   observations, LISTEN/NOTIFY), and `group` is SQLite's group commit;
+//!   truly differs (their pools, the claim, how a commit is rendered in one round trip, the list
+//!   insert of observations, LISTEN/NOTIFY), and `group` is SQLite's group commit;
+//! - `commit`: what a commit of the engine's batch writes, described once for both dialects;
 //! - below them: `fragments` (SQL text shared by the commit and claim paths: the fenced run
 //!   update, history copies, the outbox row, the claim's candidates), `tables` (the rows the
 //!   engine's ops write), `rows` (rows to domain types, one decoder per type), `quotas`, the
@@ -49,6 +50,7 @@ use crate::model::{
 
 mod apply;
 mod assistants;
+mod commit;
 mod crons;
 mod flowcharts;
 mod forks;

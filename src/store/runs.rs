@@ -89,6 +89,7 @@ async fn cancel_waiting(
         conn.dialect(),
         "runs",
         "{in w.run_id 1} AND w.status = 'cancelled'",
+        "suspensions",
     );
     conn.exec(q(sql).bind(ids.clone())).await?;
     let ended = end_items(conn, tenant, thread_id, &ids).await?;

@@ -1,6 +1,6 @@
 //! Group commit for SQLite's one writer: batches that arrive while the writer is busy are
 //! committed together, several runs' batches between one `BEGIN IMMEDIATE` and one `COMMIT`.
-//! Each batch is still one call to the connection's thread (see `sqlite::one_call`), so a batch
+//! Each batch is still one call to the connection's thread (see `sqlite::commit_call`), so a batch
 //! costs one round trip to that thread instead of three, and the writer is held for fewer of
 //! them while other runs wait.
 //!
@@ -49,7 +49,7 @@ impl GroupCommit {
         std::mem::take(&mut *self.queue.lock().expect("group commit queue"))
     }
 
-    /// Commit one batch's call (`sqlite::one_call`), with whatever else is waiting; `begin`
+    /// Commit one batch's call (`sqlite::commit_call`), with whatever else is waiting; `begin`
     /// starts a write transaction on the writer.
     pub(crate) async fn commit<F, Fut>(&self, stmt: Q, begin: F) -> StoreResult<Committed>
     where

@@ -1,4 +1,4 @@
-//! Thread history (DESIGN §7.2): what every commit records so that any past state can be read,
+//! Thread history: what every commit records so that any past state can be read,
 //! and reading it. Every commit that hands out seqs marks its last observation as its end
 //! (`observations.commit_changed`: whether it changed the state; `commit_phase`/`commit_usage`:
 //! its run's phase and usage after it, what a fork continues from); every write of a state row
@@ -9,17 +9,18 @@
 //! whatever the length of the thread, with no replay.
 //!
 //! Why the commit's end is marked on its observation rather than in a table of commits: the
-//! observation is written anyway, and a row more per commit cost W3 throughput (DESIGN §7.2
-//! allows history 5 %); the history tables hold no foreign key for the same reason.
+//! observation is written anyway, and a row more per commit cost W3 throughput (history may
+//! cost it 5 % at most); the history tables hold no foreign key for the same reason.
 //!
 //! Why versions and not snapshots or a change log: a snapshot per commit writes every item at
 //! every commit (a plan of forty items, forty rows per commit), and a log of changes needs
 //! checkpoints and a replay to read a state. A version is written only for the rows a commit
 //! touches, which the commit writes anyway, and it is read back by its key.
 //!
-//! The SQL here is shared by the three ways of committing (`apply.rs`'s transaction,
-//! `postgres::one_statement`, `sqlite::one_call`) and by `append_observations`; forks, which copy
-//! a prefix of all this, are in `forks.rs`.
+//! What a commit writes for history is SQL below the store, which the dialects' commits use
+//! (`fragments::copy_items` and `copy_state`); here are the bookkeeping of writes made outside
+//! the engine's batches (`record_append`, used by `append_observations`), reading a past state,
+//! and the list of points. Forks, which copy a prefix of all this, are in `forks.rs`.
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -27,74 +28,9 @@ use uuid::Uuid;
 use super::rows;
 use super::sql::{Arg, Conn, Dialect, q};
 use super::sql_store::SqlStore;
-use super::tables::{ITEM_COLUMNS, STATE_COLUMNS, item_view_columns};
-use super::{AgentSnapshot, Op, StoreError, StoreResult};
+use super::tables::item_view_columns;
+use super::{AgentSnapshot, StoreError, StoreResult};
 use crate::model::{AgentStateRow, SuspensionStatus, ThreadId};
-
-/// Whether a batch changes §2's state (what `/history` lists): the agent state, an item, or a
-/// suspension. Messages and the run's own row are not part of it.
-pub(crate) fn changes_state(ops: &[Op]) -> bool {
-    ops.iter().any(|op| {
-        matches!(
-            op,
-            Op::SetAgentState(_)
-                | Op::UpsertItem(_)
-                | Op::DeleteItem(_)
-                | Op::InsertSuspension(_)
-                | Op::CancelSuspensions
-        )
-    })
-}
-
-/// Copy the live `todo_items` rows picked by `filter` into their versions at `seq` (an SQL
-/// expression), as tombstones when `deleted`. `tenant` and `thread` are the placeholders of the
-/// statement the copy belongs to; `gate` is appended to the `WHERE` (the fence, where the
-/// dialect needs it). A second write of an item in one commit replaces the first's version.
-pub(crate) fn copy_items(
-    tenant: &str,
-    thread: &str,
-    filter: &str,
-    seq: &str,
-    deleted: bool,
-    gate: &str,
-) -> String {
-    let cols = ITEM_COLUMNS.join(", ");
-    let set: Vec<String> = ITEM_COLUMNS
-        .iter()
-        .filter(|c| **c != "item_id")
-        .map(|c| format!("{c} = EXCLUDED.{c}"))
-        .chain(std::iter::once("deleted = EXCLUDED.deleted".to_owned()))
-        .collect();
-    format!(
-        "INSERT INTO todo_item_versions (tenant, thread_id, {cols}, seq, deleted) \
-         SELECT tenant, thread_id, {cols}, {seq}, {deleted} FROM todo_items \
-         WHERE tenant = {tenant} AND thread_id = {thread} AND {filter}{gate} \
-         ON CONFLICT (tenant, thread_id, item_id, seq) DO UPDATE SET {set}",
-        deleted = if deleted { "TRUE" } else { "FALSE" },
-        set = set.join(", ")
-    )
-}
-
-/// Copy the live `agent_state` row into its version at `seq` (see [`copy_items`]).
-pub(crate) fn copy_state(tenant: &str, thread: &str, seq: &str, gate: &str) -> String {
-    let cols = STATE_COLUMNS.join(", ");
-    let set: Vec<String> = STATE_COLUMNS
-        .iter()
-        .map(|c| format!("{c} = EXCLUDED.{c}"))
-        .collect();
-    format!(
-        "INSERT INTO agent_state_versions (tenant, thread_id, seq, {cols}) \
-         SELECT tenant, thread_id, {seq}, {cols} FROM agent_state \
-         WHERE tenant = {tenant} AND thread_id = {thread}{gate} \
-         ON CONFLICT (tenant, thread_id, seq) DO UPDATE SET {set}",
-        set = set.join(", ")
-    )
-}
-
-/// The bare `TRUE`/`FALSE` of a flag, for SQL both dialects read.
-pub(crate) fn flag(b: bool) -> &'static str {
-    if b { "TRUE" } else { "FALSE" }
-}
 
 /// Mark observation `last` as the end of its commit (inside the commit's transaction, after the
 /// observation was inserted): `changed` says whether the commit changed the state; the phase

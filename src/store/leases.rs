@@ -1,6 +1,7 @@
 //! Leases: what a worker may claim, extending a lease and giving a run back. The claim
 //! statements themselves are per dialect (`postgres::claim_runs` locks with `SKIP LOCKED` in one
-//! round trip; SQLite's writers are serialized) but pick runs by the rules written here.
+//! round trip; SQLite's writers are serialized) but pick runs by the same rules (`fragments`:
+//! the candidates, and the tenants this process served, which break ties).
 
 use std::time::Duration;
 
@@ -155,59 +156,5 @@ impl SqlStore {
         }
         tx.notify(&Signal::RunReady).await?;
         tx.commit().await
-    }
-}
-
-/// The tenants this process's claims served, the most recent last (at most
-/// [`ServedTenants::KEPT`]): what breaks a tie between tenants whose turns are equal, so tenants
-/// with backlogs take turns. Kept in memory, not in the database: it costs no write, and each
-/// replica's own order is enough to keep any one tenant from being passed over.
-#[derive(Debug, Default)]
-pub struct ServedTenants {
-    recent: std::collections::VecDeque<String>,
-}
-
-impl ServedTenants {
-    /// Tenants remembered at most.
-    pub const KEPT: usize = 256;
-
-    /// `tenant` was just served.
-    fn note(&mut self, tenant: &str) {
-        if self.recent.back().is_some_and(|t| t == tenant) {
-            return;
-        }
-        self.recent.retain(|t| t != tenant);
-        self.recent.push_back(tenant.to_owned());
-        if self.recent.len() > Self::KEPT {
-            self.recent.pop_front();
-        }
-    }
-
-    /// The claim's parameter: `,a,b,c,` (least recent first), so the position of `,<tenant>,`
-    /// orders tenants from never or long ago served to just served. Tenant names hold no comma
-    /// (they come from the comma-separated `PES_API_KEYS`).
-    fn param(&self) -> String {
-        let mut s = String::from(",");
-        for t in &self.recent {
-            s.push_str(t);
-            s.push(',');
-        }
-        s
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ServedTenants;
-
-    #[test]
-    fn the_tenant_served_last_comes_last() {
-        let mut s = ServedTenants::default();
-        s.note("a");
-        s.note("b");
-        s.note("a");
-        assert_eq!(s.param(), ",b,a,");
-        s.note("a");
-        assert_eq!(s.param(), ",b,a,");
     }
 }

@@ -7,19 +7,26 @@
 //! [`crate::agent::Journal`], which the worker implements over the store and the engine's tests
 //! replace with a double.
 //!
-//! Layout: each operation is defined once, for both dialects, in the file of its concept, next
-//! to its SQL: `threads` (threads, their messages and observations), `runs` (enqueue, read,
-//! cancel), `tenant_runs` (runs found without their thread), `leases` (claim, heartbeat,
-//! release), `apply` (committing the engine's batches), `suspensions`, `flowcharts`, `assistants`,
-//! `retention` (idle threads and what a thread stores), `webhooks` (the outbox), `crons`,
-//! `memory` (the memory store's items), `memory_scan` (its namespace listing, sweeper and
-//! embedding pass) and `signals` (wake-ups between replicas); `sql_store` holds the type itself, its connections and what
-//! concerns the whole store (migrations, readiness, the backlog). Below them: the dialect layer
-//! `sql` (bind values, rows, connections and a few SQL tokens each dialect renders), `rows`
-//! (rows to domain types, one decoder per type), `tables` and `fragments` (SQL shared by the
-//! commit and claim paths); `postgres` and `sqlite` hold only what truly differs (connecting,
-//! the claim, the one-statement commit, the list insert of observations, LISTEN/NOTIFY), and
-//! `group` is SQLite's group commit.
+//! Layout, in layers (a file imports only files of the layers below its own, never one that
+//! imports it back):
+//! - the concepts, each an `impl SqlStore` block next to its SQL, defined once for both
+//!   dialects: `threads` (threads, their messages and observations), `runs` (enqueue, read,
+//!   cancel), `tenant_runs` (runs found without their thread), `leases` (claim, heartbeat,
+//!   release), `apply` (committing the engine's batches), `suspensions`, `steering`, `forks`,
+//!   `history` (past states), `flowcharts`, `assistants`, `retention` (idle threads and what a
+//!   thread stores), `webhooks` (the outbox's delivery), `crons`, `tenant_spend`, `memory` (the
+//!   memory store's items) and `memory_scan` (its namespace listing, sweeper and embedding pass);
+//! - `sql_store`: the type itself, opening it, its connections and what concerns the whole
+//!   store (migrations, readiness, the backlog, signals between processes);
+//! - the dialects, which know nothing of [`SqlStore`]: `postgres` and `sqlite` hold only what
+//!   truly differs (their pools, the claim, how a commit is rendered in one round trip, the list
+//!   insert of observations, LISTEN/NOTIFY), and `group` is SQLite's group commit;
+//! - `commit`: what a commit of the engine's batch writes, described once for both dialects;
+//! - below them: `fragments` (SQL text shared by the commit and claim paths: the fenced run
+//!   update, history copies, the outbox row, the claim's candidates), `tables` (the rows the
+//!   engine's ops write), `rows` (rows to domain types, one decoder per type), `quotas`, the
+//!   dialect layer `sql` (bind values, rows, connections and a few SQL tokens each dialect
+//!   renders) and `signals` (what a wake-up between processes says).
 //!
 //! Invariants every backend keeps:
 //! - an observation and the state change it reports commit in one transaction
@@ -43,6 +50,7 @@ use crate::model::{
 
 mod apply;
 mod assistants;
+mod commit;
 mod crons;
 mod flowcharts;
 mod forks;

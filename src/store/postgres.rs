@@ -1,7 +1,8 @@
-//! What only Postgres does: connecting, the one-round-trip claim, the list insert of
-//! observations (with its `NOTIFY`), and the signals between replicas (LISTEN, and the poll of
-//! watched threads that covers a lost notification). Everything else is the shared logic of
-//! [`SqlStore`].
+//! What only Postgres does: its pool, the one-round-trip claim, the commit as one statement, the
+//! list insert of observations (with its `NOTIFY`), and the signals between replicas (LISTEN,
+//! and the poll of watched threads that covers a lost notification). A layer below
+//! [`super::SqlStore`] that knows nothing of it: functions over a pool or a [`Conn`], which the
+//! store's methods call; everything else is the store's shared logic.
 //!
 //! How Postgres keeps the store's invariants (see [`super`]):
 //! - **Gap-free seqs.** `threads.last_seq` is bumped by the transaction that inserts the
@@ -28,60 +29,26 @@ use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use serde_json::Value;
 
-use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
+use super::commit::{AtCommit, Commit, Versions, bind_fence};
+use super::fragments::{ANNOUNCED, RUN_UPDATE, cancel_suspensions, flag, outbox_insert};
 use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
-use super::history::flag;
 use super::rows;
-use super::sql::{Arg, Conn, Q, Row, q, signal_payload};
-use super::sql_store::{Db, SqlStore};
-use super::tables::{
-    AGENT_STATE, ITEM_COLUMNS, MESSAGES, RowCols, STATE_COLUMNS, TODO_ITEMS, Table, item_cols,
-    message_cols_at, state_cols,
-};
-use super::webhooks::outbox_insert;
-use super::{Claim, Fence, Op, Signal, StoreError, StoreResult};
-use crate::model::{NewObservation, ThreadId, TodoItem};
+use super::signals::Signal;
+use super::sql::{Arg, Conn, Dialect, Q, Row, q, signal_payload};
+use super::tables::{ITEM_COLUMNS, STATE_COLUMNS, SUSPENSIONS};
+use super::{Claim, StoreError, StoreResult};
+use crate::model::{NewObservation, ThreadId};
 
 /// The embedded Postgres migrations (`migrations/postgres`).
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
-/// Opens the store on Postgres.
+/// Opens the store on Postgres: [`PgStore::connect`] and [`PgStore::from_pool`] build the
+/// [`super::SqlStore`] (in `sql_store.rs`, above this file); [`PgStore::probe`] only asks
+/// whether the server answers.
 #[derive(Debug, Clone, Copy)]
 pub struct PgStore;
 
 impl PgStore {
-    /// Connect a pool of at most `max_connections` to `url` (`postgres://…`). Does not migrate.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] when the URL is invalid or the server cannot be reached.
-    pub async fn connect(url: &str, max_connections: u32) -> StoreResult<SqlStore> {
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    // Every statement is prepared once per connection and its parameters are
-                    // keys and values, never selectivity-changing ranges: a generic plan fits,
-                    // and planning each execution again (the default for the first five, and
-                    // whenever a custom plan looks cheaper) was a fifth of a commit's cost.
-                    sqlx::query("SET plan_cache_mode = force_generic_plan")
-                        .execute(conn)
-                        .await?;
-                    Ok(())
-                })
-            })
-            .connect(url)
-            .await?;
-        // No more transactions of all replicas together are ever in flight than the server
-        // takes connections: what lets a tenant far below a quota skip its lock (`quotas`).
-        let most: String = sqlx::query_scalar("SHOW max_connections")
-            .fetch_one(&pool)
-            .await?;
-        let mut store = Self::from_pool(pool);
-        store.in_flight = most.trim().parse().unwrap_or(u64::MAX);
-        Ok(store)
-    }
-
     /// Open and close one connection to `url`: whether the server answers and lets us in,
     /// without a pool's own retries (start-up waits for the database with this, so each attempt
     /// is seen, and the pool is built once it answers).
@@ -94,11 +61,35 @@ impl PgStore {
         conn.close().await.ok();
         Ok(())
     }
+}
 
-    /// Wrap an existing pool.
-    pub fn from_pool(pool: PgPool) -> SqlStore {
-        SqlStore::new(Db::Pg(pool))
-    }
+/// A pool of at most `max_connections` to `url` (`postgres://…`), and the most transactions of
+/// every replica together that can be in flight (the server's `max_connections`; `u64::MAX`
+/// when unreadable): what [`PgStore::connect`] builds the store on. Does not migrate.
+pub(crate) async fn pool(url: &str, max_connections: u32) -> StoreResult<(PgPool, u64)> {
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(10))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                // Every statement is prepared once per connection and its parameters are
+                // keys and values, never selectivity-changing ranges: a generic plan fits,
+                // and planning each execution again (the default for the first five, and
+                // whenever a custom plan looks cheaper) was a fifth of a commit's cost.
+                sqlx::query("SET plan_cache_mode = force_generic_plan")
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await?;
+    // No more transactions of all replicas together are ever in flight than the server
+    // takes connections: what lets a tenant far below a quota skip its lock (`quotas`).
+    let most: String = sqlx::query_scalar("SHOW max_connections")
+        .fetch_one(&pool)
+        .await?;
+    Ok((pool, most.trim().parse().unwrap_or(u64::MAX)))
 }
 
 /// Whether connecting failed for a reason that passes by itself: the server is not up yet (refused,
@@ -336,45 +327,20 @@ pub(crate) async fn thread_seqs(
         .collect()
 }
 
-/// The whole batch as one statement, so a commit costs one round trip and no `BEGIN`/`COMMIT`
-/// (the statement is its own transaction: a failure anywhere in it changes nothing). `None` when
-/// the batch needs the statement-by-statement transaction: a suspend that must see decisions
-/// taken meanwhile (it locks the thread first, see `RunUpdate::unless_decided`), a new
-/// suspension, or an item both deleted and upserted (one statement cannot touch a row twice).
+/// A [`Commit`] as one statement, so a commit costs one round trip and no `BEGIN`/`COMMIT` (the
+/// statement is its own transaction: a failure anywhere in it changes nothing). `apply.rs` runs
+/// it alone, or, for a suspend that must see decisions taken meanwhile
+/// ([`Commit::waits_for_decisions`]), in a transaction right after locking the thread: inside one
+/// statement that waited for the lock, the run's update would still read the snapshot from
+/// before the wait.
 ///
-/// The order of locks is the transaction's: `l` locks the thread row before `f` (the fence and
-/// the run's update) locks the run's; every other part reads `f`, so a lost lease (`f` empty)
-/// writes nothing, the seq counter included, and returns no row.
-pub(crate) fn one_statement(
-    origin: &str,
-    fence: Fence,
-    lease: Duration,
-    c: &Commit<'_>,
-) -> StoreResult<Option<Q>> {
-    if !c.update.unless_decided.is_empty() {
-        return Ok(None);
-    }
-    let mut items: Vec<(&str, &TodoItem)> = Vec::new();
-    let mut deleted: Vec<String> = Vec::new();
-    let mut messages = Vec::new();
-    let mut state: Option<(&crate::model::AgentStateRow, i64)> = None;
-    for op in c.ops {
-        match op {
-            Op::UpsertItem(item) => {
-                // Later upserts of an item replace earlier ones (each writes the whole row).
-                items.retain(|(id, _)| *id != item.id.as_str());
-                items.push((item.id.as_str(), item));
-            }
-            Op::DeleteItem(id) => deleted.push(id.as_str().to_owned()),
-            Op::AppendMessage(m) => messages.push(message_cols_at(m, None)?),
-            Op::SetAgentState(s) => state = Some((s, state.map_or(1, |(_, k)| k + 1))),
-            Op::UpdateRun(_) => {}
-            Op::InsertSuspension(_) | Op::CancelSuspensions => return Ok(None),
-        }
-    }
-    if items.iter().any(|(id, _)| deleted.iter().any(|d| d == id)) {
-        return Ok(None);
-    }
+/// The order of locks is the commit's: `l` locks the thread row before `f` (the fence and the
+/// run's update) locks the run's, and the suspensions come after; every other part reads `f`, so
+/// a lost lease (`f` empty) writes nothing, the seq counter included, and returns no row. The
+/// parts of one statement see the database as it was when the statement started, not each
+/// other's writes: the versions copy the rows the writes return, and the outbox row looks for
+/// the event's suspension among the ones this statement inserts too.
+pub(crate) fn commit_statement(origin: &str, c: &Commit<'_>) -> Q {
     // A run that ends or suspends: `f` returns its whole row, from which `w_hook` writes the
     // webhook outbox row in this same statement.
     let returning = if c.announces {
@@ -397,111 +363,126 @@ pub(crate) fn one_statement(
     };
     // The seq every history row of this commit carries: the commit's last observation.
     const SEQ: &str = "(SELECT last_seq FROM t)";
-    // Write `rows` to `table`; `computed` replaces a column's bound value by an SQL expression;
-    // `versions` names the CTE that copies the written rows into their versions (the rows the
-    // write returns: an upsert's result, not what was sent).
-    let rows_of = |sql: &mut String,
-                   extra: &mut Vec<Arg>,
-                   table: &Table,
-                   rows: Vec<RowCols>,
-                   computed: &[(&str, &str)],
-                   versions: Option<&str>| {
-        let Some(first) = rows.first() else { return };
-        let cols: Vec<&'static str> = first.iter().map(|(c, _)| *c).collect();
-        let json: Vec<Value> = rows
-            .into_iter()
-            .map(|r| {
-                Value::Object(
-                    r.into_iter()
-                        .map(|(c, a)| (c.to_owned(), a.to_json()))
-                        .collect(),
-                )
-            })
-            .collect();
-        let p = param(extra, Arg::Json(Some(Value::Array(json))));
-        let picked: Vec<String> = cols
+    const HELD: &str = "EXISTS (SELECT 1 FROM f)";
+    let shares_seq = usize::from(c.n == 0);
+    let mut suspensions_made: Vec<String> = Vec::new();
+    for (i, w) in c.writes.iter().enumerate() {
+        let Some(first) = w.rows.first() else {
+            continue;
+        };
+        // One write per table but for suspensions (pending, and inserted cancelled).
+        let name = match c.writes[..i]
             .iter()
-            .map(|c| match computed.iter().find(|(k, _)| k == c) {
-                Some((_, expr)) => (*expr).to_owned(),
-                None => format!("x.{c}"),
-            })
-            .collect();
-        let returning = if versions.is_some() {
-            " RETURNING *"
+            .filter(|p| p.table.name == w.table.name)
+            .count()
+        {
+            0 => format!("w_{}", w.table.name),
+            k => format!("w_{}_{k}", w.table.name),
+        };
+        let cols: Vec<&'static str> = first.iter().map(|(c, _)| *c).collect();
+        let computed = |col: &str| {
+            w.at_commit
+                .iter()
+                .find(|(k, _)| *k == col)
+                .map(|(_, v)| match v {
+                    AtCommit::Seq => SEQ,
+                    AtCommit::Now => "now()",
+                })
+        };
+        let returns = w.versions != Versions::None || w.table.name == SUSPENSIONS.name;
+        let returning = if returns { " RETURNING *" } else { "" };
+        let source = if w.table.name == SUSPENSIONS.name {
+            // Bound value by value: `jsonb_populate_recordset` would read a JSON `null` document
+            // (a budget suspension's `iteration_state`) as SQL NULL. A suspend is rare.
+            let rows: Vec<String> = w
+                .rows
+                .iter()
+                .map(|row| {
+                    let values: Vec<String> = row
+                        .iter()
+                        .map(|(c, a)| match computed(c) {
+                            Some(expr) => expr.to_owned(),
+                            None => param(&mut extra, a.clone()),
+                        })
+                        .collect();
+                    format!("SELECT $12, $13, {} WHERE {HELD}", values.join(", "))
+                })
+                .collect();
+            rows.join(" UNION ALL ")
         } else {
-            ""
+            // One JSON document of every row, read back into the table's row type.
+            let json: Vec<Value> = w
+                .rows
+                .iter()
+                .map(|r| {
+                    Value::Object(
+                        r.iter()
+                            .map(|(c, a)| ((*c).to_owned(), a.to_json()))
+                            .collect(),
+                    )
+                })
+                .collect();
+            let p = param(&mut extra, Arg::Json(Some(Value::Array(json))));
+            let picked: Vec<String> = cols
+                .iter()
+                .map(|c| computed(c).map_or_else(|| format!("x.{c}"), str::to_owned))
+                .collect();
+            format!(
+                "SELECT $12, $13, {} FROM jsonb_populate_recordset(NULL::{}, {p}) x WHERE {HELD}",
+                picked.join(", "),
+                w.table.name
+            )
         };
         sql.push_str(&format!(
-            ", w_{name} AS (INSERT INTO {name} (tenant, thread_id, {cols}) \
-               SELECT $12, $13, {picked} FROM jsonb_populate_recordset(NULL::{name}, {p}) x \
-               WHERE EXISTS (SELECT 1 FROM f){conflict}{returning})",
-            name = table.name,
+            ", {name} AS (INSERT INTO {table} (tenant, thread_id, {cols}) {source}{conflict}\
+             {returning})",
+            table = w.table.name,
             cols = cols.join(", "),
-            picked = picked.join(", "),
-            conflict = table.on_conflict(&cols),
+            conflict = w.table.on_conflict(&cols),
         ));
-        if let Some(copy) = versions {
-            sql.push_str(&format!(", h_{name} AS ({copy})", name = table.name));
+        // The versions of the rows the write returns (an upsert's result, not what was sent).
+        // (`COPIES` reads `w_agent_state` and `w_todo_items`: one write each.)
+        match w.versions {
+            Versions::None => {}
+            Versions::State => {
+                sql.push_str(&format!(", h_{name} AS ({})", COPIES.state[shares_seq]));
+            }
+            Versions::Items => {
+                sql.push_str(&format!(", h_{name} AS ({})", COPIES.items[shares_seq]));
+            }
         }
-    };
-    let shares_seq = usize::from(c.n == 0);
-    let state_copy = &COPIES.state[shares_seq];
-    if let Some((s, sets)) = state {
-        let mut cols = state_cols(s);
-        cols.retain(|(c, _)| *c != "version");
-        cols.push(("version", sets.into()));
-        rows_of(
-            &mut sql,
-            &mut extra,
-            &AGENT_STATE,
-            vec![cols],
-            &[],
-            Some(state_copy),
-        );
+        if w.table.name == SUSPENSIONS.name {
+            suspensions_made.push(name);
+        }
     }
-    let items = items
-        .into_iter()
-        .map(|(_, item)| item_cols(item))
-        .collect::<StoreResult<Vec<_>>>()?;
-    let item_copy = &COPIES.items[shares_seq];
-    rows_of(
-        &mut sql,
-        &mut extra,
-        &TODO_ITEMS,
-        items,
-        &[],
-        Some(item_copy),
-    );
-    rows_of(
-        &mut sql,
-        &mut extra,
-        &MESSAGES,
-        messages,
-        &[("seq", SEQ)],
-        None,
-    );
-    if !deleted.is_empty() {
-        let p = param(&mut extra, Arg::Texts(deleted));
+    if !c.deleted.is_empty() {
+        let p = param(&mut extra, Arg::Texts(c.deleted.clone()));
         sql.push_str(&format!(
             ", w_deleted AS (DELETE FROM todo_items WHERE tenant = $12 AND thread_id = $13 \
-               AND item_id = ANY({p}) AND EXISTS (SELECT 1 FROM f) RETURNING *), \
+               AND item_id = ANY({p}) AND {HELD} RETURNING *), \
              h_deleted AS ({})",
             COPIES.tombstones[shares_seq]
+        ));
+    }
+    if c.cancel_suspensions {
+        sql.push_str(&format!(
+            ", w_cancelled AS ({})",
+            cancel_suspensions(SEQ, &format!(" AND {HELD}"))
         ));
     }
     let mut notify_observations = String::from("NULL");
     if !c.observations.is_empty() {
         let obs = c.observations;
         let ids = param(&mut extra, Arg::Uuids(obs.iter().map(|o| o.id).collect()));
+        // An observation of no run (none the engine commits) as the nil UUID, read back as NULL.
         let run_ids = param(
             &mut extra,
-            Arg::Uuids(obs.iter().filter_map(|o| o.run_id).collect()),
+            Arg::Uuids(
+                obs.iter()
+                    .map(|o| o.run_id.unwrap_or_else(uuid::Uuid::nil))
+                    .collect(),
+            ),
         );
-        if obs.iter().any(|o| o.run_id.is_none()) {
-            // Every observation the engine commits belongs to the fenced run; anything else
-            // takes the general path, which binds NULLs.
-            return Ok(None);
-        }
         let parents = param(
             &mut extra,
             Arg::Texts(
@@ -537,7 +518,8 @@ pub(crate) fn one_statement(
             ", w_observations AS (INSERT INTO observations \
                (tenant, thread_id, seq, id, run_id, parent_id, type, title, content, created_at, \
                 commit_changed, commit_phase, commit_usage) \
-               SELECT $12, $13, (SELECT last_seq FROM t) - $14 + u.ord, u.id, u.run_id, \
+               SELECT $12, $13, (SELECT last_seq FROM t) - $14 + u.ord, u.id, \
+                 NULLIF(u.run_id, '00000000-0000-0000-0000-000000000000'::uuid), \
                  CASE WHEN u.has_parent = 'y' THEN u.parent_id END, u.type, u.title, \
                  {contents}::jsonb -> (u.ord::int - 1), now(), \
                  CASE WHEN u.ord = $14 THEN {changed} END, \
@@ -546,7 +528,7 @@ pub(crate) fn one_statement(
                FROM UNNEST({ids}::uuid[], {run_ids}::uuid[], {parents}::text[], \
                  {has_parent}::text[], {types}::text[], {titles}::text[]) WITH ORDINALITY \
                  AS u(id, run_id, parent_id, has_parent, type, title, ord) \
-               WHERE EXISTS (SELECT 1 FROM f))",
+               WHERE {HELD})",
             changed = flag(c.changed)
         ));
         let from = param(&mut extra, origin.into());
@@ -556,9 +538,22 @@ pub(crate) fn one_statement(
         );
     }
     if c.announces {
+        // The event's suspension may be one this statement inserts, which its other parts
+        // cannot read in the table.
+        let mut pending: Vec<String> = suspensions_made
+            .iter()
+            .map(|w| format!("SELECT suspension_id, run_id, status, created_at FROM {w}"))
+            .collect();
+        let suspensions = if pending.is_empty() {
+            "suspensions".to_owned()
+        } else {
+            pending
+                .push("SELECT suspension_id, run_id, status, created_at FROM suspensions".into());
+            format!("({})", pending.join(" UNION ALL "))
+        };
         sql.push_str(&format!(
             ", w_hook AS ({})",
-            outbox_insert(super::sql::Dialect::Postgres, "f", ANNOUNCED)
+            outbox_insert(Dialect::Postgres, "f", ANNOUNCED, &suspensions)
         ));
     }
     let ready = signal_payload(&Signal::RunReady, origin);
@@ -569,8 +564,8 @@ pub(crate) fn one_statement(
            {notify_observations} AS observed \
          FROM f"
     ));
-    let stmt = bind_fence(q(sql), fence, lease, c);
-    Ok(Some(extra.into_iter().fold(stmt, Q::bind)))
+    let stmt = bind_fence(q(sql), c);
+    extra.into_iter().fold(stmt, Q::bind)
 }
 
 /// The CTE bodies that copy a commit's written rows into their versions, built once: indexed by

@@ -7,13 +7,14 @@ use uuid::Uuid;
 
 use super::apply::append_observations;
 use super::assistants::{lock_thread_for_run, version_for_run};
-use super::history::{copy_items, mark_commit_end};
+use super::fragments::{copy_items, outbox_insert};
+use super::history::mark_commit_end;
 use super::rows;
 use super::sql::{Arg, Conn, q};
 use super::sql_store::SqlStore;
 use super::tables::{TODO_ITEMS, item_cols};
 use super::threads::{lock_thread, map_rows};
-use super::webhooks::{outbox_insert, resolve_for_run};
+use super::webhooks::resolve_for_run;
 use super::{CancelledRun, CreatedRun, NewRun, PageCursor, Signal, StoreError, StoreResult};
 use crate::model::payloads::ItemStatusChangeContent;
 use crate::model::{
@@ -88,6 +89,7 @@ async fn cancel_waiting(
         conn.dialect(),
         "runs",
         "{in w.run_id 1} AND w.status = 'cancelled'",
+        "suspensions",
     );
     conn.exec(q(sql).bind(ids.clone())).await?;
     let ended = end_items(conn, tenant, thread_id, &ids).await?;

@@ -1,15 +1,11 @@
-//! Signals between the processes that share a store (Postgres LISTEN/NOTIFY): what a
-//! [`Signal`] says, listening for them, sending them outside a transaction, and the poll of
-//! watched threads' seqs that covers a lost one. Inside a write, a signal is sent with the
-//! transaction (`sql::Conn::notify`). On SQLite, one process owns the file: there is no one to
-//! tell, and each method answers nothing.
+//! What a [`Signal`] between the processes that share a store says (Postgres LISTEN/NOTIFY):
+//! the vocabulary only, below everything that sends or receives one. Inside a write, a signal is
+//! sent with the transaction (`sql::Conn::notify`); listening, sending outside a transaction and
+//! the poll of watched threads' seqs that covers a lost one are [`super::SqlStore`]'s (in
+//! `sql_store.rs`), done by `postgres.rs`. On SQLite, one process owns the file: there is no one
+//! to tell.
 
-use futures::stream::BoxStream;
 use uuid::Uuid;
-
-use super::StoreResult;
-use super::sql_store::{Db, SqlStore};
-use crate::model::ThreadId;
 
 /// A wake-up from another process sharing the store (Postgres LISTEN/NOTIFY). Signals carry no
 /// data (whoever receives one re-reads the tables), except the two about token deltas, which are
@@ -76,47 +72,4 @@ pub struct TokenPiece {
     /// The thread's `seq` the run had committed when it was written.
     #[serde(rename = "a")]
     pub after_seq: i64,
-}
-
-impl SqlStore {
-    /// Wake-ups from other processes sharing the store; `None` when the store is not shared
-    /// (SQLite: one process). Delivery is best effort: callers also poll.
-    ///
-    /// # Errors
-    /// The LISTEN connection could not be opened.
-    pub async fn signals(&self) -> StoreResult<Option<BoxStream<'static, Signal>>> {
-        match &self.db {
-            Db::Pg(p) => super::postgres::signals(p, self.origin.clone())
-                .await
-                .map(Some),
-            Db::Lite { .. } => Ok(None),
-        }
-    }
-
-    /// Send these signals to the other processes sharing the store, in order, in one round
-    /// trip, outside any transaction (token deltas and interest in them: best effort). Each
-    /// signal's payload must fit in a NOTIFY (under 8,000 bytes). Nothing when not shared.
-    ///
-    /// # Errors
-    /// The database refused (then none was sent).
-    pub async fn send_signals(&self, signals: &[Signal]) -> StoreResult<()> {
-        match &self.db {
-            Db::Pg(_) if !signals.is_empty() => {
-                super::postgres::send_signals(self.read().await?, &self.origin, signals).await
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// The current `last_seq` of each of these threads (the poll that covers a lost signal);
-    /// nothing when the store is not shared.
-    pub async fn thread_seqs(
-        &self,
-        threads: &[(String, ThreadId)],
-    ) -> StoreResult<Vec<(String, ThreadId, i64)>> {
-        match &self.db {
-            Db::Pg(_) => super::postgres::thread_seqs(self.read().await?, threads).await,
-            Db::Lite { .. } => Ok(Vec::new()),
-        }
-    }
 }

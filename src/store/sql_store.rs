@@ -1,18 +1,27 @@
-//! [`SqlStore`] itself: the pools of one backend, the connections the logic asks for (a read,
-//! a snapshot, a write transaction, one write statement), and what concerns the whole store
-//! (its backend's name, migrations, readiness, the backlog). Each operation on the data is an
-//! inherent method defined in the file of its concept (`threads`, `runs`, `tenant_runs`,
-//! `leases`, `apply`, `suspensions`, `flowcharts`, `signals`), next to its SQL.
+//! [`SqlStore`] itself: opening it on either backend ([`PgStore`], [`SqliteStore`]), the pools
+//! of one backend ([`Db`]), the connections the logic asks for (a read, a snapshot, a write
+//! transaction, one write statement), and what concerns the whole store (its backend's name,
+//! migrations, readiness, the backlog, the signals between processes sharing it). Each
+//! operation on the data is an inherent method defined in the file of its concept (`threads`,
+//! `runs`, `tenant_runs`, `leases`, `apply`, `suspensions`, `flowcharts`, …), next to its SQL:
+//! those files import this one, never the reverse. Below it: the dialect modules (`postgres`,
+//! `sqlite`), which know nothing of [`SqlStore`].
 
 use std::sync::Arc;
 
+use futures::stream::BoxStream;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
 
+use super::fragments::ServedTenants;
 use super::group::GroupCommit;
+use super::postgres::{self, PgStore};
+use super::signals::Signal;
 use super::sql::{Conn, Dialect, Link, q};
+use super::sqlite::{self, SqliteStore};
 use super::{Backlog, StoreError, StoreResult};
+use crate::model::ThreadId;
 
 /// The pools of one backend.
 #[derive(Debug, Clone)]
@@ -26,8 +35,8 @@ pub(crate) enum Db {
     },
 }
 
-/// The store over Postgres or SQLite (open one with [`super::postgres::PgStore::connect`] or
-/// [`super::sqlite::SqliteStore::connect`]): the only door to the database. Cheap to clone (its
+/// The store over Postgres or SQLite (open one with [`PgStore::connect`] or
+/// [`SqliteStore::connect`]): the only door to the database. Cheap to clone (its
 /// pools are shared); the service holds one behind an `Arc`.
 #[derive(Debug, Clone)]
 pub struct SqlStore {
@@ -36,8 +45,8 @@ pub struct SqlStore {
     pub(crate) origin: Arc<str>,
     /// SQLite: batches waiting for the one writer, committed together.
     pub(crate) group: Arc<GroupCommit>,
-    /// The tenants this process's claims served last (see [`super::leases::ServedTenants`]).
-    pub(crate) served: Arc<std::sync::Mutex<super::leases::ServedTenants>>,
+    /// The tenants this process's claims served last (see [`ServedTenants`]).
+    pub(crate) served: Arc<std::sync::Mutex<ServedTenants>>,
     /// Poked when a commit of this process may have written a webhook delivery, so the
     /// delivery loop sends it at once rather than at its next look (see `webhooks.rs`).
     pub(crate) outbox: Arc<tokio::sync::Notify>,
@@ -55,7 +64,41 @@ pub struct SqlStore {
     pub(crate) in_flight: u64,
 }
 
+impl PgStore {
+    /// Connect a pool of at most `max_connections` to `url` (`postgres://…`). Does not migrate.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the URL is invalid or the server cannot be reached.
+    pub async fn connect(url: &str, max_connections: u32) -> StoreResult<SqlStore> {
+        let (pool, in_flight) = postgres::pool(url, max_connections).await?;
+        let mut store = Self::from_pool(pool);
+        store.in_flight = in_flight;
+        Ok(store)
+    }
+
+    /// Wrap an existing pool.
+    pub fn from_pool(pool: PgPool) -> SqlStore {
+        SqlStore::new(Db::Pg(pool))
+    }
+}
+
+impl SqliteStore {
+    /// Open (creating the file and its folder when missing) the database at `url`:
+    /// `sqlite://relative/path.db`, `sqlite:///absolute/path.db` or `sqlite::memory:`.
+    /// Every connection gets `foreign_keys=ON`, `busy_timeout`, and for files WAL with
+    /// `synchronous=NORMAL`. Does not migrate.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] for a malformed URL, a folder that cannot be created or a
+    /// database that cannot be opened.
+    pub async fn connect(url: &str) -> StoreResult<SqlStore> {
+        let (writer, reader) = sqlite::pools(url).await?;
+        Ok(SqlStore::new(Db::Lite { writer, reader }))
+    }
+}
+
 impl SqlStore {
+    /// The store over `db`'s pools, with no quota set (what the openers above build on).
     pub(crate) fn new(db: Db) -> Self {
         let in_flight = match &db {
             Db::Pg(_) => u64::MAX,
@@ -175,8 +218,8 @@ impl SqlStore {
     /// [`StoreError::Migrate`] when a migration fails or the applied ones differ from ours.
     pub async fn migrate(&self) -> StoreResult<()> {
         match &self.db {
-            Db::Pg(p) => super::postgres::migrate(p).await,
-            Db::Lite { writer, .. } => super::sqlite::migrate(writer).await,
+            Db::Pg(p) => postgres::migrate(p).await,
+            Db::Lite { writer, .. } => sqlite::migrate(writer).await,
         }
     }
 
@@ -187,8 +230,8 @@ impl SqlStore {
     /// not applied yet.
     pub async fn ready(&self) -> StoreResult<()> {
         let migrator = match self.dialect() {
-            Dialect::Postgres => &super::postgres::MIGRATOR,
-            Dialect::Sqlite => &super::sqlite::MIGRATOR,
+            Dialect::Postgres => &postgres::MIGRATOR,
+            Dialect::Sqlite => &sqlite::MIGRATOR,
         };
         let applied = self
             .read()
@@ -217,6 +260,47 @@ impl SqlStore {
             queued_runs: count("queued")?,
             pending_suspensions: count("pending")?,
         })
+    }
+}
+
+impl SqlStore {
+    /// Wake-ups from other processes sharing the store; `None` when the store is not shared
+    /// (SQLite: one process). Delivery is best effort: callers also poll.
+    ///
+    /// # Errors
+    /// The LISTEN connection could not be opened.
+    pub async fn signals(&self) -> StoreResult<Option<BoxStream<'static, Signal>>> {
+        match &self.db {
+            Db::Pg(p) => postgres::signals(p, self.origin.clone()).await.map(Some),
+            Db::Lite { .. } => Ok(None),
+        }
+    }
+
+    /// Send these signals to the other processes sharing the store, in order, in one round
+    /// trip, outside any transaction (token deltas and interest in them: best effort). Each
+    /// signal's payload must fit in a NOTIFY (under 8,000 bytes). Nothing when not shared.
+    ///
+    /// # Errors
+    /// The database refused (then none was sent).
+    pub async fn send_signals(&self, signals: &[Signal]) -> StoreResult<()> {
+        match &self.db {
+            Db::Pg(_) if !signals.is_empty() => {
+                postgres::send_signals(self.read().await?, &self.origin, signals).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The current `last_seq` of each of these threads (the poll that covers a lost signal);
+    /// nothing when the store is not shared.
+    pub async fn thread_seqs(
+        &self,
+        threads: &[(String, ThreadId)],
+    ) -> StoreResult<Vec<(String, ThreadId, i64)>> {
+        match &self.db {
+            Db::Pg(_) => postgres::thread_seqs(self.read().await?, threads).await,
+            Db::Lite { .. } => Ok(Vec::new()),
+        }
     }
 }
 

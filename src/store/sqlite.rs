@@ -1,6 +1,7 @@
 //! What only SQLite does: opening the file (pragmas, one writer connection, readers), its claim
-//! (writers are serialized, so no row locks), and inserting a list of observations. Everything
-//! else is the shared logic of [`SqlStore`].
+//! (writers are serialized, so no row locks), the commit as one call, and inserting a list of
+//! observations. A layer below [`super::SqlStore`] that knows nothing of it: functions over pools
+//! or a [`Conn`], which the store's methods call; everything else is the store's shared logic.
 //!
 //! SQLite has one writer. Writes go through a pool of **one** connection and every write
 //! transaction starts with `BEGIN IMMEDIATE` (see `SqlStore::write`). Reads use a separate pool
@@ -22,18 +23,14 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
-use super::fragments::{ANNOUNCED, Commit, RUN_UPDATE, bind_fence};
-use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
-use super::history::{copy_items, copy_state, flag};
-use super::rows;
-use super::sql::{Arg, Conn, Q, id_text, q};
-use super::sql_store::{Db, SqlStore};
-use super::tables::{
-    AGENT_STATE, MESSAGES, RowCols, SUSPENSIONS, TODO_ITEMS, Table, item_cols, message_cols_at,
-    state_cols, suspension_cols,
+use super::commit::{AtCommit, Commit, Versions, bind_fence};
+use super::fragments::{
+    ANNOUNCED, RUN_UPDATE, cancel_suspensions, copy_items, copy_state, flag, outbox_insert,
 };
-use super::webhooks::outbox_insert;
-use super::{Claim, Fence, Op, StoreError, StoreResult};
+use super::fragments::{CLAIM, EXPIRED_CANDIDATES, lease_secs, queued_candidates};
+use super::rows;
+use super::sql::{Arg, Conn, Dialect, Q, id_text, q};
+use super::{Claim, StoreError, StoreResult};
 use crate::model::{NewObservation, ThreadId};
 
 /// The embedded SQLite migrations (`migrations/sqlite`).
@@ -48,7 +45,8 @@ const LEASES: &str = "SELECT COALESCE(MAX(lease_expires_at < {now}), 0) AS any_e
 /// Prepared statements the writer connection keeps (sqlx's default is 100).
 const WRITER_STATEMENTS: usize = 2048;
 
-/// Opens the store on an SQLite file (or in memory).
+/// Opens the store on an SQLite file (or in memory): [`SqliteStore::connect`] builds the
+/// [`super::SqlStore`] (in `sql_store.rs`, above this file) on the pools of [`pools`].
 #[derive(Debug, Clone, Copy)]
 pub struct SqliteStore;
 
@@ -57,55 +55,45 @@ fn is_memory(url: &str) -> bool {
     url.contains(":memory:") || url.contains("mode=memory")
 }
 
-impl SqliteStore {
-    /// Open (creating the file and its folder when missing) the database at `url`:
-    /// `sqlite://relative/path.db`, `sqlite:///absolute/path.db` or `sqlite::memory:`.
-    /// Every connection gets `foreign_keys=ON`, `busy_timeout`, and for files WAL with
-    /// `synchronous=NORMAL`. Does not migrate.
-    ///
-    /// # Errors
-    /// [`StoreError::Database`] for a malformed URL, a folder that cannot be created or a
-    /// database that cannot be opened.
-    pub async fn connect(url: &str) -> StoreResult<SqlStore> {
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
-        if is_memory(url) {
-            // The database lives as long as a connection to it: keep exactly one, forever.
-            let pool = SqlitePoolOptions::new()
-                .max_connections(1)
-                .min_connections(1)
-                .idle_timeout(None)
-                .max_lifetime(None)
-                .connect_with(options)
-                .await?;
-            return Ok(SqlStore::new(Db::Lite {
-                writer: pool.clone(),
-                reader: pool,
-            }));
-        }
-        if let Some(dir) = options.get_filename().parent()
-            && !dir.as_os_str().is_empty()
-        {
-            create_folder(dir)?;
-        }
-        let options = options
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal);
-        // A commit is one call whose SQL depends on the batch's ops (one statement each): keep
-        // many prepared, so the one writer does not prepare them again and again.
-        let writer = SqlitePoolOptions::new()
+/// The writer pool (exactly one connection) and the readers' pool of the database at `url`
+/// (the same pool for an in-memory database, which lives as long as its one connection), as
+/// [`SqliteStore::connect`] documents them. Does not migrate.
+pub(crate) async fn pools(url: &str) -> StoreResult<(SqlitePool, SqlitePool)> {
+    let options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .foreign_keys(true)
+        .busy_timeout(Duration::from_secs(10));
+    if is_memory(url) {
+        // The database lives as long as a connection to it: keep exactly one, forever.
+        let pool = SqlitePoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone().statement_cache_capacity(WRITER_STATEMENTS))
-            .await?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(4)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
             .connect_with(options)
             .await?;
-        Ok(SqlStore::new(Db::Lite { writer, reader }))
+        return Ok((pool.clone(), pool));
     }
+    if let Some(dir) = options.get_filename().parent()
+        && !dir.as_os_str().is_empty()
+    {
+        create_folder(dir)?;
+    }
+    let options = options
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal);
+    // A commit is one call whose SQL depends on the batch's ops (one statement each): keep
+    // many prepared, so the one writer does not prepare them again and again.
+    let writer = SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options.clone().statement_cache_capacity(WRITER_STATEMENTS))
+        .await?;
+    let reader = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await?;
+    Ok((writer, reader))
 }
 
 /// Create the database's folder when missing and check that this process can write in it (SQLite
@@ -247,21 +235,18 @@ pub(crate) async fn claim_runs(
     })
 }
 
-/// The whole batch as one call to SQLite's connection thread: its statements, separated by `;`,
+/// A [`Commit`] as one call to SQLite's connection thread: its statements, separated by `;`,
 /// sharing one list of `$N` parameters (a call is one round trip to that thread, where every
-/// statement of its own cost two thread switches). The caller runs it inside `BEGIN IMMEDIATE`
-/// and commits.
+/// statement of its own cost two thread switches). The caller runs it inside `BEGIN IMMEDIATE`,
+/// maybe beside other runs' calls (`group.rs`), and commits.
 ///
 /// Writers are serialized, so the fence can gate every write: each statement writes only while
 /// the run is still `running` under this attempt, and the run's own update comes last and
-/// returns the row that says the lease held (no row: nothing was written). Observations are
-/// stamped `created_at` (SQLite's `'now'` would differ between statements).
-pub(crate) fn one_call(
-    fence: Fence,
-    lease: Duration,
-    c: &Commit<'_>,
-    created_at: DateTime<Utc>,
-) -> StoreResult<Q> {
+/// returns the row that says the lease held (no row: nothing was written). The statements run
+/// in order and each sees the ones before: the versions copy the rows as written, and the outbox
+/// row finds a suspension this call inserted. Observations are stamped `created_at` (SQLite's
+/// `'now'` would differ between statements).
+pub(crate) fn commit_call(c: &Commit<'_>, created_at: DateTime<Utc>) -> Q {
     const HELD: &str = "EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND attempt = $2 \
         AND status = 'running' AND tenant = $12 AND thread_id = $13)";
     let mut sql = String::new();
@@ -280,85 +265,65 @@ pub(crate) fn one_call(
     // thread's counter was bumped by the first statement).
     const SEQ: &str = "(SELECT last_seq FROM threads WHERE tenant = $12 AND thread_id = $13)";
     let gate = format!(" AND {HELD}");
-    // Write one row; a column in `computed` takes an SQL expression instead of a bound value.
-    let write = |sql: &mut String,
-                 extra: &mut Vec<Arg>,
-                 table: &Table,
-                 row: RowCols,
-                 computed: &[(&str, &str)]| {
-        let names: Vec<&'static str> = row.iter().map(|(c, _)| *c).collect();
-        let values: Vec<String> = row
-            .into_iter()
-            .map(|(c, a)| match computed.iter().find(|(k, _)| *k == c) {
-                Some((_, expr)) => (*expr).to_owned(),
-                None => param(extra, a),
-            })
-            .collect();
-        sql.push_str(&format!(
-            "INSERT INTO {name} (tenant, thread_id, {cols}) SELECT $12, $13, {values} \
-             WHERE {HELD}{conflict};",
-            name = table.name,
-            cols = names.join(", "),
-            values = values.join(", "),
-            conflict = table.on_conflict(&names),
-        ));
-    };
-    for op in c.ops {
-        match op {
-            Op::SetAgentState(s) => {
-                write(&mut sql, &mut extra, &AGENT_STATE, state_cols(s), &[]);
-                sql.push_str(&copy_state("$12", "$13", SEQ, &gate));
-                sql.push(';');
+    for w in &c.writes {
+        for row in &w.rows {
+            let names: Vec<&'static str> = row.iter().map(|(c, _)| *c).collect();
+            let values: Vec<String> = row
+                .iter()
+                .map(
+                    |(col, a)| match w.at_commit.iter().find(|(k, _)| k == col) {
+                        Some((_, AtCommit::Seq)) => SEQ.to_owned(),
+                        Some((_, AtCommit::Now)) => "{now}".to_owned(),
+                        None => param(&mut extra, a.clone()),
+                    },
+                )
+                .collect();
+            sql.push_str(&format!(
+                "INSERT INTO {name} (tenant, thread_id, {cols}) SELECT $12, $13, {values} \
+                 WHERE {HELD}{conflict};",
+                name = w.table.name,
+                cols = names.join(", "),
+                values = values.join(", "),
+                conflict = w.table.on_conflict(&names),
+            ));
+            match w.versions {
+                Versions::None => {}
+                Versions::State => {
+                    sql.push_str(&copy_state("$12", "$13", SEQ, &gate));
+                    sql.push(';');
+                }
+                Versions::Items => {
+                    let id = row
+                        .iter()
+                        .find(|(c, _)| *c == "item_id")
+                        .map_or(Arg::Text(None), |(_, a)| a.clone());
+                    let filter = format!("item_id = {}", param(&mut extra, id));
+                    sql.push_str(&copy_items("$12", "$13", &filter, SEQ, false, &gate));
+                    sql.push(';');
+                }
             }
-            Op::UpsertItem(item) => {
-                write(&mut sql, &mut extra, &TODO_ITEMS, item_cols(item)?, &[]);
-                let p = param(&mut extra, item.id.as_str().into());
-                let filter = format!("item_id = {p}");
-                sql.push_str(&copy_items("$12", "$13", &filter, SEQ, false, &gate));
-                sql.push(';');
-            }
-            Op::AppendMessage(m) => write(
-                &mut sql,
-                &mut extra,
-                &MESSAGES,
-                message_cols_at(m, None)?,
-                &[("seq", SEQ)],
-            ),
-            Op::InsertSuspension(s) => {
-                write(&mut sql, &mut extra, &SUSPENSIONS, suspension_cols(s)?, &[]);
-                let p = param(&mut extra, s.suspension_id.into());
-                sql.push_str(&format!(
-                    "UPDATE suspensions SET created_seq = {SEQ} WHERE suspension_id = {p} \
-                     AND {HELD};"
-                ));
-            }
-            Op::DeleteItem(id) => {
-                let p = param(&mut extra, id.as_str().into());
-                // The tombstone first: it copies the row the delete removes.
-                let filter = format!("item_id = {p}");
-                sql.push_str(&copy_items("$12", "$13", &filter, SEQ, true, &gate));
-                sql.push_str(&format!(
-                    "; DELETE FROM todo_items WHERE tenant = $12 AND thread_id = $13 \
-                     AND item_id = {p} AND {HELD};"
-                ));
-            }
-            Op::CancelSuspensions => sql.push_str(&format!(
-                "UPDATE suspensions SET status = 'cancelled', resolved_at = {{now}}, \
-                 resolved_seq = {SEQ} WHERE run_id = $1 AND status = 'pending' AND {HELD};"
-            )),
-            // The last statement.
-            Op::UpdateRun(_) => {}
         }
+    }
+    for id in &c.deleted {
+        let p = param(&mut extra, id.as_str().into());
+        // The tombstone first: it copies the row the delete removes.
+        let filter = format!("item_id = {p}");
+        sql.push_str(&copy_items("$12", "$13", &filter, SEQ, true, &gate));
+        sql.push_str(&format!(
+            "; DELETE FROM todo_items WHERE tenant = $12 AND thread_id = $13 \
+             AND item_id = {p} AND {HELD};"
+        ));
+    }
+    if c.cancel_suspensions {
+        sql.push_str(&cancel_suspensions(SEQ, &gate));
+        sql.push(';');
     }
     if c.n > 0 {
         let at = param(&mut extra, created_at.into());
         let last = c.observations.len();
         for (k, o) in (1..).zip(c.observations) {
             let values = [
-                format!(
-                    "(SELECT last_seq FROM threads WHERE tenant = $12 AND thread_id = $13) \
-                         - $14 + {k}"
-                ),
+                format!("{SEQ} - $14 + {k}"),
                 param(&mut extra, o.id.into()),
                 param(&mut extra, o.run_id.into()),
                 param(&mut extra, o.parent_id.as_deref().into()),
@@ -388,8 +353,7 @@ pub(crate) fn one_call(
         }
     }
     sql.push_str(&format!(
-        "{RUN_UPDATE} RETURNING cancel_requested, \
-           (SELECT last_seq FROM threads WHERE tenant = $12 AND thread_id = $13) AS last_seq"
+        "{RUN_UPDATE} RETURNING cancel_requested, {SEQ} AS last_seq"
     ));
     if c.announces {
         // After the run's update, gated by it: `changes()` is what that update changed (one
@@ -397,9 +361,9 @@ pub(crate) fn one_call(
         let cond = format!("w.run_id = $1 AND w.attempt = $2 AND changes() = 1 AND {ANNOUNCED}");
         sql.push_str(&format!(
             "; {}",
-            outbox_insert(super::sql::Dialect::Sqlite, "runs", &cond)
+            outbox_insert(Dialect::Sqlite, "runs", &cond, "suspensions")
         ));
     }
-    let stmt = bind_fence(q(sql), fence, lease, c);
-    Ok(extra.into_iter().fold(stmt, Q::bind))
+    let stmt = bind_fence(q(sql), c);
+    extra.into_iter().fold(stmt, Q::bind)
 }

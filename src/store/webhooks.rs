@@ -1,7 +1,7 @@
-//! The webhook outbox (DESIGN.md §7.3): which webhook a run announces its end to (resolved once,
-//! when it is enqueued), the outbox row written by the very commit that ends or suspends a run
-//! (`outbox_insert`, used by `apply`, `postgres`, `sqlite` and the store's own cancels), and the
-//! delivery loop's claim, outcome, listing and retry.
+//! The webhook outbox: which webhook a run announces its end to (resolved once, when it is
+//! enqueued), and the delivery loop's claim, outcome, listing and retry. The outbox row itself is
+//! written by the very commit that ends or suspends a run, with SQL that lives below the store
+//! (`fragments::outbox_insert`, used by both dialects' commits and the store's own cancels).
 //!
 //! Invariants: a delivery row exists if and only if the commit that moved its run to the
 //! event's status committed (same statement or transaction); a pending row is sent by one
@@ -23,85 +23,6 @@ use crate::model::{
     AgentConfig, AssistantId, AssistantRef, DeliveryStatus, Run, ThreadId, WebhookDelivery,
     WebhookEvent,
 };
-
-/// The run columns a snapshot keeps, and whether each holds JSON (SQLite keeps JSON as text,
-/// which `json()` turns back into JSON inside the snapshot).
-const SNAPSHOT_COLUMNS: [(&str, bool); 23] = [
-    ("run_id", false),
-    ("tenant", false),
-    ("thread_id", false),
-    ("status", false),
-    ("kind", false),
-    ("query", false),
-    ("config", true),
-    ("assistant_id", false),
-    ("assistant_version", false),
-    ("multitask_strategy", false),
-    ("idempotency_key", false),
-    ("created_at", false),
-    ("started_at", false),
-    ("ended_at", false),
-    ("usage", true),
-    ("error", true),
-    ("final_response", true),
-    ("attempt", false),
-    ("phase", false),
-    ("cancel_requested", false),
-    ("start_seq", false),
-    ("trace_context", false),
-    ("cron_id", false),
-];
-
-/// SQLite has no UUID function: a version 4 UUID from `randomblob`.
-const SQLITE_UUID: &str = "lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || \
-    substr(hex(randomblob(2)), 2) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || \
-    substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))";
-
-/// The `INSERT … SELECT` that writes one outbox row per run of `source` (aliased `w`: the
-/// `runs` table, or a CTE of updated runs rows) matching `cond`, whose webhook wants the event of
-/// its status. Only statuses with an event may reach it (the callers' `cond` says which). No
-/// parameters of its own, so it fits into any statement's numbering.
-pub(crate) fn outbox_insert(d: Dialect, source: &str, cond: &str) -> String {
-    let (id, url, snapshot, wants) = match d {
-        Dialect::Postgres => (
-            "gen_random_uuid()".to_owned(),
-            "w.webhook ->> 'url'".to_owned(),
-            "to_jsonb(w)".to_owned(),
-            "(NOT (w.webhook ? 'events') OR w.webhook -> 'events' ? ('run.' || w.status))"
-                .to_owned(),
-        ),
-        Dialect::Sqlite => {
-            let cols: Vec<String> = SNAPSHOT_COLUMNS
-                .iter()
-                .map(|(c, json)| {
-                    if *json {
-                        format!("'{c}', json(w.{c})")
-                    } else {
-                        format!("'{c}', w.{c}")
-                    }
-                })
-                .collect();
-            (
-                SQLITE_UUID.to_owned(),
-                "json_extract(w.webhook, '$.url')".to_owned(),
-                format!("json_object({})", cols.join(", ")),
-                "(json_type(w.webhook, '$.events') IS NULL OR EXISTS (SELECT 1 FROM \
-                 json_each(w.webhook, '$.events') e WHERE e.value = 'run.' || w.status))"
-                    .to_owned(),
-            )
-        }
-    };
-    format!(
-        "INSERT INTO webhook_deliveries (delivery_id, tenant, thread_id, run_id, event, url, \
-           run_snapshot, suspension_id, status, attempts, next_attempt_at, created_at) \
-         SELECT {id}, w.tenant, w.thread_id, w.run_id, 'run.' || w.status, {url}, {snapshot}, \
-           CASE WHEN w.status = 'suspended' THEN (SELECT s.suspension_id FROM suspensions s \
-             WHERE s.run_id = w.run_id AND s.status = 'pending' \
-             ORDER BY s.created_at DESC LIMIT 1) END, \
-           'pending', 0, {{now}}, {{now}} \
-         FROM {source} w WHERE ({cond}) AND w.webhook IS NOT NULL AND {wants}"
-    )
-}
 
 /// A JSON config column's `webhook` field, as SQL for `d`.
 pub(super) fn config_webhook(d: Dialect, col: &str) -> String {

@@ -142,7 +142,7 @@ impl Engine {
                 ChatMessage::user(self.item_brief(ctx, &item)),
             ];
             messages.extend(item.conversation.iter().map(to_chat));
-            messages.extend(super::steering::note(&ctx.steering));
+            messages.extend(super::steer::note(&ctx.steering));
             return Ok(Next::Ask(ChatRequest {
                 phase: Phase::Execute,
                 model: ctx.model(),

@@ -1,6 +1,7 @@
 //! The remote agents runs may delegate to: their cards, fetched at start (bounded) and refreshed
-//! in the background, and the `delegate_to_agent` tool the model calls. The call itself is run by
-//! the engine (`agent/delegation/`), which records the remote task durably before it waits.
+//! in the background, and how the `delegate_to_agent` tool over them reads. The engine's
+//! delegation calls (`agent/calls/delegation/`) offer the tool, and run each call, recording the
+//! remote task durably before it waits.
 //! Every request to an agent goes through its [`Reach`] (SSRF guard, headers, size bound).
 
 use std::sync::{Arc, PoisonError, RwLock};
@@ -16,6 +17,7 @@ use super::card::{self, RemoteCard};
 use super::config::AgentConfig;
 use super::net::{Net, NetSettings, Reach, bound_text};
 use super::rpc::A2aClient;
+use crate::llm::ToolSpec;
 use crate::tools::{Tool, ToolContext, ToolError, ToolSource};
 
 /// The tool's name.
@@ -130,6 +132,28 @@ impl RemoteAgents {
         self.agents.iter().map(|a| a.config.name.clone()).collect()
     }
 
+    /// `delegate_to_agent {agent, message}` over them, as the model reads it (described as they
+    /// are now): the engine's delegation calls offer it.
+    pub fn delegate_spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: DELEGATE_TOOL.to_owned(),
+            description: format!(
+                "Delegate a task to a remote agent: send it `message` (everything it needs to \
+                 know); its answer is the result. Remote agents:\n{}",
+                self.describe()
+            ),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "agent": {"type": "string", "enum": self.names(), "description": "Which remote agent"},
+                    "message": {"type": "string", "minLength": 1, "description": "What to ask it"}
+                },
+                "required": ["agent", "message"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
     /// What the model reads of them: one line per agent, its description and skills (the remote's
     /// text cut to `DESCRIBE_MAX_BYTES` per agent).
     pub fn describe(&self) -> String {
@@ -168,44 +192,29 @@ impl RemoteAgents {
     }
 }
 
-/// `delegate_to_agent {agent, message}`: listed like any tool; its calls are run by the engine.
-pub struct DelegateTool {
-    description: String,
-    agents: Vec<String>,
-}
+/// What app.rs still registers in the tool registry (see the crate's `agent::calls::delegation`,
+/// which offers, checks, counts, runs and cancels `delegate_to_agent` itself): nothing reads
+/// this entry but the registry's own listing, which `GET /v1/tools` shows until it reads
+/// `Engine::tool_catalogue`. It goes once app.rs stops registering it.
+pub struct DelegateTool(ToolSpec);
 
 impl DelegateTool {
-    /// The tool over `agents` (described as they are now).
+    /// The entry for `agents` (described as they are now).
     pub fn new(agents: &RemoteAgents) -> Self {
-        Self {
-            description: format!(
-                "Delegate a task to a remote agent: send it `message` (everything it needs to \
-                 know); its answer is the result. Remote agents:\n{}",
-                agents.describe()
-            ),
-            agents: agents.names(),
-        }
+        Self(agents.delegate_spec())
     }
 }
 
 #[async_trait]
 impl Tool for DelegateTool {
     fn name(&self) -> &str {
-        DELEGATE_TOOL
+        &self.0.name
     }
     fn description(&self) -> &str {
-        &self.description
+        &self.0.description
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "agent": {"type": "string", "enum": self.agents, "description": "Which remote agent"},
-                "message": {"type": "string", "minLength": 1, "description": "What to ask it"}
-            },
-            "required": ["agent", "message"],
-            "additionalProperties": false
-        })
+        self.0.parameters.clone()
     }
     fn source(&self) -> ToolSource {
         ToolSource::A2a

@@ -298,9 +298,6 @@ impl App {
             )
             .await
             .map_err(anyhow::Error::msg)?;
-            tools.register(Arc::new(crate::a2a::client::agents::DelegateTool::new(
-                &agents,
-            )));
             Some(agents)
         };
         let prices = crate::model::Prices::parse(config.model_prices.as_deref().unwrap_or(""))?;

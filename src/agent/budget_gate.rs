@@ -3,6 +3,8 @@
 //! fails or waits on a `budget` suspension ([`Engine::suspend_for_budget`]). The meter itself,
 //! the run's and its tenant's limits, is in `budget.rs` and `tenant_budget.rs`.
 
+use std::time::Instant;
+
 use chrono::Utc;
 use serde_json::json;
 
@@ -10,6 +12,7 @@ use super::Engine;
 use super::budget::{BUDGET_ITEM, Refused, describe, estimate, exceeded_error};
 use super::changes::Op;
 use super::journal::{Ctx, Halt};
+use super::tenant_budget::{NEAR, midnight};
 use crate::llm::ChatRequest;
 use crate::model::payloads::{AgentSuspendedContent, BudgetScope};
 use crate::model::{
@@ -184,5 +187,34 @@ impl Engine {
         let mut waiting = super::hitl::waiting_suspensions(ctx);
         waiting.push(budget_id);
         super::hitl::commit_waiting(ctx, b, waiting).await
+    }
+}
+
+impl Ctx<'_> {
+    /// Read the tenant's spend today from the store when this process's reading is stale (see
+    /// `tenant_budget.rs`); nothing when the tenant has no daily budget.
+    pub(super) async fn refresh_tenant_spend(&mut self) -> Result<(), Halt> {
+        let Some(near) = self.env.budget.tenant_near(NEAR) else {
+            return Ok(());
+        };
+        let budget = self.env.budget.clone();
+        let Some(limit) = budget.tenant() else {
+            return Ok(());
+        };
+        if !limit.gauge.stale(near) {
+            return Ok(());
+        }
+        // This run's own spend is committed first, so the read holds all of it (what the gauge
+        // counted since the last read is dropped with the read).
+        self.flush().await?;
+        let (now, at) = (Utc::now(), Instant::now());
+        let read = self
+            .env
+            .journal
+            .tenant_spend(midnight(now))
+            .await
+            .map_err(Halt::from)?;
+        limit.gauge.set(now.date_naive(), at, read);
+        Ok(())
     }
 }

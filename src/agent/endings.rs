@@ -82,14 +82,9 @@ impl Engine {
     /// Cancelled: the unfinished items are cancelled with the run, which ends.
     pub(super) async fn commit_cancelled(&self, ctx: &mut Ctx<'_>) -> Result<(), Halt> {
         let mut b = ctx.batch();
-        // Remote agents still working for this run are asked to stop too.
-        if let Some(agents) = &self.remote_agents {
-            for o in
-                super::calls::delegation::cancel_pending(ctx.env.journal, agents, ctx.run.run_id)
-                    .await
-            {
-                b.observe(o);
-            }
+        // Each kind of call stops what it has in flight outside (a remote agent's task).
+        for o in self.cancel_calls(ctx.env.journal, ctx.run.run_id).await {
+            b.observe(o);
         }
         end_unfinished(
             ctx,

@@ -34,22 +34,12 @@ pub(super) enum Next {
 impl Engine {
     fn item_tools(&self, ctx: &Ctx<'_>, item: &TodoItem) -> Vec<ToolSpec> {
         let mut specs = match item.step_type {
-            StepType::Tool => {
-                let allowed: Vec<String> = self
-                    .enabled_tools(ctx)
-                    .into_iter()
-                    .filter(|t| self.item_may_call(ctx, item, t))
-                    .collect();
-                let mut specs = self.tools.specs(Some(&allowed));
-                specs.extend(
-                    ctx.env
-                        .flowcharts
-                        .values()
-                        .filter(|f| allowed.contains(&f.record.name))
-                        .map(|f| f.spec()),
-                );
-                specs
-            }
+            StepType::Tool => self
+                .enabled_catalogue(ctx)
+                .into_iter()
+                .filter(|t| self.item_may_call(ctx, item, &t.name))
+                .map(super::calls::spec)
+                .collect(),
             StepType::Reasoning => vec![],
         };
         // A team's child works inside its team's plan: the run's plan is not its to change.
@@ -142,7 +132,7 @@ impl Engine {
                 ChatMessage::user(self.item_brief(ctx, &item)),
             ];
             messages.extend(item.conversation.iter().map(to_chat));
-            messages.extend(super::steering::note(&ctx.steering));
+            messages.extend(super::steer::note(&ctx.steering));
             return Ok(Next::Ask(ChatRequest {
                 phase: Phase::Execute,
                 model: ctx.model(),

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::changes::{Op, RunUpdate};
 use crate::model::{
-    Decision, ItemStatus, MessageRole, ResumeDecision, RunStatus, Suspension, SuspensionKind,
+    ItemStatus, MessageRole, ResumeDecision, RunStatus, Suspension, SuspensionKind,
     SuspensionStatus, ToolCallRecord, ToolResultRecord, ToolResultStatus, new_id,
 };
 
@@ -95,32 +95,15 @@ impl Engine {
             .filter(|r| turn_calls.contains(&r.tool_call_id))
             .cloned()
             .collect();
-        let (allowed, question, input_schema) = match kind {
-            SuspensionKind::Input | SuspensionKind::RemoteInput => (
-                vec![Decision::Respond, Decision::Reject],
-                call.arguments
-                    .get("question")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-                call.arguments
-                    .get("inputSchema")
-                    .cloned()
-                    .filter(|v| !v.is_null()),
-            ),
-            SuspensionKind::Budget => (vec![Decision::Approve, Decision::Reject], None, None),
-            SuspensionKind::Approval => (
-                vec![
-                    Decision::Approve,
-                    Decision::Edit,
-                    Decision::Reject,
-                    Decision::Respond,
-                ],
-                Some(format!(
-                    "May the agent call `{}` with these arguments?",
-                    call.name
-                )),
-                None,
-            ),
+        // What a person is asked, and may decide, is the kind's (`model/suspensions.rs`).
+        let (allowed, question) = (kind.decisions(), kind.question(call));
+        let input_schema = match kind {
+            SuspensionKind::Input | SuspensionKind::RemoteInput => call
+                .arguments
+                .get("inputSchema")
+                .cloned()
+                .filter(|v| !v.is_null()),
+            SuspensionKind::Budget | SuspensionKind::Approval => None,
         };
         let suspension = Suspension {
             suspension_id: new_id(),

@@ -215,7 +215,7 @@ pub(super) struct Ctx<'a> {
     pub(super) tickets: std::collections::HashMap<String, super::budget::Ticket>,
     /// What people said to the run while it ran (its `STEERING`), and whether the planner took
     /// each in.
-    pub(super) steering: Vec<super::steering::Steer>,
+    pub(super) steering: Vec<super::steer::Steer>,
 }
 
 impl Ctx<'_> {

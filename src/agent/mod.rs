@@ -26,6 +26,8 @@
 //!   once, recorded, watched until it settles; a run parked on remote agents,
 //!   [`RunEnd::WaitingRemote`]; the `DelegationLedger` every reader derives its state from). The
 //!   scheduler starts and takes in every kind the same way.
+//! - `steer.rs` (a steering message, what a model call reads of them) and `steering.rs` (reading
+//!   them again, the planner's refinement for them).
 //! - `hitl.rs`: suspending an item on a call that needs a person, and applying their decision.
 //! - `synthesizer.rs`: cancelling what can no longer run, and the final answer.
 //! - `flowchart_run.rs`: a run of `kind: "flowchart"`: one item that makes one flowchart call,
@@ -49,6 +51,7 @@ pub mod plan;
 mod planner;
 pub mod prompts;
 mod scheduler;
+mod steer;
 mod steering;
 mod synthesizer;
 mod teams;
@@ -73,7 +76,7 @@ use changes::{AgentSnapshot, Batch, Op, RunUpdate};
 
 pub use calls::delegation::ledger::DelegationLedger;
 pub use journal::{Journal, TokenOut};
-pub use steering::STEERING_NAME;
+pub use steer::STEERING_NAME;
 pub use tool_calls::FLUSH_SLOW_TOOL_AFTER;
 
 use journal::{Ctx, Halt, RunEnv, halt_to_error};
@@ -416,7 +419,7 @@ impl Engine {
             suspensions: input.suspensions,
             pending,
             tickets: HashMap::new(),
-            steering: steering::from_messages(&input.own_messages, run_id),
+            steering: steer::from_messages(&input.own_messages, run_id),
         };
         if !ctx.steering.is_empty() {
             // Which of it the planner already took in (a run that goes on after a pause).

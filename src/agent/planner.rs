@@ -35,35 +35,20 @@ pub const HISTORY_MESSAGES: usize = 6;
 pub const HISTORY_MESSAGE_CHARS: usize = 1000;
 
 impl Engine {
-    /// The tools a run may use: the registry's and its tenant's flowcharts, narrowed by the
-    /// config's `tools`.
+    /// The names of the tools a run may use ([`Engine::enabled_catalogue`]).
     pub(super) fn enabled_tools(&self, ctx: &Ctx<'_>) -> Vec<String> {
-        let mut all = self.tools.names();
-        all.extend(
-            ctx.env
-                .flowcharts
-                .keys()
-                .filter(|n| !self.tools.contains(n))
-                .cloned(),
-        );
-        match &ctx.env.cfg.tools {
-            Some(list) => all.into_iter().filter(|n| list.contains(n)).collect(),
-            None => all,
-        }
+        self.enabled_catalogue(ctx)
+            .into_iter()
+            .map(|t| t.name)
+            .collect()
     }
 
     /// The enabled tools as the planning prompt lists them: (name, description).
     pub(super) fn described_tools(&self, ctx: &Ctx<'_>, known: &[String]) -> Vec<(String, String)> {
-        known
-            .iter()
-            .filter_map(|n| match self.tools.get(n) {
-                Some(t) => Some((n.clone(), t.description().to_owned())),
-                None => ctx
-                    .env
-                    .flowcharts
-                    .get(n)
-                    .map(|f| (n.clone(), f.record.spec.description.clone())),
-            })
+        self.enabled_catalogue(ctx)
+            .into_iter()
+            .filter(|t| known.contains(&t.name))
+            .map(|t| (t.name, t.description))
             .collect()
     }
 

@@ -1,6 +1,7 @@
-//! Prompts and JSON Schemas of the three phases. The schemas are the fixed wire contract of
-//! DESIGN §3 (`pes_plan`, `pes_synthesis`, `update_plan`): any OpenAI-compatible model, and any test
-//! double, can serve them.
+//! Prompts and JSON Schemas of the three phases. The schemas (`pes_plan`, `pes_synthesis`,
+//! `update_plan`) are a fixed wire contract between the engine and whatever model serves it: any
+//! OpenAI-compatible model, and any test double (the offline model reads the same labels), can
+//! serve them, so they change only together with their readers.
 
 use serde_json::{Value, json};
 

@@ -96,8 +96,8 @@ impl Engine {
         // When to look for decisions on the suspensions some items wait on, should their push
         // have been lost.
         let mut look_at: Option<tokio::time::Instant> = None;
-        // Items whose delegation only waits on its recorded remote task; when every item in
-        // flight is one, the run parks (after `a2a_park_after`) and gives its slot back.
+        // Items whose call only waits outside the process (its kind told `watching`); when every
+        // item in flight is one, the run parks (after `a2a_park_after`) and gives its slot back.
         let watching = Arc::new(Watching::default());
         let mut park_at: Option<tokio::time::Instant> = None;
         let journal = ctx.env.journal;
@@ -128,7 +128,7 @@ impl Engine {
                     // The tenant's daily spend, read again when stale (a budgeted tenant only).
                     ctx.refresh_tenant_spend().await?;
                     let started = self.launch(ctx, &mut busy, limit, &mut over_budget)?;
-                    let needs_commit = started.iter().any(|(_, s)| s.needs_commit(self));
+                    let needs_commit = started.iter().any(|(_, s)| s.needs_commit(self, ctx));
                     let idle_wait = started.is_empty() && !inflight.is_empty();
                     if needs_commit || (idle_wait && !ctx.pending.is_empty()) {
                         ctx.flush().await?;
@@ -145,7 +145,7 @@ impl Engine {
                 }
                 let only_remote = watching.all(busy.iter());
                 if draining && only_remote {
-                    // What the remotes report is followed by the next owner, from the log.
+                    // What they wait on is followed by the next owner, from the log.
                     return Err(Halt::Shutdown);
                 }
                 if !only_remote || !ctx.pending.is_empty() {
@@ -212,11 +212,12 @@ impl Engine {
                     }
                     // Stop starting new steps; the loop above notices.
                     _ = signals.drain.cancelled(), if !draining => {}
-                    // A delegation started to wait: the loop above looks whether all do.
+                    // A call started to wait outside: the loop above looks whether all do.
                     _ = watching.changed.notified() => {}
                     _ = tokio::time::sleep_until(park_at.unwrap_or(far)), if park_at.is_some() => {
-                        // Nothing here can move until a remote agent answers: give the worker
-                        // slot back (the lease stays), a watcher follows the remote tasks.
+                        // Nothing here can move until something outside answers: give the worker
+                        // slot back (the lease stays), a watcher follows the calls
+                        // (`Engine::follow_outside`).
                         ctx.flush().await?;
                         return Ok(Some(RunEnd::WaitingRemote));
                     }
@@ -343,8 +344,8 @@ impl Engine {
         let tool = kind_of(self, &ctx.env, &call.name).metric_label(self, call);
         let (metrics, metrics_too, tool_too) =
             (self.metrics.clone(), self.metrics.clone(), tool.clone());
-        // A delegation dropped while it only waits on its remote was handed over (the run
-        // parked, or is drained), not cancelled: its call goes on elsewhere.
+        // A call dropped while it only waits outside was handed over (the run parked, or is
+        // drained), not cancelled: it goes on elsewhere.
         let (waiting, item_too) = (watching.clone(), item.clone());
         let fut = span.in_scope(|| self.start_step(ctx, item, step, watching));
         Box::pin(spans::timed(
@@ -454,10 +455,10 @@ impl Next {
     /// Whether everything staged must be committed before this step's I/O starts: a model call
     /// always (its request is built from the journal), a tool with side effects (so a failed
     /// commit can never make the model name a call that already ran).
-    fn needs_commit(&self, engine: &Engine) -> bool {
+    fn needs_commit(&self, engine: &Engine, ctx: &Ctx<'_>) -> bool {
         match self {
             Next::Ask(_) | Next::Compact(_) | Next::PlanTeam(_) => true,
-            Next::Invoke(call, _) => engine.tools.has_side_effects(&call.name),
+            Next::Invoke(call, _) => engine.call_side_effects(ctx, &call.name),
             Next::Idle => false,
         }
     }

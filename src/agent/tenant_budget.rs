@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, NaiveDate, Utc};
 
-use super::journal::{Ctx, Halt};
 use crate::model::{Budget, OnExceed, TenantDay, add_usd};
 
 /// How long a read of the tenant's spend is used while the spend is below 80 % of its limits.
@@ -38,7 +37,7 @@ pub(super) const NEAR_FRESH_FOR: Duration = Duration::from_millis(100);
 const READ_COST_FACTOR: u32 = 50;
 
 /// Share of a limit from which the store is read more often ([`NEAR_FRESH_FOR`]).
-const NEAR: f64 = 0.8;
+pub(super) const NEAR: f64 = 0.8;
 
 /// The tenants' gauges of one process (one per tenant with a daily budget that ran here).
 #[derive(Default)]
@@ -127,7 +126,7 @@ impl Gauge {
     /// Whether the store must be read before the next check: never read, another day, or
     /// older than [`FRESH_FOR`] ([`NEAR_FRESH_FOR`] when `near` the limit), and than
     /// [`READ_COST_FACTOR`] times the last read's duration.
-    fn stale(&self, near: bool) -> bool {
+    pub(super) fn stale(&self, near: bool) -> bool {
         let r = self.lock();
         let fresh_for = if near { NEAR_FRESH_FOR } else { FRESH_FOR };
         let fresh_for = fresh_for.max(r.took.saturating_mul(READ_COST_FACTOR));
@@ -135,7 +134,7 @@ impl Gauge {
     }
 
     /// What the store says the tenant spent on `day`, and the operator's raises of that day.
-    fn set(&self, day: NaiveDate, at: Instant, read: TenantDay) {
+    pub(super) fn set(&self, day: NaiveDate, at: Instant, read: TenantDay) {
         let mut r = self.lock();
         *r = Reading {
             day: Some(day),
@@ -215,35 +214,6 @@ impl TenantLimit {
         let st = lt.map_or(0.0, |l| t as f64 / l.max(1) as f64);
         let su = lu.map_or(0.0, |l| if l > 0.0 { u / l } else { 1.0 });
         st.max(su)
-    }
-}
-
-impl Ctx<'_> {
-    /// Read the tenant's spend today from the store when this process's reading is stale (see
-    /// the module's doc); nothing when the tenant has no daily budget.
-    pub(super) async fn refresh_tenant_spend(&mut self) -> Result<(), Halt> {
-        let Some(near) = self.env.budget.tenant_near(NEAR) else {
-            return Ok(());
-        };
-        let budget = self.env.budget.clone();
-        let Some(limit) = budget.tenant() else {
-            return Ok(());
-        };
-        if !limit.gauge.stale(near) {
-            return Ok(());
-        }
-        // This run's own spend is committed first, so the read holds all of it (what the gauge
-        // counted since the last read is dropped with the read).
-        self.flush().await?;
-        let (now, at) = (Utc::now(), Instant::now());
-        let read = self
-            .env
-            .journal
-            .tenant_spend(midnight(now))
-            .await
-            .map_err(Halt::from)?;
-        limit.gauge.set(now.date_naive(), at, read);
-        Ok(())
     }
 }
 

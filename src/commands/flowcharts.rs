@@ -13,7 +13,7 @@ use crate::flowchart::validate::{self, ValidationEnv};
 use crate::flowchart::{FlowchartRecord, FlowchartSpec};
 use crate::problem::{FieldError, Refusal};
 use crate::store::StoreResult;
-use crate::tools::{ServerInfo, ToolInfo, ToolSource};
+use crate::tools::{ServerInfo, ToolInfo};
 
 /// A flowchart registered: its record, and whether the name was new.
 #[derive(Debug, Clone)]
@@ -134,9 +134,9 @@ impl UseCases {
         }
     }
 
-    /// Every tool a thread of the tenant may enable, sorted by name (the operator's tools, the
-    /// same for every tenant, and the tenant's flowcharts), and the tool servers the operator
-    /// configured with their state.
+    /// Every tool a thread of the tenant may enable, sorted by name (what each call kind offers:
+    /// the operator's tools, the same for every tenant, delegation to remote agents, and the
+    /// tenant's flowcharts), and the tool servers the operator configured with their state.
     ///
     /// # Errors
     /// The store fails.
@@ -144,27 +144,14 @@ impl UseCases {
         &self,
         tenant: &str,
     ) -> StoreResult<(Vec<ToolInfo>, Vec<ServerInfo>)> {
-        let tools = self.engine.tools();
-        let mut items = tools.catalogue();
         let flowcharts = self.store.list_flowcharts(tenant).await?;
-        items.extend(flowcharts.into_iter().map(|r| ToolInfo {
-            parameters: r.spec.input_schema(),
-            name: r.name,
-            description: r.spec.description,
-            source: ToolSource::Flowchart,
-            server: None,
-            available: true,
-            unavailable_reason: None,
-        }));
-        items.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok((items, tools.servers()))
+        let items = self.engine.tool_catalogue(&flowcharts);
+        Ok((items, self.engine.tools().servers()))
     }
 
     /// The operator's tools (no tenant's flowcharts), sorted by name: what the service's public
     /// agent card lists.
     pub fn operator_tools(&self) -> Vec<ToolInfo> {
-        let mut tools = self.engine.tools().catalogue();
-        tools.sort_by(|a, b| a.name.cmp(&b.name));
-        tools
+        self.engine.tool_catalogue(&[])
     }
 }

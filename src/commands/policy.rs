@@ -51,9 +51,8 @@ impl UseCases {
                 state.engine.provider_names().join(", ")
             )));
         }
-        let tools = state.engine.tools();
-        // The tenant's flowcharts are tools too; read only when a name is not a registry tool.
-        let mut flowcharts: Option<Vec<String>> = None;
+        // The tenant's flowcharts are tools too; read only when a name is not known without them.
+        let mut flowcharts: Option<Vec<crate::flowchart::FlowchartRecord>> = None;
         // Roles narrow the tools their items may call: their names must be tools too.
         let role_tools: Vec<(String, Option<Vec<String>>)> = cfg
             .roles
@@ -69,18 +68,20 @@ impl UseCases {
         .chain(role_tools.iter().map(|(f, l)| (f.clone(), l)));
         for (field, list) in lists {
             for name in list.iter().flatten() {
-                if tools.is_known(name) {
+                if state.engine.knows_tool(name, &[]) {
                     continue;
                 }
                 if flowcharts.is_none() {
-                    let names = state.store.list_flowcharts(tenant).await?;
-                    flowcharts = Some(names.into_iter().map(|r| r.name).collect());
+                    flowcharts = Some(state.store.list_flowcharts(tenant).await?);
                 }
                 let flowcharts = flowcharts.as_deref().unwrap_or_default();
-                if !flowcharts.contains(name) {
-                    let mut available = tools.names();
-                    available.extend(flowcharts.iter().cloned());
-                    available.sort();
+                if !state.engine.knows_tool(name, flowcharts) {
+                    let available: Vec<String> = state
+                        .engine
+                        .tool_catalogue(flowcharts)
+                        .into_iter()
+                        .map(|t| t.name)
+                        .collect();
                     return Err(ApiError::Validation(format!(
                         "config.{field} names unknown tool `{name}` (available: {})",
                         available.join(", ")

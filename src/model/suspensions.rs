@@ -24,6 +24,42 @@ string_enum! {
     }
 }
 
+impl SuspensionKind {
+    /// The decisions a person may take on a suspension of this kind.
+    pub fn decisions(self) -> Vec<Decision> {
+        match self {
+            Self::Input | Self::RemoteInput => vec![Decision::Respond, Decision::Reject],
+            Self::Budget => vec![Decision::Approve, Decision::Reject],
+            Self::Approval => vec![
+                Decision::Approve,
+                Decision::Edit,
+                Decision::Reject,
+                Decision::Respond,
+            ],
+        }
+    }
+
+    /// The question a suspension of this kind on `call` is made with (its `question`, which the
+    /// console and `pes-server ask` show above the proposed call): an approval asks about the
+    /// call by name, a question (`ask_user`, a remote agent's) is the call's own `question`. A
+    /// `budget` suspension's question says which budget and how much of it was spent, so its
+    /// maker writes it (`None` here).
+    pub fn question(self, call: &ToolCallRecord) -> Option<String> {
+        match self {
+            Self::Input | Self::RemoteInput => call
+                .arguments
+                .get("question")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            Self::Budget => None,
+            Self::Approval => Some(format!(
+                "May the agent call `{}` with these arguments?",
+                call.name
+            )),
+        }
+    }
+}
+
 string_enum! {
     /// Lifecycle of a suspension; `pending` → one of the others, exactly once.
     SuspensionStatus {
@@ -151,6 +187,26 @@ impl Suspension {
                 .and_then(|v| serde_json::from_value(v).ok())
                 .unwrap_or_default()
         })
+    }
+
+    /// What a person is asked, in one sentence that stands alone (a door that shows only text
+    /// beside the answer's form: an AG-UI interrupt's `message`, an MCP elicitation's): an
+    /// approval names the call with its arguments; a budget or a question is its `question`, or
+    /// a plain request when it has none.
+    pub fn asks(&self) -> String {
+        match self.kind {
+            SuspensionKind::Approval => format!(
+                "Approve the call of `{}` with {}?",
+                self.tool_call.name, self.tool_call.arguments
+            ),
+            SuspensionKind::Budget => self.question.clone().unwrap_or_else(|| {
+                "The run reached its budget: raise it, or stop the run?".to_owned()
+            }),
+            SuspensionKind::Input | SuspensionKind::RemoteInput => self
+                .question
+                .clone()
+                .unwrap_or_else(|| "Answer the question".to_owned()),
+        }
     }
 
     /// Whether it waits on the tenant's daily budget: only the operator may raise that, so a

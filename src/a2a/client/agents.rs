@@ -1,13 +1,13 @@
 //! The remote agents runs may delegate to: their cards, fetched at start (bounded) and refreshed
-//! in the background, and the `delegate_to_agent` tool the model calls. The call itself is run by
-//! the engine (`agent/delegation/`), which records the remote task durably before it waits.
+//! in the background, and how the `delegate_to_agent` tool over them reads. The engine's
+//! delegation calls (`agent/calls/delegation/`) offer the tool, and run each call, recording the
+//! remote task durably before it waits.
 //! Every request to an agent goes through its [`Reach`] (SSRF guard, headers, size bound).
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
@@ -16,7 +16,7 @@ use super::card::{self, RemoteCard};
 use super::config::AgentConfig;
 use super::net::{Net, NetSettings, Reach, bound_text};
 use super::rpc::A2aClient;
-use crate::tools::{Tool, ToolContext, ToolError, ToolSource};
+use crate::llm::ToolSpec;
 
 /// The tool's name.
 pub const DELEGATE_TOOL: &str = "delegate_to_agent";
@@ -130,6 +130,28 @@ impl RemoteAgents {
         self.agents.iter().map(|a| a.config.name.clone()).collect()
     }
 
+    /// `delegate_to_agent {agent, message}` over them, as the model reads it (described as they
+    /// are now): the engine's delegation calls offer it.
+    pub fn delegate_spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: DELEGATE_TOOL.to_owned(),
+            description: format!(
+                "Delegate a task to a remote agent: send it `message` (everything it needs to \
+                 know); its answer is the result. Remote agents:\n{}",
+                self.describe()
+            ),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "agent": {"type": "string", "enum": self.names(), "description": "Which remote agent"},
+                    "message": {"type": "string", "minLength": 1, "description": "What to ask it"}
+                },
+                "required": ["agent", "message"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
     /// What the model reads of them: one line per agent, its description and skills (the remote's
     /// text cut to `DESCRIBE_MAX_BYTES` per agent).
     pub fn describe(&self) -> String {
@@ -165,54 +187,5 @@ impl RemoteAgents {
             })
             .collect::<Vec<_>>()
             .join("\n")
-    }
-}
-
-/// `delegate_to_agent {agent, message}`: listed like any tool; its calls are run by the engine.
-pub struct DelegateTool {
-    description: String,
-    agents: Vec<String>,
-}
-
-impl DelegateTool {
-    /// The tool over `agents` (described as they are now).
-    pub fn new(agents: &RemoteAgents) -> Self {
-        Self {
-            description: format!(
-                "Delegate a task to a remote agent: send it `message` (everything it needs to \
-                 know); its answer is the result. Remote agents:\n{}",
-                agents.describe()
-            ),
-            agents: agents.names(),
-        }
-    }
-}
-
-#[async_trait]
-impl Tool for DelegateTool {
-    fn name(&self) -> &str {
-        DELEGATE_TOOL
-    }
-    fn description(&self) -> &str {
-        &self.description
-    }
-    fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "agent": {"type": "string", "enum": self.agents, "description": "Which remote agent"},
-                "message": {"type": "string", "minLength": 1, "description": "What to ask it"}
-            },
-            "required": ["agent", "message"],
-            "additionalProperties": false
-        })
-    }
-    fn source(&self) -> ToolSource {
-        ToolSource::A2a
-    }
-    async fn call(&self, _args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
-        Err(ToolError::Failed(
-            "`delegate_to_agent` is run by the engine, which records the remote task first".into(),
-        ))
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use super::{CallFuture, CallKind, Outcome, Watching};
+use super::{CallFuture, CallKind, Flowcharts, Outcome, Watching};
 use crate::agent::Engine;
 use crate::agent::changes::Batch;
 use crate::agent::journal::{Ctx, Journal, RunEnv};
@@ -20,7 +20,7 @@ use crate::model::{
     NewObservation, ObservationType, ResumeDecision, Suspension, SuspensionKind, SuspensionStatus,
     ThreadId, ToolCallRecord, ToolResultRecord, ToolResultStatus, Usage,
 };
-use crate::tools::{ToolContext, ToolError, ToolRegistry};
+use crate::tools::{ToolContext, ToolError, ToolInfo, ToolRegistry, ToolSource};
 
 /// What a flowchart call uses of the run: its journal, tools, model and identity.
 pub(super) struct RunFlowHost<'a> {
@@ -62,8 +62,37 @@ pub(in crate::agent) fn decisions_of(all: &[Suspension], call: &ToolCallRecord) 
 pub(super) struct Flowchart;
 
 impl CallKind for Flowchart {
-    fn claims(&self, engine: &Engine, env: &RunEnv<'_>, name: &str) -> bool {
-        env.flowcharts.contains_key(name) && !engine.tools.contains(name)
+    fn claims(&self, engine: &Engine, flowcharts: &dyn Flowcharts, name: &str) -> bool {
+        flowcharts.get(name).is_some() && !engine.tools.contains(name)
+    }
+
+    fn offers(&self, _: &Engine, flowcharts: &dyn Flowcharts) -> Vec<ToolInfo> {
+        flowcharts
+            .records()
+            .into_iter()
+            .map(|r| ToolInfo {
+                name: r.name.clone(),
+                description: r.spec.description.clone(),
+                parameters: r.spec.input_schema(),
+                source: ToolSource::Flowchart,
+                server: None,
+                available: true,
+                unavailable_reason: None,
+            })
+            .collect()
+    }
+
+    fn knows(&self, _: &Engine, flowcharts: &dyn Flowcharts, name: &str) -> bool {
+        flowcharts.get(name).is_some()
+    }
+
+    fn tenants_own(&self) -> bool {
+        true
+    }
+
+    /// A flowchart's stages may call tools with side effects: its call is committed first.
+    fn side_effects(&self, _: &Engine, _: &str) -> bool {
+        true
     }
 
     fn pauses_inside(&self) -> bool {
@@ -98,11 +127,10 @@ impl CallKind for Flowchart {
     ) -> CallFuture<'f> {
         let tool = ctx.env.flowcharts.get(&call.name).expect("claimed").clone();
         // Its `tool` stages may call what the calling item may call, no more.
-        let enabled = engine.enabled_tools(ctx);
+        let enabled = engine.enabled_catalogue(ctx).into_iter().map(|t| t.name);
         let may_call = match ctx.item_idx(item) {
-            None => enabled,
+            None => enabled.collect(),
             Some(i) => enabled
-                .into_iter()
                 .filter(|t| engine.item_may_call(ctx, &ctx.items[i], t))
                 .collect(),
         };

@@ -5,18 +5,27 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{CallFuture, CallKind, Outcome, Watching};
+use super::{CallFuture, CallKind, Flowcharts, Outcome, Watching};
 use crate::agent::Engine;
-use crate::agent::journal::{Ctx, RunEnv};
+use crate::agent::journal::Ctx;
 use crate::model::{ToolCallRecord, ToolResultRecord, ToolResultStatus, Usage};
-use crate::tools::{ToolContext, ToolRegistry};
+use crate::tools::{ToolContext, ToolInfo, ToolRegistry};
 
 /// Any tool of the registry.
 pub(super) struct Tool;
 
 impl CallKind for Tool {
-    fn claims(&self, _: &Engine, _: &RunEnv<'_>, _: &str) -> bool {
+    fn claims(&self, _: &Engine, _: &dyn Flowcharts, _: &str) -> bool {
         true
+    }
+
+    fn offers(&self, engine: &Engine, _: &dyn Flowcharts) -> Vec<ToolInfo> {
+        engine.tools.catalogue()
+    }
+
+    /// A registered tool, or one under a declared server that is down.
+    fn knows(&self, engine: &Engine, _: &dyn Flowcharts, name: &str) -> bool {
+        engine.tools.is_known(name)
     }
 
     fn start<'f>(

@@ -464,13 +464,10 @@ pub fn interrupt(s: &Suspension) -> Interrupt {
     let offered = s.tenant_decisions();
     let decisions: Vec<&str> = offered.iter().map(|d| d.as_str()).collect();
     let call = &s.tool_call;
-    let (reason, message, tool_call_id, schema) = match s.kind {
+    let message = s.asks();
+    let (reason, tool_call_id, schema) = match s.kind {
         SuspensionKind::Approval => (
             "tool_approval",
-            format!(
-                "Approve the call of `{}` with {}?",
-                call.name, call.arguments
-            ),
             Some(call.id.clone()),
             json!({
                 "type": "object",
@@ -485,9 +482,6 @@ pub fn interrupt(s: &Suspension) -> Interrupt {
         ),
         SuspensionKind::Budget => (
             "budget_exceeded",
-            s.question
-                .clone()
-                .unwrap_or_else(|| "The run reached its budget: raise it, or stop the run?".into()),
             None,
             json!({
                 "type": "object",
@@ -512,9 +506,6 @@ pub fn interrupt(s: &Suspension) -> Interrupt {
             } else {
                 "remote_input_required"
             },
-            s.question
-                .clone()
-                .unwrap_or_else(|| "Answer the question".into()),
             None,
             s.input_schema
                 .clone()

@@ -57,10 +57,7 @@ fn form(s: &Suspension) -> (String, Value) {
         SuspensionKind::Approval => {
             let allowed: Vec<&str> = s.allowed_decisions.iter().map(|d| d.as_str()).collect();
             (
-                format!(
-                    "The agent wants to call `{}` with {}. Allow it?",
-                    s.tool_call.name, s.tool_call.arguments
-                ),
+                s.asks(),
                 json!({
                     "type": "object",
                     "properties": {
@@ -74,9 +71,7 @@ fn form(s: &Suspension) -> (String, Value) {
             )
         }
         SuspensionKind::Budget => (
-            s.question
-                .clone()
-                .unwrap_or_else(|| "The run reached its budget. Raise it, or stop the run?".into()),
+            s.asks(),
             json!({
                 "type": "object",
                 "properties": {
@@ -89,10 +84,7 @@ fn form(s: &Suspension) -> (String, Value) {
             }),
         ),
         SuspensionKind::Input | SuspensionKind::RemoteInput => {
-            let question = s
-                .question
-                .clone()
-                .unwrap_or_else(|| "Answer the agent".into());
+            let question = s.asks();
             let schema = s.input_schema.as_ref().and_then(flat).unwrap_or_else(|| {
                 json!({
                     "type": "object",

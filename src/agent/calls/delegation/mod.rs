@@ -20,19 +20,19 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{CallFuture, CallKind, Outcome};
-use crate::a2a::client::agents::RemoteAgents;
+use super::{CallFuture, CallKind, Flowcharts, KindFuture, Outcome, RunRef, Watching};
+use crate::a2a::client::agents::{DELEGATE_TOOL, RemoteAgents};
 use crate::a2a::client::rpc::RemoteTask;
-use crate::agent::Engine;
 use crate::agent::changes::Batch;
 use crate::agent::journal::{Ctx, Journal, RunEnv};
+use crate::agent::{Engine, EngineError};
 use crate::model::{
     NewObservation, ObservationType, ResumeDecision, Suspension, SuspensionStatus, ThreadId,
     ToolCallRecord, ToolResultRecord, ToolResultStatus,
 };
+use crate::tools::{ToolError, ToolInfo, ToolSource};
 
 use ledger::{DelegationLedger, DelegationRecord};
-pub(in crate::agent) use parked::{Watching, cancel_pending};
 use watch::{Settled, read_settled, settled_json, watch};
 
 /// How long one call to the remote may take.
@@ -70,13 +70,95 @@ pub(super) enum Delegated {
 /// A call of `delegate_to_agent`, when remote agents are configured.
 pub(super) struct Delegate;
 
+/// The tool `delegate_to_agent {agent, message}` over `agents` (described as they are now).
+fn offered(agents: &RemoteAgents) -> ToolInfo {
+    let spec = agents.delegate_spec();
+    ToolInfo {
+        name: spec.name,
+        description: spec.description,
+        parameters: spec.parameters,
+        source: ToolSource::A2a,
+        server: None,
+        available: true,
+        unavailable_reason: None,
+    }
+}
+
+/// Check a call's arguments against the tool's schema (every problem, with its JSON path).
+fn check(agents: &RemoteAgents, args: &Value) -> Result<(), ToolError> {
+    crate::json::schema::validate(&agents.delegate_spec().parameters, args)
+        .map_err(|errors| ToolError::InvalidArguments(errors.join("; ")))
+}
+
 impl CallKind for Delegate {
-    fn claims(&self, engine: &Engine, _: &RunEnv<'_>, name: &str) -> bool {
-        name == crate::a2a::client::agents::DELEGATE_TOOL && engine.remote_agents.is_some()
+    fn claims(&self, engine: &Engine, _: &dyn Flowcharts, name: &str) -> bool {
+        name == DELEGATE_TOOL && engine.remote_agents.is_some()
+    }
+
+    fn offers(&self, engine: &Engine, _: &dyn Flowcharts) -> Vec<ToolInfo> {
+        engine.remote_agents.iter().map(|a| offered(a)).collect()
+    }
+
+    fn knows(&self, engine: &Engine, flowcharts: &dyn Flowcharts, name: &str) -> bool {
+        self.claims(engine, flowcharts, name)
+    }
+
+    fn side_effects(&self, _: &Engine, _: &str) -> bool {
+        true
     }
 
     fn pauses_inside(&self) -> bool {
         true
+    }
+
+    fn validate(
+        &self,
+        engine: &Engine,
+        _: &RunEnv<'_>,
+        _: &str,
+        args: &Value,
+    ) -> Result<(), ToolError> {
+        check(engine.remote_agents.as_ref().expect("claimed"), args)
+    }
+
+    /// `a2a:<agent>` for a configured agent, else `a2a:other` (never a name the model made up).
+    fn metric_label(&self, engine: &Engine, call: &ToolCallRecord) -> String {
+        match call.arguments.get("agent").and_then(Value::as_str) {
+            Some(a)
+                if engine
+                    .remote_agents
+                    .as_ref()
+                    .is_some_and(|r| r.get(a).is_some()) =>
+            {
+                format!("a2a:{a}")
+            }
+            _ => "a2a:other".into(),
+        }
+    }
+
+    /// Remote agents still working for the run are asked to stop too.
+    fn cancel<'f>(
+        &self,
+        engine: &'f Engine,
+        journal: &'f dyn Journal,
+        run_id: uuid::Uuid,
+    ) -> KindFuture<'f, Vec<NewObservation>> {
+        Box::pin(async move {
+            match &engine.remote_agents {
+                Some(agents) => parked::cancel_pending(journal, agents, run_id).await,
+                None => Vec::new(),
+            }
+        })
+    }
+
+    fn follow<'f>(
+        &self,
+        engine: &'f Engine,
+        journal: &'f dyn Journal,
+        run: RunRef<'f>,
+    ) -> Option<KindFuture<'f, Result<(), EngineError>>> {
+        let agents = engine.remote_agents.clone()?;
+        Some(Box::pin(parked::follow(engine, agents, journal, run)))
     }
 
     fn start<'f>(
@@ -99,9 +181,8 @@ impl CallKind for Delegate {
             watching: Some(parkable.clone()),
             unreachable_for: engine.settings.a2a_unreachable_for,
         };
-        let tools = &engine.tools;
         Box::pin(async move {
-            if let Err(e) = tools.validate(&call.name, &args) {
+            if let Err(e) = check(&d.agents, &args) {
                 let result = error_record(&call, e.to_string());
                 return Outcome::Done(result, crate::model::Usage::default());
             }

@@ -1,4 +1,4 @@
-//! Assistants (DESIGN.md §7.2): per tenant, one `assistants` row (which version runs, and the
+//! Assistants: per tenant, one `assistants` row (which version runs, and the
 //! last version number handed out) and one immutable `assistant_versions` row per version.
 //! Written once for both dialects.
 //!

@@ -1,4 +1,4 @@
-//! Crons (DESIGN.md §7.3): their rows, and the scheduler's claim and advance. Written once for
+//! Crons: their rows, and the scheduler's claim and advance. Written once for
 //! both dialects.
 //!
 //! Exactly one run per tick, across replicas: a replica claims a due cron under a lease (a

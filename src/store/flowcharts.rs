@@ -1,4 +1,4 @@
-//! Flowcharts (DESIGN.md §6.2): the tenant's registered procedures, one row per version. A PUT
+//! Flowcharts: the tenant's registered procedures, one row per version. A PUT
 //! adds the version after the highest one (deleted ones included, so a number never names two
 //! definitions); a delete marks every version deleted, soft, because a call the engine pinned to
 //! a version must still find it. Written once for both dialects.

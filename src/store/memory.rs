@@ -1,4 +1,4 @@
-//! The memory store (DESIGN.md §7.4): items per tenant under a namespace and a key, found by
+//! The memory store: items per tenant under a namespace and a key, found by
 //! key, by namespace prefix and filter, by full text (each database's own engine: Postgres
 //! `tsvector` with a GIN index ranked by `ts_rank`, SQLite FTS5 ranked by `bm25`), or as the
 //! candidates a semantic search ranks by cosine. Written once for both dialects, except the

@@ -1,4 +1,4 @@
-//! What walks the memory store rather than reading one item (DESIGN.md §7.4): the namespace
+//! What walks the memory store rather than reading one item: the namespace
 //! listing (one index probe per namespace found), the sweeper of expired items, and the
 //! embedding pass's reads and writes. Same invariants as `memory`: expired items are invisible,
 //! counters follow every delete, and sweepers on several replicas never take the same rows.

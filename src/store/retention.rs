@@ -1,4 +1,4 @@
-//! Retention (DESIGN.md §7.2): which threads have had no run activity for long enough — their
+//! Retention: which threads have had no run activity for long enough — their
 //! own time-to-live passed, or a tenant's prune asks for them — deleting them one at a time
 //! under the thread row's lock, and what a thread stores.
 //!

@@ -89,6 +89,7 @@ pub fn validate(
     frozen: &[ItemId],
     rules: &Rules<'_>,
 ) -> Result<Vec<ValidItem>, Vec<String>> {
+    // Text by design: the problems go to the model, in its repair request, as they are.
     let Rules {
         known_tools,
         roles,

@@ -317,6 +317,7 @@ impl Engine {
         team_id: &str,
         reply: &PlanReply,
     ) -> Result<Vec<plan::ValidItem>, Vec<String>> {
+        // Text by design: the problems go to the model, in its repair request, as they are.
         let known = self.enabled_tools(ctx);
         let room = self.team_room(ctx);
         let mut errors = Vec::new();

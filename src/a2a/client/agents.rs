@@ -28,16 +28,50 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// in every prompt that offers the tool, so far less than a card may hold.
 const DESCRIBE_MAX_BYTES: usize = 2048;
 
+/// Why an agent has no card.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CardError {
+    /// None was fetched yet.
+    #[error("not fetched yet")]
+    NotFetched,
+    /// Fetching it failed: the card module's reason, a message (its own error type is text).
+    #[error("{0}")]
+    Fetch(String),
+}
+
+/// Why no client can reach an agent now.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the agent `{agent}` is unavailable: {source}")]
+pub struct Unavailable {
+    pub agent: String,
+    #[source]
+    pub source: CardError,
+}
+
+/// Why the remote agents could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The HTTP clients could not be built (the net module's reason, which is text).
+    #[error("{0}")]
+    Net(String),
+    /// An agent's configuration cannot be used (the net module's reason, which is text).
+    #[error("A2A agent `{agent}`: {reason}")]
+    Agent { agent: String, reason: String },
+}
+
 /// One remote agent and what we know of it.
 pub struct RemoteAgent {
     pub config: AgentConfig,
     reach: Reach,
-    card: RwLock<Result<RemoteCard, String>>,
+    card: RwLock<Result<RemoteCard, CardError>>,
 }
 
 impl RemoteAgent {
     /// Its card, or why there is none yet.
-    pub fn card(&self) -> Result<RemoteCard, String> {
+    ///
+    /// # Errors
+    /// None was fetched yet, or the last fetch (with none before it) failed.
+    pub fn card(&self) -> Result<RemoteCard, CardError> {
         self.card
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -48,15 +82,18 @@ impl RemoteAgent {
     ///
     /// # Errors
     /// No card could be fetched yet.
-    pub fn client(&self) -> Result<A2aClient, String> {
-        let card = self
-            .card()
-            .map_err(|e| format!("the agent `{}` is unavailable: {e}", self.config.name))?;
+    pub fn client(&self) -> Result<A2aClient, Unavailable> {
+        let card = self.card().map_err(|source| Unavailable {
+            agent: self.config.name.clone(),
+            source,
+        })?;
         Ok(A2aClient::new(self.reach.clone(), &card))
     }
 
     async fn refresh(&self) {
-        let fetched = card::fetch(&self.reach, &self.config.card_url, CALL_TIMEOUT).await;
+        let fetched = card::fetch(&self.reach, &self.config.card_url, CALL_TIMEOUT)
+            .await
+            .map_err(CardError::Fetch);
         if let Err(e) = &fetched {
             warn!(agent = %self.config.name, error = %e, "A2A agent card not fetched");
         }
@@ -85,20 +122,23 @@ impl RemoteAgents {
         refresh: Duration,
         tracker: &TaskTracker,
         stop: &CancellationToken,
-    ) -> Result<Arc<Self>, String> {
-        let net = Arc::new(Net::new(net)?);
+    ) -> Result<Arc<Self>, StartError> {
+        let net = Arc::new(Net::new(net).map_err(StartError::Net)?);
         let agents: Vec<Arc<RemoteAgent>> = configs
             .into_iter()
             .map(|config| {
-                let reach = Reach::new(net.clone(), &config)
-                    .map_err(|e| format!("A2A agent `{}`: {e}", config.name))?;
+                let reach =
+                    Reach::new(net.clone(), &config).map_err(|reason| StartError::Agent {
+                        agent: config.name.clone(),
+                        reason,
+                    })?;
                 Ok(Arc::new(RemoteAgent {
                     config,
                     reach,
-                    card: RwLock::new(Err("not fetched yet".into())),
+                    card: RwLock::new(Err(CardError::NotFetched)),
                 }))
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, StartError>>()?;
         futures::future::join_all(agents.iter().map(|a| a.refresh())).await;
         for a in &agents {
             let (a, stop) = (a.clone(), stop.clone());
@@ -182,7 +222,7 @@ impl RemoteAgents {
                 Err(e) => format!(
                     "- {}: unavailable now ({})",
                     a.config.name,
-                    bound_text(&e, DESCRIBE_MAX_BYTES, 0)
+                    bound_text(&e.to_string(), DESCRIBE_MAX_BYTES, 0)
                 ),
             })
             .collect::<Vec<_>>()

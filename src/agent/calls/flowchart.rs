@@ -158,6 +158,8 @@ impl CallKind for Flowchart {
     }
 }
 
+// The host's errors are text because `FlowHost` says so: the interpreter puts them in the stage
+// error the model reads.
 #[async_trait]
 impl FlowHost for RunFlowHost<'_> {
     async fn load(
@@ -317,11 +319,14 @@ async fn invoke_flowchart(
     }
     let (status, output, error) = match result {
         Ok(v) => (ToolResultStatus::Success, v, None),
-        Err(message) => (
-            ToolResultStatus::Error,
-            json!({"error": message}),
-            Some(message),
-        ),
+        Err(e) => {
+            let message = e.to_string();
+            (
+                ToolResultStatus::Error,
+                json!({"error": message}),
+                Some(message),
+            )
+        }
     };
     Outcome::Done(
         ToolResultRecord {
@@ -335,6 +340,20 @@ async fn invoke_flowchart(
     )
 }
 
+/// Why a flowchart call ended without a result. Its text is the call's tool error.
+#[derive(Debug, thiserror::Error)]
+enum FlowchartCallError {
+    #[error(transparent)]
+    Arguments(#[from] ToolError),
+    #[error("its committed steps could not be read: {0}")]
+    StepsUnread(#[source] crate::agent::EngineError),
+    /// `FlowHost::load`'s reason, text by that trait's contract.
+    #[error("its version {version} could not be read: {reason}")]
+    VersionUnread { version: i64, reason: String },
+    #[error(transparent)]
+    Flow(#[from] crate::flowchart::interpreter::FlowError),
+}
+
 async fn run(
     host: &RunFlowHost<'_>,
     tool: &FlowTool,
@@ -343,15 +362,14 @@ async fn run(
     limits: FlowLimits,
     paused: &mut Option<Paused>,
     usage: &mut Usage,
-) -> Result<Value, String> {
-    tool.validate(&args)
-        .map_err(|e| ToolError::InvalidArguments(e).to_string())?;
+) -> Result<Value, FlowchartCallError> {
+    tool.validate(&args).map_err(ToolError::InvalidArguments)?;
     // The call's own observation (its steps nest under it) and any steps already committed.
     let committed = host
         .journal
         .run_observations(&[ObservationType::ToolCall, ObservationType::FlowchartStep])
         .await
-        .map_err(|e| format!("its committed steps could not be read: {e}"))?;
+        .map_err(FlowchartCallError::StepsUnread)?;
     let parent = committed
         .iter()
         .rev()
@@ -374,7 +392,9 @@ async fn run(
         Some(v) if v != tool.record.version => match host.load(&tool.record.name, Some(v)).await {
             Ok(Some(r)) => Arc::new(r),
             Ok(None) => tool.record.clone(),
-            Err(e) => return Err(format!("its version {v} could not be read: {e}")),
+            Err(reason) => {
+                return Err(FlowchartCallError::VersionUnread { version: v, reason });
+            }
         },
         _ => tool.record.clone(),
     };
@@ -382,7 +402,7 @@ async fn run(
     let result = flow
         .run(record, args, parent)
         .await
-        .map_err(|e| e.to_string());
+        .map_err(FlowchartCallError::from);
     *paused = flow.paused().cloned();
     *usage = flow.usage();
     result

@@ -21,8 +21,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::{CallFuture, CallKind, Flowcharts, KindFuture, Outcome, RunRef, Watching};
-use crate::a2a::client::agents::{DELEGATE_TOOL, RemoteAgents};
-use crate::a2a::client::rpc::RemoteTask;
+use crate::a2a::client::agents::{DELEGATE_TOOL, RemoteAgents, Unavailable};
+use crate::a2a::client::rpc::{RemoteTask, RpcError};
 use crate::agent::changes::Batch;
 use crate::agent::journal::{Ctx, Journal, RunEnv};
 use crate::agent::{Engine, EngineError};
@@ -39,6 +39,60 @@ use watch::{Settled, read_settled, settled_json, watch};
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a task is read again when it cannot be streamed.
 const POLL: Duration = Duration::from_millis(500);
+
+/// Why a delegation ended without a result. Its text is the call's tool error, which the model
+/// reads and the log records (`settled`).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DelegationError {
+    #[error("no remote agent is called `{0}`")]
+    NoSuchAgent(String),
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
+    #[error("its records could not be read: {0}")]
+    RecordsUnread(#[source] EngineError),
+    #[error("the remote agent `{agent}` did not take the task: {source}")]
+    NotTaken {
+        agent: String,
+        #[source]
+        source: RpcError,
+    },
+    #[error("a person declined to answer the remote agent `{agent}`: {reason}")]
+    Declined { agent: String, reason: String },
+    #[error("the answer could not be sent to `{agent}`: {source}")]
+    AnswerNotSent {
+        agent: String,
+        #[source]
+        source: RpcError,
+    },
+    #[error("the remote task's update could not be committed: {0}")]
+    UpdateNotCommitted(#[source] EngineError),
+    #[error("the remote agent `{agent}` no longer knows task {task}")]
+    TaskUnknown { agent: String, task: String },
+    #[error("the remote agent `{agent}` failed: {source}")]
+    Remote {
+        agent: String,
+        #[source]
+        source: RpcError,
+    },
+    #[error("the remote agent `{agent}` cannot be reached (for {secs} s): {source}")]
+    Unreachable {
+        agent: String,
+        secs: u64,
+        #[source]
+        source: RpcError,
+    },
+    #[error("the remote agent `{agent}` needs input this service cannot give it yet: {why}")]
+    NeedsInput { agent: String, why: String },
+    #[error("the remote agent `{agent}` ended the task as {state}: {why}")]
+    Ended {
+        agent: String,
+        state: String,
+        why: String,
+    },
+    /// How the call settled, read back from the log: the text it was recorded with.
+    #[error("{0}")]
+    Recorded(String),
+}
 
 /// What a delegation uses of the run.
 pub(super) struct Delegation<'a> {
@@ -183,7 +237,7 @@ impl CallKind for Delegate {
         };
         Box::pin(async move {
             if let Err(e) = check(&d.agents, &args) {
-                let result = error_record(&call, e.to_string());
+                let result = error_record(&call, &e);
                 return Outcome::Done(result, crate::model::Usage::default());
             }
             match delegate(&d, &call, &args).await {
@@ -208,7 +262,10 @@ pub(super) async fn delegate(d: &Delegation<'_>, call: &ToolCallRecord, args: &V
                 arguments: json!({"agent": args["agent"], "taskId": task_id, "question": question}),
             });
         }
-        Err(e) => (ToolResultStatus::Error, json!({"error": e}), Some(e)),
+        Err(e) => {
+            let e = e.to_string();
+            (ToolResultStatus::Error, json!({"error": e}), Some(e))
+        }
     };
     Delegated::Done(ToolResultRecord {
         tool_call_id: call.id.clone(),
@@ -221,12 +278,15 @@ pub(super) async fn delegate(d: &Delegation<'_>, call: &ToolCallRecord, args: &V
 
 /// The call's own record in the run's log (its `TOOL_CALL`, its recorded task, the answers
 /// already forwarded, how it settled), from the run's [`DelegationLedger`].
-async fn recorded(d: &Delegation<'_>, call: &ToolCallRecord) -> Result<DelegationRecord, String> {
+async fn recorded(
+    d: &Delegation<'_>,
+    call: &ToolCallRecord,
+) -> Result<DelegationRecord, DelegationError> {
     let seen = d
         .journal
         .run_observations(&[ObservationType::ToolCall, ObservationType::A2aTaskUpdate])
         .await
-        .map_err(|e| format!("its records could not be read: {e}"))?;
+        .map_err(DelegationError::RecordsUnread)?;
     let ledger = DelegationLedger::read(&seen);
     Ok(ledger
         .call(&call.id)
@@ -234,13 +294,17 @@ async fn recorded(d: &Delegation<'_>, call: &ToolCallRecord) -> Result<Delegatio
         .unwrap_or_else(|| DelegationRecord::new(&call.id)))
 }
 
-async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<Settled, String> {
+async fn run(
+    d: &Delegation<'_>,
+    call: &ToolCallRecord,
+    args: &Value,
+) -> Result<Settled, DelegationError> {
     let name = args["agent"].as_str().unwrap_or("");
     let text = args["message"].as_str().unwrap_or("");
     let agent = d
         .agents
         .get(name)
-        .ok_or_else(|| format!("no remote agent is called `{name}`"))?;
+        .ok_or_else(|| DelegationError::NoSuchAgent(name.to_owned()))?;
     let client = agent.client()?;
     let rec = recorded(d, call).await?;
     let update = |content: Value| commit_update(d, &rec.parent, call, name, content);
@@ -260,7 +324,10 @@ async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<
                 None => client
                     .send_message(text, &context, Some(&context), None, CALL_TIMEOUT)
                     .await
-                    .map_err(|e| format!("the remote agent `{name}` did not take the task: {e}"))?,
+                    .map_err(|source| DelegationError::NotTaken {
+                        agent: name.to_owned(),
+                        source,
+                    })?,
             };
             update(task_json(&task)).await?;
             task.id
@@ -282,10 +349,10 @@ async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<
             }
             _ => {
                 let _ = client.cancel_task(&task_id, CALL_TIMEOUT).await;
-                let declined = Err(format!(
-                    "a person declined to answer the remote agent `{name}`: {}",
-                    decline_reason(s)
-                ));
+                let declined = Err(DelegationError::Declined {
+                    agent: name.to_owned(),
+                    reason: decline_reason(s),
+                });
                 update(
                     json!({"taskId": task_id, "forwarded": sid, "declined": true,
                               "settled": settled_json(&declined)}),
@@ -297,7 +364,10 @@ async fn run(d: &Delegation<'_>, call: &ToolCallRecord, args: &Value) -> Result<
         let sent = client
             .send_message(&answer, &sid, Some(&context), Some(&task_id), CALL_TIMEOUT)
             .await
-            .map_err(|e| format!("the answer could not be sent to `{name}`: {e}"))?;
+            .map_err(|source| DelegationError::AnswerNotSent {
+                agent: name.to_owned(),
+                source,
+            })?;
         update(json!({"taskId": task_id, "forwarded": sid, "state": sent.state})).await?;
         forwarded_now = true;
         // The remote may still show the question until it reads the answer.
@@ -342,7 +412,7 @@ async fn commit_update(
     call: &ToolCallRecord,
     agent: &str,
     mut content: Value,
-) -> Result<(), String> {
+) -> Result<(), DelegationError> {
     content["toolCallId"] = json!(call.id);
     content["agent"] = json!(agent);
     content["itemId"] = json!(d.item_id);
@@ -363,11 +433,12 @@ async fn commit_update(
     d.journal
         .commit(batch)
         .await
-        .map_err(|e| format!("the remote task's update could not be committed: {e}"))
+        .map_err(DelegationError::UpdateNotCommitted)
 }
 
 /// A failed call's record, `error` as its reason.
-fn error_record(call: &ToolCallRecord, error: String) -> ToolResultRecord {
+fn error_record(call: &ToolCallRecord, error: &ToolError) -> ToolResultRecord {
+    let error = error.to_string();
     ToolResultRecord {
         tool_call_id: call.id.clone(),
         name: call.name.clone(),

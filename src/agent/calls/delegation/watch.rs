@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::{CALL_TIMEOUT, POLL, task_json};
+use super::{CALL_TIMEOUT, DelegationError, POLL, task_json};
 use crate::a2a::client::net::bound_text;
 use crate::a2a::client::rpc::{A2aClient, RemoteEvent, RemoteState, RpcError};
 
@@ -83,15 +83,19 @@ pub(super) enum Settled {
 }
 
 /// How a settled task is recorded: `{result}`, `{error}` or `{question}`.
-pub(super) fn settled_json(s: &Result<Settled, String>) -> Value {
+pub(super) fn settled_json(s: &Result<Settled, DelegationError>) -> Value {
     match s {
         Ok(Settled::Result(v)) => json!({"result": v}),
         Ok(Settled::Asks { question, .. }) => json!({"question": question}),
-        Err(e) => json!({"error": e}),
+        Err(e) => json!({"error": e.to_string()}),
     }
 }
 
-pub(super) fn read_settled(v: &Value, task_id: &str) -> Result<Settled, String> {
+/// How a call settled, from what its update recorded (`settled_json`).
+///
+/// # Errors
+/// It settled with an error: the text it was recorded with.
+pub(super) fn read_settled(v: &Value, task_id: &str) -> Result<Settled, DelegationError> {
     if let Some(q) = v["question"].as_str() {
         return Ok(Settled::Asks {
             task_id: task_id.to_owned(),
@@ -99,7 +103,7 @@ pub(super) fn read_settled(v: &Value, task_id: &str) -> Result<Settled, String> 
         });
     }
     if let Some(e) = v["error"].as_str() {
-        return Err(e.to_owned());
+        return Err(DelegationError::Recorded(e.to_owned()));
     }
     Ok(Settled::Result(v["result"].clone()))
 }
@@ -112,12 +116,12 @@ pub(super) async fn watch<F, Fut>(
     agent: &str,
     give_up_after: Duration,
     update: &F,
-) -> Result<Settled, String>
+) -> Result<Settled, DelegationError>
 where
     F: Fn(Value) -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
+    Fut: std::future::Future<Output = Result<(), DelegationError>>,
 {
-    let give_up = |e: String| async move {
+    let give_up = |e: DelegationError| async move {
         let settled = Err(e);
         update(json!({"taskId": id, "settled": settled_json(&settled)})).await?;
         settled
@@ -131,22 +135,28 @@ where
         let mut events = match client.watch(id, CALL_TIMEOUT).await {
             Ok(s) => s,
             Err(e) if e.is_task_not_found() => {
-                return give_up(format!(
-                    "the remote agent `{agent}` no longer knows task {id}"
-                ))
+                return give_up(DelegationError::TaskUnknown {
+                    agent: agent.to_owned(),
+                    task: id.to_owned(),
+                })
                 .await;
             }
-            Err(e) if e.is_refused() => {
-                return give_up(format!("the remote agent `{agent}` failed: {e}")).await;
+            Err(source) if source.is_refused() => {
+                return give_up(DelegationError::Remote {
+                    agent: agent.to_owned(),
+                    source,
+                })
+                .await;
             }
-            Err(e) => {
+            Err(source) => {
                 failures += 1;
                 let since = *down_since.get_or_insert_with(tokio::time::Instant::now);
                 if since.elapsed() >= give_up_after {
-                    return give_up(format!(
-                        "the remote agent `{agent}` cannot be reached (for {} s): {e}",
-                        since.elapsed().as_secs()
-                    ))
+                    return give_up(DelegationError::Unreachable {
+                        agent: agent.to_owned(),
+                        secs: since.elapsed().as_secs(),
+                        source,
+                    })
                     .await;
                 }
                 tokio::time::sleep((POLL * failures.min(10)).min(give_up_after / 4)).await;
@@ -157,7 +167,13 @@ where
             let event = match event {
                 Ok(e) => e,
                 Err(RpcError::Transport(_)) => break,
-                Err(e) => return give_up(format!("the remote agent `{agent}` failed: {e}")).await,
+                Err(source) => {
+                    return give_up(DelegationError::Remote {
+                        agent: agent.to_owned(),
+                        source,
+                    })
+                    .await;
+                }
             };
             failures = 0;
             down_since = None;
@@ -215,7 +231,7 @@ fn outcome(
     state: RemoteState,
     message: Option<String>,
     artifacts: &Parts,
-) -> Result<Value, String> {
+) -> Result<Value, DelegationError> {
     let why = message.map_or_else(
         || "no reason given".into(),
         |m| bound_text(&m, artifacts.max, 0),
@@ -242,16 +258,20 @@ fn outcome(
                 }
             }
         }),
-        RemoteState::InputRequired | RemoteState::AuthRequired => Err(format!(
-            "the remote agent `{agent}` needs input this service cannot give it yet: {why}"
-        )),
-        other => Err(format!(
-            "the remote agent `{agent}` ended the task as {}: {why}",
-            serde_json::to_value(other)
+        RemoteState::InputRequired | RemoteState::AuthRequired => {
+            Err(DelegationError::NeedsInput {
+                agent: agent.to_owned(),
+                why,
+            })
+        }
+        other => Err(DelegationError::Ended {
+            agent: agent.to_owned(),
+            state: serde_json::to_value(other)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
-        )),
+                .unwrap_or_default(),
+            why,
+        }),
     }
 }
 
@@ -282,8 +302,8 @@ mod tests {
         let mut small = Parts::new(1024);
         small.extend([&json!("a"), &json!("b")]);
         assert_eq!(
-            outcome("a", RemoteState::Completed, None, &small),
-            Ok(json!("a\nb"))
+            outcome("a", RemoteState::Completed, None, &small).ok(),
+            Some(json!("a\nb"))
         );
         let mut data = Parts::new(1024);
         data.extend([&json!({"k": "x".repeat(2000)})]);
@@ -297,7 +317,8 @@ mod tests {
             Some("y".repeat(5000)),
             &Parts::new(1024),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             failed.len() < 1200 && failed.contains("bytes cut]"),
             "{failed}"

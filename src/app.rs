@@ -296,8 +296,7 @@ impl App {
                 &tracker,
                 &tools_stop,
             )
-            .await
-            .map_err(anyhow::Error::msg)?;
+            .await?;
             Some(agents)
         };
         let prices = crate::model::Prices::parse(config.model_prices.as_deref().unwrap_or(""))?;

@@ -508,7 +508,7 @@ impl Worker {
             }
         };
         let why = tokio::select! {
-            r = self.engine.watch_remote(&p.journal, &p.tenant, &p.thread_id, run_id) => match r {
+            r = self.engine.follow_outside(&p.journal, &p.tenant, &p.thread_id, run_id) => match r {
                 Ok(()) => "a remote task settled",
                 Err(e) => {
                     warn!(error = %e, "following the remote tasks failed; the run looks again");

@@ -51,12 +51,16 @@ pub struct Unavailable {
 /// Why the remote agents could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The HTTP clients could not be built (the net module's reason, which is text).
-    #[error("{0}")]
-    Net(String),
-    /// An agent's configuration cannot be used (the net module's reason, which is text).
+    /// The HTTP clients could not be built.
+    #[error(transparent)]
+    Net(#[from] super::net::ClientBuildError),
+    /// An agent's configuration cannot be used.
     #[error("A2A agent `{agent}`: {reason}")]
-    Agent { agent: String, reason: String },
+    Agent {
+        agent: String,
+        #[source]
+        reason: super::net::ReachError,
+    },
 }
 
 /// One remote agent and what we know of it.
@@ -123,7 +127,7 @@ impl RemoteAgents {
         tracker: &TaskTracker,
         stop: &CancellationToken,
     ) -> Result<Arc<Self>, StartError> {
-        let net = Arc::new(Net::new(net).map_err(StartError::Net)?);
+        let net = Arc::new(Net::new(net)?);
         let agents: Vec<Arc<RemoteAgent>> = configs
             .into_iter()
             .map(|config| {

@@ -83,19 +83,4 @@ impl Engine {
             None => Ok(()),
         }
     }
-
-    /// The worker's name for [`Engine::follow_outside`], kept until the worker calls that.
-    ///
-    /// # Errors
-    /// The run's records could not be read.
-    pub async fn watch_remote(
-        &self,
-        journal: &dyn Journal,
-        tenant: &str,
-        thread_id: &ThreadId,
-        run_id: uuid::Uuid,
-    ) -> Result<(), EngineError> {
-        self.follow_outside(journal, tenant, thread_id, run_id)
-            .await
-    }
 }

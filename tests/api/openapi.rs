@@ -355,6 +355,22 @@ async fn what_runs_send_fits_the_document(backend: Backend) {
 
 both_stores!(runs_fit_the_document, what_runs_send_fits_the_document);
 
+/// Approve each approval `run` asks for until it has ended; the run as it ended.
+async fn approve_until_ended(app: &crate::helpers::TestApp, mut run: Value) -> Value {
+    while run["status"] == "suspended" {
+        let sid = run["suspension"]["suspensionId"].as_str().unwrap();
+        let (s, r) = app
+            .post(
+                &format!("/v1/suspensions/{sid}/resume"),
+                json!({"decision": "approve"}),
+            )
+            .await;
+        assert_eq!(s, 202, "{r}");
+        run = app.settled(&run).await;
+    }
+    run
+}
+
 /// Every observation of the runs that write the rarer shapes fits the document too: a run steered
 /// while it waits for a person (`STEERING`, and the `PLAN_UPDATE` of its refinement turn with
 /// `steeringMessageIds`), a follow-up that refines the thread's plan, a flowchart run
@@ -386,34 +402,12 @@ async fn what_other_runs_send_fits_the_document(backend: Backend) {
         )
         .await;
     assert_eq!(s, 202, "{r}");
-    let mut done = app.settled(&run).await;
     // The refinement may plan another approval: approve until the run ends.
-    while done["status"] == "suspended" {
-        let sid = done["suspension"]["suspensionId"].as_str().unwrap();
-        let (s, r) = app
-            .post(
-                &format!("/v1/suspensions/{sid}/resume"),
-                json!({"decision": "approve"}),
-            )
-            .await;
-        assert_eq!(s, 202, "{r}");
-        done = app.settled(&run).await;
-    }
+    let done = approve_until_ended(&app, app.settled(&run).await).await;
     assert_eq!(done["status"], "completed", "{done}");
     // A follow-up on the same thread refines its plan.
     let follow_up = app.run_wait(&t, "And what is 3+3?").await;
-    let mut follow_up = follow_up;
-    while follow_up["status"] == "suspended" {
-        let sid = follow_up["suspension"]["suspensionId"].as_str().unwrap();
-        let (s, r) = app
-            .post(
-                &format!("/v1/suspensions/{sid}/resume"),
-                json!({"decision": "approve"}),
-            )
-            .await;
-        assert_eq!(s, 202, "{r}");
-        follow_up = app.settled(&follow_up).await;
-    }
+    let follow_up = approve_until_ended(&app, follow_up).await;
     assert_eq!(follow_up["status"], "completed", "{follow_up}");
 
     // A flowchart run.

@@ -256,14 +256,7 @@ async fn ended_before(
     if !later.is_empty() {
         return Ok(None);
     }
-    let pending: Vec<Suspension> = state
-        .cases
-        .list_suspensions(&run.tenant, &run.thread_id, false)
-        .await?
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| s.run_id == run.run_id)
-        .collect();
+    let pending: Vec<Suspension> = state.cases.pending_of_run(run).await?;
     let now = chrono::Utc::now().timestamp_millis();
     Ok(Some(
         fold.ended(&now_run, &pending, now)

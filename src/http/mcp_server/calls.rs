@@ -98,15 +98,11 @@ pub async fn wait(
 /// # Errors
 /// The store fails.
 pub async fn pending(state: &AppState, run: &Run) -> Result<Vec<Suspension>, McpError> {
-    Ok(state
+    state
         .cases
-        .list_suspensions(&run.tenant, &run.thread_id, false)
+        .pending_of_run(run)
         .await
-        .map_err(|e| api_error(e.into()))?
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| s.run_id == run.run_id)
-        .collect())
+        .map_err(|e| api_error(e.into()))
 }
 
 /// A suspension as a tool result shows it.
